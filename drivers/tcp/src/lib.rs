@@ -1,0 +1,2 @@
+//! NVMe/TCP for nvpoll: PDUs, initiator and target.
+#![deny(missing_docs)]

@@ -1,0 +1,139 @@
+//! The controller, namespace and queue-pair API that every transport implements.
+//!
+//! A [`QueuePair`] is owned by exactly one reactor (or thread). Submitting never blocks: a command is either
+//! accepted (and later completes exactly once, with success or an error) or rejected at once with its buffer
+//! handed back. Completions are delivered by [`QueuePair::process_completions`], whose callback receives the
+//! queue pair itself, so that it may submit again from inside the callback (run to completion, as in SPDK).
+
+use crate::mem::DmaBuf;
+use crate::spec::{Cqe, Sqe};
+use crate::Error;
+
+/// What an I/O request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoOp {
+    /// Read `blocks` logical blocks into the request's buffer.
+    Read,
+    /// Write `blocks` logical blocks from the request's buffer.
+    Write,
+    /// Flush the namespace's volatile write cache.
+    Flush,
+    /// Write zeroes to `blocks` logical blocks (no buffer).
+    WriteZeroes,
+}
+
+/// One I/O request, as handed to [`QueuePair::submit`].
+#[derive(Debug)]
+pub struct IoRequest {
+    /// The operation.
+    pub op: IoOp,
+    /// Namespace ID.
+    pub nsid: u32,
+    /// First logical block.
+    pub lba: u64,
+    /// Number of logical blocks (at least 1 for read, write and write-zeroes; ignored for flush).
+    pub blocks: u32,
+    /// The data buffer for read and write; its length must be `blocks` times the block size.
+    pub buf: Option<DmaBuf>,
+    /// An opaque value handed back in the [`Completion`].
+    pub tag: u64,
+}
+
+/// A finished request, handed back exactly once.
+#[derive(Debug)]
+pub struct Completion {
+    /// The request's tag.
+    pub tag: u64,
+    /// The request's buffer (filled with the data for a successful read).
+    pub buf: Option<DmaBuf>,
+    /// `Ok` only if the controller reported success for the whole request.
+    pub result: Result<(), Error>,
+}
+
+/// A request that was not accepted, with its buffer handed back.
+#[derive(Debug)]
+pub struct Rejected {
+    /// Why the request was not accepted ([`Error::QueueFull`] means "try again after completions").
+    pub error: Error,
+    /// The request, unchanged.
+    pub request: IoRequest,
+}
+
+/// An I/O queue pair, owned by one reactor.
+pub trait QueuePair {
+    /// Queues one request. With the inline send mode it may also leave at once; otherwise it leaves at the next
+    /// [`QueuePair::flush`].
+    fn submit(&mut self, req: IoRequest) -> Result<(), Rejected>;
+
+    /// Sends everything queued since the last flush (the "kick": one doorbell or one coalesced write).
+    fn flush(&mut self) -> Result<(), Error>;
+
+    /// Polls the transport for up to `max` completions and moves them to the queue pair's done list.
+    /// Returns how many it moved. An `Err` means the queue pair has failed: every outstanding request has then
+    /// been completed with an error.
+    fn poll(&mut self, max: usize) -> Result<usize, Error>;
+
+    /// Takes the oldest completion from the done list.
+    fn pop_completion(&mut self) -> Option<Completion>;
+
+    /// Requests accepted and not yet handed back.
+    fn outstanding(&self) -> usize;
+
+    /// The most requests this queue pair accepts at once.
+    fn depth(&self) -> usize;
+
+    /// Polls (as [`QueuePair::poll`]) and then hands each completion to `f`, which may submit again.
+    /// Returns the number of completions handed to `f`.
+    fn process_completions<F>(&mut self, max: usize, mut f: F) -> Result<usize, Error>
+    where
+        Self: Sized,
+        F: FnMut(&mut Self, Completion),
+    {
+        let polled = self.poll(max);
+        let mut n = 0;
+        while let Some(c) = self.pop_completion() {
+            f(self, c);
+            n += 1;
+        }
+        polled.map(|_| n)
+    }
+}
+
+/// A namespace as seen by the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Namespace {
+    /// Namespace ID.
+    pub nsid: u32,
+    /// Logical block size in bytes.
+    pub block_size: u32,
+    /// Size in logical blocks (NSZE).
+    pub blocks: u64,
+}
+
+impl Namespace {
+    /// Capacity in bytes.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.blocks * u64::from(self.block_size)
+    }
+}
+
+/// A controller: its admin queue, what it identified as, and a factory of I/O queue pairs.
+pub trait Controller {
+    /// The queue pair type of this transport.
+    type QueuePair: QueuePair;
+
+    /// The Identify Controller data read at attach time.
+    fn identify(&self) -> &crate::spec::IdentifyController;
+
+    /// The active namespaces.
+    fn namespaces(&self) -> &[Namespace];
+
+    /// Largest data transfer in bytes for one command (from MDTS), if limited.
+    fn max_transfer(&self) -> Option<u32>;
+
+    /// Runs one admin command to completion. Meant for setup and tools, not for a reactor's hot path.
+    fn admin(&mut self, cmd: Sqe, buf: Option<DmaBuf>) -> Result<(Cqe, Option<DmaBuf>), Error>;
+
+    /// Creates one I/O queue pair with the given depth. The caller moves it to the reactor that will own it.
+    fn create_queue_pair(&mut self, depth: u16) -> Result<Self::QueuePair, Error>;
+}

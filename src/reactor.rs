@@ -1,0 +1,1 @@
+//! Reactors (stub; the foundation issue fills this in).

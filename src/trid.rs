@@ -1,0 +1,1 @@
+//! Transport IDs (stub).
