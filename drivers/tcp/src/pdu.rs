@@ -546,6 +546,8 @@ pub enum PduError {
         pdu_type: PduType,
         /// The command the data belongs to (the CID of a CapsuleCmd).
         cccid: u16,
+        /// The PDU's flags: with [`FLAG_SUCCESS`], a C2HData PDU was to end its command without a CapsuleResp.
+        flags: u8,
         /// The digest computed over the data.
         expected: u32,
         /// The digest received.
@@ -1032,6 +1034,7 @@ pub fn decode<'a>(buf: &'a [u8], cfg: &DecodeConfig) -> Result<Decoded<'a>, PduE
             return Err(PduError::DataDigest {
                 pdu_type: l.ty,
                 cccid,
+                flags: p[1],
                 expected,
                 received,
                 len: l.plen,

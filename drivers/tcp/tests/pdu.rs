@@ -1131,6 +1131,7 @@ fn data_digest_mismatch_is_not_fatal() {
     let PduError::DataDigest {
         pdu_type,
         cccid,
+        flags,
         len,
         ..
     } = e
@@ -1138,6 +1139,7 @@ fn data_digest_mismatch_is_not_fatal() {
         panic!("{e:?}")
     };
     assert_eq!((pdu_type, cccid, len), (PduType::C2HData, 9, plen));
+    assert_eq!(flags, FLAG_HDGST | FLAG_DDGST | FLAG_LAST_PDU);
     assert_eq!(e.fes(), None);
     assert_eq!(e.skip_len(), Some(plen));
     assert_eq!(e.term_req(&b), None);
