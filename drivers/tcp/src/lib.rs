@@ -1,4 +1,10 @@
 //! NVMe/TCP for nvpoll: PDUs, initiator and target.
 #![deny(missing_docs)]
 
+pub mod conn;
+mod error;
+pub mod host;
 pub mod pdu;
+pub mod queue;
+
+pub use error::Error;

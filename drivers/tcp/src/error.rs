@@ -1,0 +1,75 @@
+//! The error type of the NVMe/TCP crate.
+
+use nvpoll::spec::Status;
+
+/// Everything that can go wrong in NVMe/TCP, initiator or target.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A socket call failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The peer closed the connection.
+    #[error("connection closed by peer")]
+    Closed,
+    /// The peer sent a malformed PDU.
+    #[error("malformed PDU from peer: {0}")]
+    Pdu(#[from] crate::pdu::PduError),
+    /// The peer sent a well-formed PDU that breaks the protocol here (unknown command ID, data beyond the
+    /// command's buffer, an R2T for a read, ...).
+    #[error("protocol violation by peer: {0}")]
+    Protocol(String),
+    /// The peer ended the connection with a termination request.
+    #[error("peer sent a termination request: fes {fes:#x}, fei {fei:#x}")]
+    TermReq {
+        /// Fatal error status.
+        fes: u16,
+        /// Fatal error information.
+        fei: u32,
+    },
+    /// A command completed with an error status where the caller needed success (e.g. Fabrics Connect).
+    #[error("{what} failed with NVMe status {status}")]
+    Command {
+        /// Which command.
+        what: &'static str,
+        /// Its status.
+        status: Status,
+    },
+    /// Something did not happen in time.
+    #[error("timed out waiting for {0}")]
+    Timeout(&'static str),
+    /// The caller asked for something invalid.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The queue is full.
+    #[error("queue full")]
+    QueueFull,
+}
+
+impl Error {
+    /// Wraps an OS error with a short description.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+impl From<Error> for nvpoll::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Command { status, .. } => nvpoll::Error::Nvme(status),
+            Error::Timeout(_) => nvpoll::Error::Timeout,
+            Error::InvalidArgument(s) => nvpoll::Error::InvalidArgument(s),
+            Error::QueueFull => nvpoll::Error::QueueFull,
+            other => nvpoll::Error::Transport(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,639 @@
+//! The host side of one NVMe/TCP queue (admin or I/O): connection, ICReq/ICResp, command slots, and the
+//! receive path that turns CapsuleResp, C2HData and R2T PDUs into completions.
+//!
+//! A [`HostQueue`] is owned by one thread (a reactor). It never blocks: [`HostQueue::submit`] encodes the
+//! command into the connection's send buffer and [`HostQueue::poll`] reads, decodes and completes. The
+//! blocking helpers used during bring-up ([`HostQueue::wait`]) only spin on `poll` with a deadline.
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use nvpoll::mem::DmaBuf;
+use nvpoll::spec::{Cqe, Sqe, Status};
+
+use crate::conn::Conn;
+use crate::pdu::{self, Decoded, Pdu};
+use crate::Error;
+
+/// Data direction of a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataDir {
+    /// No data.
+    None,
+    /// Host to controller (write-like): in-capsule or through R2T/H2CData.
+    ToController,
+    /// Controller to host (read-like): through C2HData.
+    FromController,
+}
+
+/// Parameters of one queue connection.
+#[derive(Clone, Debug)]
+pub struct QueueParams {
+    /// Target address.
+    pub addr: SocketAddr,
+    /// Queue ID (0 = admin).
+    pub qid: u16,
+    /// Number of commands that may be outstanding.
+    pub depth: u16,
+    /// Ask for header digests.
+    pub header_digest: bool,
+    /// Ask for data digests.
+    pub data_digest: bool,
+    /// Largest transfer of one command in bytes.
+    pub max_transfer: u32,
+    /// Time allowed for TCP connect and ICReq/ICResp.
+    pub connect_timeout: Duration,
+}
+
+/// What a finished command hands back.
+#[derive(Debug)]
+pub struct Done {
+    /// The tag given at submit.
+    pub tag: u64,
+    /// The buffer given at submit.
+    pub buf: Option<DmaBuf>,
+    /// The completion entry (synthesised for a C2HData with SUCCESS), or why the command failed.
+    pub result: Result<Cqe, Error>,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    busy: bool,
+    dir: Option<DataDir>,
+    tag: u64,
+    buf: Option<DmaBuf>,
+    len: u32,
+    /// Read: bytes of C2HData received. Write: bytes solicited by R2T so far.
+    transferred: u32,
+    /// Data went in the capsule (no R2T expected).
+    in_capsule: bool,
+    /// A C2HData PDU of this command failed its data digest: the command fails whatever its status.
+    data_digest_error: bool,
+}
+
+/// What the receive path does after looking at one PDU.
+enum Action {
+    None,
+    /// Complete the command with this CQE (`None`: the command ended without one, e.g. after a digest error).
+    Complete(u16, Option<Cqe>),
+    /// Send the H2CData that this (validated) R2T asks for.
+    SendData(pdu::R2T),
+}
+
+fn slot_in<'s>(slots: &'s mut [Slot], cid: u16, what: &str) -> Result<&'s mut Slot, Error> {
+    match slots.get_mut(usize::from(cid)) {
+        Some(s) if s.busy => Ok(s),
+        _ => Err(Error::Protocol(format!(
+            "{what} for unknown command id {cid}"
+        ))),
+    }
+}
+
+/// Checks one PDU against the command it names and copies C2HData into the command's buffer.
+fn on_pdu(slots: &mut [Slot], qid: u16, pdu: &Pdu<'_>) -> Result<Action, Error> {
+    match *pdu {
+        Pdu::CapsuleResp { cqe } => {
+            let slot = slot_in(slots, cqe.cid, "CapsuleResp")?;
+            let short_write = slot.dir == Some(DataDir::ToController)
+                && !slot.in_capsule
+                && slot.transferred < slot.len;
+            if short_write && cqe.status().is_success() {
+                return Err(Error::Protocol(format!(
+                    "write cid {} reported success after {} of {} bytes were asked for",
+                    cqe.cid, slot.transferred, slot.len
+                )));
+            }
+            if slot.dir == Some(DataDir::FromController)
+                && slot.transferred < slot.len
+                && cqe.status().is_success()
+            {
+                return Err(Error::Protocol(format!(
+                    "read cid {} reported success after {} of {} bytes",
+                    cqe.cid, slot.transferred, slot.len
+                )));
+            }
+            Ok(Action::Complete(cqe.cid, Some(cqe)))
+        }
+        Pdu::C2HData { hdr, data } => {
+            let cid = hdr.cccid;
+            let slot = slot_in(slots, cid, "C2HData")?;
+            if slot.dir != Some(DataDir::FromController) {
+                return Err(Error::Protocol(format!(
+                    "C2HData for cid {cid}, which reads no data"
+                )));
+            }
+            let end = u64::from(hdr.datao) + u64::from(hdr.datal);
+            if end > u64::from(slot.len) {
+                return Err(Error::Protocol(format!(
+                    "C2HData for cid {cid} covers bytes {}..{end}, beyond the {}-byte transfer",
+                    hdr.datao, slot.len
+                )));
+            }
+            if hdr.datao != slot.transferred {
+                return Err(Error::Protocol(format!(
+                    "C2HData for cid {cid} at offset {}, expected {}",
+                    hdr.datao, slot.transferred
+                )));
+            }
+            slot.transferred += hdr.datal;
+            let buf = slot.buf.as_mut().expect("read slot has a buffer");
+            buf.as_mut_slice()[hdr.datao as usize..end as usize].copy_from_slice(data);
+            if !hdr.success {
+                return Ok(Action::None);
+            }
+            if slot.transferred != slot.len {
+                return Err(Error::Protocol(format!(
+                    "C2HData SUCCESS for cid {cid} after {} of {} bytes",
+                    slot.transferred, slot.len
+                )));
+            }
+            Ok(Action::Complete(
+                cid,
+                Some(Cqe {
+                    cid,
+                    sqid: qid,
+                    ..Default::default()
+                }),
+            ))
+        }
+        Pdu::R2T(r2t) => {
+            let cid = r2t.cccid;
+            let slot = slot_in(slots, cid, "R2T")?;
+            if slot.dir != Some(DataDir::ToController) || slot.in_capsule {
+                return Err(Error::Protocol(format!(
+                    "R2T for cid {cid}, which has no data to solicit"
+                )));
+            }
+            let end = u64::from(r2t.r2to) + u64::from(r2t.r2tl);
+            if r2t.r2tl == 0 || end > u64::from(slot.len) || r2t.r2to != slot.transferred {
+                return Err(Error::Protocol(format!(
+                    "R2T for cid {cid} asks for bytes {}..{end} of a {}-byte write (next expected {})",
+                    r2t.r2to, slot.len, slot.transferred
+                )));
+            }
+            slot.transferred = end as u32;
+            Ok(Action::SendData(r2t))
+        }
+        Pdu::C2HTermReq(t) => Err(Error::TermReq {
+            fes: t.fes,
+            fei: t.fei,
+        }),
+        ref other => Err(Error::Protocol(format!(
+            "unexpected {} PDU on a host queue",
+            other.pdu_type()
+        ))),
+    }
+}
+
+/// Negotiated connection parameters (from ICResp).
+#[derive(Clone, Copy, Debug)]
+pub struct Negotiated {
+    /// Header digest on.
+    pub header_digest: bool,
+    /// Data digest on.
+    pub data_digest: bool,
+    /// Controller PDU data alignment (CPDA, 0's based dwords) for the data of our H2C PDUs.
+    pub cpda: u8,
+    /// Largest H2CData payload the controller accepts.
+    pub maxh2cdata: u32,
+}
+
+/// One host-side NVMe/TCP queue.
+#[derive(Debug)]
+pub struct HostQueue {
+    conn: Conn,
+    qid: u16,
+    neg: Negotiated,
+    decode: pdu::DecodeConfig,
+    incapsule_max: u32,
+    max_transfer: u32,
+    slots: Vec<Slot>,
+    free: Vec<u16>,
+    done: VecDeque<Done>,
+    outstanding: usize,
+    failed: Option<String>,
+}
+
+impl HostQueue {
+    /// Connects the TCP socket and exchanges ICReq/ICResp. Fabrics Connect is the caller's next step.
+    pub fn connect(p: &QueueParams) -> Result<HostQueue, Error> {
+        if p.depth == 0 {
+            return Err(Error::InvalidArgument(
+                "queue depth must be at least 1".into(),
+            ));
+        }
+        let rx_cap = p.max_transfer as usize + 8192;
+        let mut conn = Conn::connect(p.addr, p.connect_timeout, rx_cap)?;
+        let digests = pdu::Digests {
+            header: p.header_digest,
+            data: p.data_digest,
+        };
+        let icreq = pdu::IcReq {
+            pfv: pdu::PFV_1_0,
+            hpda: 0,
+            digests,
+            maxr2t: 0,
+        };
+        pdu::encode_ic_req(conn.tx_buf(), &icreq);
+        conn.pdu_queued();
+        let cfg = pdu::DecodeConfig::new(pdu::Direction::ToHost, pdu::Digests::NONE, 0);
+        let deadline = Instant::now() + p.connect_timeout;
+        let icresp = loop {
+            conn.flush()?;
+            conn.fill()?;
+            match pdu::decode(conn.rx_data(), &cfg)? {
+                Decoded::Pdu {
+                    pdu: Pdu::IcResp(r),
+                    len,
+                } => {
+                    conn.consume(len);
+                    break r;
+                }
+                Decoded::Pdu {
+                    pdu: Pdu::C2HTermReq(t),
+                    ..
+                } => {
+                    return Err(Error::TermReq {
+                        fes: t.fes,
+                        fei: t.fei,
+                    })
+                }
+                Decoded::Pdu { pdu, .. } => {
+                    return Err(Error::Protocol(format!(
+                        "expected ICResp, got {}",
+                        pdu.pdu_type()
+                    )));
+                }
+                Decoded::Incomplete { .. } => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout("ICResp"));
+            }
+            std::thread::yield_now();
+        };
+        if icresp.digests.header && !p.header_digest || icresp.digests.data && !p.data_digest {
+            return Err(Error::Protocol(
+                "ICResp enables a digest the host did not ask for".into(),
+            ));
+        }
+        let neg = Negotiated {
+            header_digest: icresp.digests.header,
+            data_digest: icresp.digests.data,
+            cpda: icresp.cpda,
+            maxh2cdata: icresp.maxh2cdata,
+        };
+        let decode = pdu::DecodeConfig::new(
+            pdu::Direction::ToHost,
+            pdu::Digests {
+                header: neg.header_digest,
+                data: neg.data_digest,
+            },
+            p.max_transfer,
+        );
+        let depth = usize::from(p.depth);
+        let mut slots = Vec::with_capacity(depth);
+        slots.resize_with(depth, Slot::default);
+        Ok(HostQueue {
+            conn,
+            qid: p.qid,
+            neg,
+            decode,
+            // Until the caller knows IOCCSZ, allow what every controller must accept on the admin queue and
+            // for Connect: 8 KiB (NVMe/TCP admin queue) or 1 KiB (Connect data) on I/O queues.
+            incapsule_max: if p.qid == 0 { 8192 } else { 1024 },
+            max_transfer: p.max_transfer,
+            slots,
+            free: (0..p.depth).rev().collect(),
+            done: VecDeque::with_capacity(depth),
+            outstanding: 0,
+            failed: None,
+        })
+    }
+
+    /// Queue ID.
+    pub fn qid(&self) -> u16 {
+        self.qid
+    }
+
+    /// What ICResp negotiated.
+    pub fn negotiated(&self) -> Negotiated {
+        self.neg
+    }
+
+    /// Sets the largest in-capsule data size (from IOCCSZ: `ioccsz * 16 - 64`).
+    pub fn set_incapsule_max(&mut self, bytes: u32) {
+        self.incapsule_max = bytes;
+    }
+
+    /// Commands accepted and not yet handed back.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// Queue depth.
+    pub fn depth(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The connection counters.
+    pub fn conn_stats(&self) -> crate::conn::ConnStats {
+        self.conn.stats
+    }
+
+    /// Why the queue failed, if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// Encodes a command into the send buffer (it leaves at the next [`HostQueue::flush`]). `len` is the data
+    /// length in bytes (the buffer may be larger). On error the buffer is handed back.
+    pub fn submit(
+        &mut self,
+        mut sqe: Sqe,
+        dir: DataDir,
+        buf: Option<DmaBuf>,
+        len: u32,
+        tag: u64,
+    ) -> Result<(), (Error, Option<DmaBuf>)> {
+        if let Some(why) = &self.failed {
+            return Err((
+                Error::Protocol(format!("queue {} failed: {why}", self.qid)),
+                buf,
+            ));
+        }
+        if dir != DataDir::None {
+            match &buf {
+                None => {
+                    return Err((
+                        Error::InvalidArgument("a data command needs a buffer".into()),
+                        buf,
+                    ))
+                }
+                Some(b) if b.len() < len as usize => {
+                    let msg = format!(
+                        "buffer of {} bytes is shorter than the transfer ({len})",
+                        b.len()
+                    );
+                    return Err((Error::InvalidArgument(msg), buf));
+                }
+                Some(_) => {}
+            }
+            if len > self.max_transfer {
+                let msg = format!(
+                    "transfer of {len} bytes exceeds the maximum of {}",
+                    self.max_transfer
+                );
+                return Err((Error::InvalidArgument(msg), buf));
+            }
+        }
+        let Some(cid) = self.free.pop() else {
+            return Err((Error::QueueFull, buf));
+        };
+        sqe.cid = cid;
+        sqe.flags = (sqe.flags & !0xc0) | Sqe::PSDT_SGL;
+        let in_capsule = dir == DataDir::ToController && len <= self.incapsule_max;
+        let sgl = match dir {
+            DataDir::None => sgl_transport(0),
+            DataDir::ToController if in_capsule => sgl_incapsule(len),
+            _ => sgl_transport(len),
+        };
+        sqe.set_dptr_bytes(&sgl);
+        let data: &[u8] = match (&buf, in_capsule) {
+            (Some(b), true) => &b.as_slice()[..len as usize],
+            _ => &[],
+        };
+        let digests = self.digests();
+        pdu::encode_capsule_cmd(self.conn.tx_buf(), &sqe, data, digests, self.neg.cpda);
+        self.conn.pdu_queued();
+        let slot = &mut self.slots[usize::from(cid)];
+        *slot = Slot {
+            busy: true,
+            dir: Some(dir),
+            tag,
+            buf,
+            len,
+            transferred: 0,
+            in_capsule,
+            data_digest_error: false,
+        };
+        self.outstanding += 1;
+        Ok(())
+    }
+
+    fn digests(&self) -> pdu::Digests {
+        pdu::Digests {
+            header: self.neg.header_digest,
+            data: self.neg.data_digest,
+        }
+    }
+
+    /// Writes what is queued. Returns `true` when everything went out.
+    pub fn flush(&mut self) -> Result<bool, Error> {
+        match self.conn.flush() {
+            Ok(all) => Ok(all),
+            Err(e) => {
+                let msg = e.to_string();
+                self.fail(&msg);
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads from the socket once, handles every complete PDU, and queues any H2CData that R2Ts asked for.
+    /// Returns the number of commands completed. On a connection or protocol error every outstanding command
+    /// is completed with an error, and the error is returned.
+    pub fn poll(&mut self) -> Result<usize, Error> {
+        if let Some(why) = &self.failed {
+            return Err(Error::Protocol(format!("queue {} failed: {why}", self.qid)));
+        }
+        let before = self.done.len();
+        let r = self.poll_inner();
+        if let Err(e) = &r {
+            let msg = e.to_string();
+            self.fail(&msg);
+        }
+        let n = self.done.len() - before;
+        r.map(|_| n)
+    }
+
+    fn poll_inner(&mut self) -> Result<(), Error> {
+        self.conn.fill()?;
+        loop {
+            let action = match pdu::decode(self.conn.rx_data(), &self.decode) {
+                Ok(Decoded::Incomplete { need }) => {
+                    self.conn.reserve_rx(need);
+                    break;
+                }
+                Ok(Decoded::Pdu { pdu, len }) => {
+                    let action = on_pdu(&mut self.slots, self.qid, &pdu)?;
+                    (action, len)
+                }
+                Err(pdu::PduError::DataDigest {
+                    cccid, len, flags, ..
+                }) => {
+                    // Not fatal: the command fails with a transient transport error; the stream goes on.
+                    let slot = slot_in(&mut self.slots, cccid, "C2HData")?;
+                    slot.data_digest_error = true;
+                    let ends_command = flags & pdu::FLAG_SUCCESS != 0;
+                    (
+                        if ends_command {
+                            Action::Complete(cccid, None)
+                        } else {
+                            Action::None
+                        },
+                        len,
+                    )
+                }
+                Err(e) => return Err(e.into()),
+            };
+            match action {
+                (Action::None, len) => self.conn.consume(len),
+                (Action::Complete(cid, cqe), len) => {
+                    self.conn.consume(len);
+                    self.complete(cid, cqe);
+                }
+                (Action::SendData(r2t), len) => {
+                    self.conn.consume(len);
+                    self.send_h2c(r2t);
+                }
+            }
+        }
+        // H2CData queued by R2Ts goes out now.
+        self.conn.flush()?;
+        Ok(())
+    }
+
+    /// Queues the H2CData PDUs that answer an R2T (already validated), split by MAXH2CDATA.
+    fn send_h2c(&mut self, r2t: pdu::R2T) {
+        let digests = self.digests();
+        let slot = &self.slots[usize::from(r2t.cccid)];
+        let data = &slot
+            .buf
+            .as_ref()
+            .expect("write slot has a buffer")
+            .as_slice()[..slot.len as usize];
+        let end = r2t.r2to + r2t.r2tl;
+        let mut off = r2t.r2to;
+        while off < end {
+            let n = self.neg.maxh2cdata.min(end - off);
+            let hdr = pdu::H2CDataHdr {
+                cccid: r2t.cccid,
+                ttag: r2t.ttag,
+                datao: off,
+                datal: n,
+                last: off + n == end,
+            };
+            let chunk = &data[off as usize..(off + n) as usize];
+            pdu::encode_h2c_data(self.conn.tx_buf(), &hdr, chunk, digests, self.neg.cpda);
+            self.conn.pdu_queued();
+            off += n;
+        }
+    }
+
+    fn complete(&mut self, cid: u16, cqe: Option<Cqe>) {
+        let slot = &mut self.slots[usize::from(cid)];
+        let result = match cqe {
+            _ if slot.data_digest_error => Err(Error::Protocol(format!(
+                "data digest mismatch in C2HData for cid {cid}"
+            ))),
+            Some(cqe) => Ok(cqe),
+            None => Err(Error::Protocol(format!(
+                "command {cid} ended without a completion"
+            ))),
+        };
+        self.complete_with(cid, result);
+    }
+
+    fn complete_with(&mut self, cid: u16, result: Result<Cqe, Error>) {
+        let slot = &mut self.slots[usize::from(cid)];
+        slot.busy = false;
+        let buf = slot.buf.take();
+        let tag = slot.tag;
+        self.free.push(cid);
+        self.outstanding -= 1;
+        self.done.push_back(Done { tag, buf, result });
+    }
+
+    /// Fails the queue: every outstanding command completes with a transport error naming `why`, and later
+    /// submits are refused.
+    pub fn fail(&mut self, why: &str) {
+        if self.failed.is_none() {
+            self.failed = Some(why.to_string());
+        }
+        for cid in 0..self.slots.len() {
+            if self.slots[cid].busy {
+                let e = Error::Protocol(format!("queue {} failed: {why}", self.qid));
+                self.complete_with(cid as u16, Err(e));
+            }
+        }
+        self.conn.shutdown();
+    }
+
+    /// Takes the oldest finished command.
+    pub fn pop_done(&mut self) -> Option<Done> {
+        self.done.pop_front()
+    }
+
+    /// Runs one command to completion by polling, for bring-up and admin tools. Other completions that arrive
+    /// meanwhile stay in the done list.
+    pub fn run(
+        &mut self,
+        sqe: Sqe,
+        dir: DataDir,
+        buf: Option<DmaBuf>,
+        len: u32,
+        timeout: Duration,
+    ) -> Result<(Cqe, Option<DmaBuf>), Error> {
+        const SYNC_TAG: u64 = u64::MAX;
+        self.submit(sqe, dir, buf, len, SYNC_TAG)
+            .map_err(|(e, _)| e)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.flush()?;
+            self.poll()?;
+            if let Some(i) = self.done.iter().position(|d| d.tag == SYNC_TAG) {
+                let d = self.done.remove(i).expect("index from position");
+                return d.result.map(|cqe| (cqe, d.buf));
+            }
+            if Instant::now() >= deadline {
+                self.fail("command timed out during bring-up");
+                return Err(Error::Timeout("admin command completion"));
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Status of a completion as a `Result`, naming the command on failure.
+    pub fn check(what: &'static str, cqe: &Cqe) -> Result<(), Error> {
+        let status: Status = cqe.status();
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(Error::Command { what, status })
+        }
+    }
+
+    /// Closes the connection.
+    pub fn close(&mut self) {
+        let _ = self.conn.flush();
+        self.fail("queue closed by the host");
+    }
+}
+
+/// SGL Transport Data Block descriptor (type 0x5, subtype 0xA): the data travels in H2CData/C2HData PDUs.
+fn sgl_transport(len: u32) -> [u8; 16] {
+    let mut d = [0u8; 16];
+    d[8..12].copy_from_slice(&len.to_le_bytes());
+    d[15] = 0x5a;
+    d
+}
+
+/// SGL Data Block descriptor with the Offset subtype (0x01): the data is in the capsule, at offset 0.
+fn sgl_incapsule(len: u32) -> [u8; 16] {
+    let mut d = [0u8; 16];
+    d[8..12].copy_from_slice(&len.to_le_bytes());
+    d[15] = 0x01;
+    d
+}

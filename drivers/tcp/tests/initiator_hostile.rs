@@ -1,0 +1,393 @@
+//! A scripted peer (a small TCP server in this test) answers the initiator's ICReq properly and then sends a
+//! malformed or hostile PDU. Each case must give a typed error, fail the outstanding command with an error (never
+//! a success), and neither panic nor hang.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nvpoll::mem::DmaPool;
+use nvpoll::spec::Sqe;
+use nvpoll_tcp::queue::{DataDir, HostQueue, QueueParams};
+use nvpoll_tcp::Error;
+
+fn icresp(hdgst: bool) -> Vec<u8> {
+    let mut b = vec![0u8; 128];
+    b[..8].copy_from_slice(&[0x01, 0x00, 128, 0, 128, 0, 0, 0]);
+    b[11] = u8::from(hdgst);
+    b[12..16].copy_from_slice(&(128u32 * 1024).to_le_bytes());
+    b
+}
+
+fn header(ty: u8, flags: u8, hlen: u8, pdo: u8, plen: u32) -> Vec<u8> {
+    let mut b = vec![ty, flags, hlen, pdo];
+    b.extend_from_slice(&plen.to_le_bytes());
+    b
+}
+
+fn capsule_resp(cid: u16, status: u16) -> Vec<u8> {
+    let mut b = header(0x05, 0, 24, 0, 24);
+    b.extend_from_slice(&[0u8; 12]);
+    b.extend_from_slice(&cid.to_le_bytes());
+    b.extend_from_slice(&(status << 1).to_le_bytes());
+    b
+}
+
+fn c2h_data(cid: u16, datao: u32, data: &[u8], flags: u8) -> Vec<u8> {
+    let mut b = header(0x07, flags, 24, 24, 24 + data.len() as u32);
+    b.extend_from_slice(&cid.to_le_bytes());
+    b.extend_from_slice(&[0, 0]);
+    b.extend_from_slice(&datao.to_le_bytes());
+    b.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    b.extend_from_slice(&[0u8; 4]);
+    b.extend_from_slice(data);
+    b
+}
+
+fn r2t(cid: u16, ttag: u16, r2to: u32, r2tl: u32) -> Vec<u8> {
+    let mut b = header(0x09, 0, 24, 0, 24);
+    b.extend_from_slice(&cid.to_le_bytes());
+    b.extend_from_slice(&ttag.to_le_bytes());
+    b.extend_from_slice(&r2to.to_le_bytes());
+    b.extend_from_slice(&r2tl.to_le_bytes());
+    b.extend_from_slice(&[0u8; 4]);
+    b
+}
+
+/// Starts a peer that answers ICReq, reads the first command capsule (whose CID it passes to `script`), then
+/// writes whatever `script` returns and keeps the socket open until the host closes it (unless `close` is set).
+fn peer(
+    hdgst: bool,
+    close: bool,
+    script: impl FnOnce(u16) -> Vec<u8> + Send + 'static,
+) -> std::net::SocketAddr {
+    peer_with(hdgst, false, close, script)
+}
+
+fn peer_with(
+    hdgst: bool,
+    ddgst: bool,
+    close: bool,
+    script: impl FnOnce(u16) -> Vec<u8> + Send + 'static,
+) -> std::net::SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut icreq = [0u8; 128];
+        s.read_exact(&mut icreq).unwrap();
+        assert_eq!(
+            &icreq[..8],
+            &[0, 0, 128, 0, 128, 0, 0, 0],
+            "a well-formed ICReq"
+        );
+        let mut resp = icresp(hdgst);
+        resp[11] |= u8::from(ddgst) << 1;
+        s.write_all(&resp).unwrap();
+        let mut cmd = vec![0u8; 72 + if hdgst { 4 } else { 0 }];
+        s.read_exact(&mut cmd).unwrap();
+        let cid = u16::from_le_bytes([cmd[10], cmd[11]]);
+        s.write_all(&script(cid)).unwrap();
+        if close {
+            return;
+        }
+        let mut sink = [0u8; 4096];
+        while let Ok(n) = s.read(&mut sink) {
+            if n == 0 {
+                break;
+            }
+        }
+    });
+    addr
+}
+
+fn queue(addr: std::net::SocketAddr, hdgst: bool) -> HostQueue {
+    queue_with(addr, hdgst, false)
+}
+
+fn queue_with(addr: std::net::SocketAddr, hdgst: bool, ddgst: bool) -> HostQueue {
+    HostQueue::connect(&QueueParams {
+        addr,
+        qid: 1,
+        depth: 4,
+        header_digest: hdgst,
+        data_digest: ddgst,
+        max_transfer: 64 * 1024,
+        connect_timeout: Duration::from_secs(5),
+    })
+    .expect("ICReq/ICResp with the scripted peer")
+}
+
+/// Submits a command (a 4 KiB read unless `write`), runs the queue until it fails, and returns the queue's
+/// error. Asserts that the command completed exactly once, with an error.
+fn expect_failure(addr: std::net::SocketAddr, hdgst: bool, write: bool) -> Error {
+    let pool = DmaPool::builder().class(4096, 16).build().unwrap();
+    let mut q = queue(addr, hdgst);
+    let mut buf = pool.alloc(4096).unwrap();
+    buf.set_len(4096).unwrap();
+    let (sqe, dir) = if write {
+        (Sqe::write(1, 0, 7), DataDir::ToController)
+    } else {
+        (Sqe::read(1, 0, 7), DataDir::FromController)
+    };
+    // A write larger than the in-capsule limit (1 KiB before IOCCSZ is known) waits for an R2T.
+    q.submit(sqe, dir, Some(buf), 4096, 7)
+        .map_err(|(e, _)| e)
+        .unwrap();
+    q.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        match q.poll() {
+            Err(e) => break e,
+            Ok(_) => {
+                if let Some(d) = q.pop_done() {
+                    panic!("command completed before the queue failed: {:?}", d.result);
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the queue neither failed nor completed in 10 s"
+        );
+    };
+    let d = q
+        .pop_done()
+        .expect("the outstanding command is completed when the queue fails");
+    assert_eq!(d.tag, 7);
+    assert!(
+        d.result.is_err(),
+        "a failed queue never completes a command successfully"
+    );
+    assert!(d.buf.is_some(), "the buffer is handed back");
+    assert!(q.pop_done().is_none(), "exactly one completion");
+    assert_eq!(q.outstanding(), 0);
+    // Later submits are refused with an error, not queued forever.
+    let buf = pool.alloc(4096).unwrap();
+    assert!(q
+        .submit(
+            Sqe::read(1, 0, 7),
+            DataDir::FromController,
+            Some(buf),
+            4096,
+            8
+        )
+        .is_err());
+    err
+}
+
+#[test]
+fn wrong_pdu_type_for_host() {
+    // A CapsuleCmd (type 4) travels only to the controller.
+    let addr = peer(false, false, |_| {
+        let mut b = header(0x04, 0, 72, 0, 72);
+        b.resize(72, 0);
+        b
+    });
+    let e = expect_failure(addr, false, false);
+    assert!(matches!(e, Error::Pdu(_)), "{e:?}");
+}
+
+#[test]
+fn unknown_pdu_type() {
+    let addr = peer(false, false, |_| {
+        header(0x0f, 0, 24, 0, 24)
+            .into_iter()
+            .chain([0u8; 16])
+            .collect()
+    });
+    let e = expect_failure(addr, false, false);
+    assert!(matches!(e, Error::Pdu(_)), "{e:?}");
+}
+
+#[test]
+fn hlen_out_of_range() {
+    let addr = peer(false, false, |cid| {
+        let mut b = capsule_resp(cid, 0);
+        b[2] = 30;
+        b
+    });
+    let e = expect_failure(addr, false, false);
+    assert!(matches!(e, Error::Pdu(_)), "{e:?}");
+}
+
+#[test]
+fn plen_smaller_than_header() {
+    let addr = peer(false, false, |cid| {
+        let mut b = capsule_resp(cid, 0);
+        b[4..8].copy_from_slice(&8u32.to_le_bytes());
+        b
+    });
+    let e = expect_failure(addr, false, false);
+    assert!(matches!(e, Error::Pdu(_)), "{e:?}");
+}
+
+#[test]
+fn plen_huge_is_rejected_without_waiting() {
+    // 4 GiB - 1: the host must not wait for (or allocate) that much.
+    let addr = peer(false, false, |cid| {
+        let mut b = c2h_data(cid, 0, &[], 0);
+        b[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        b
+    });
+    let e = expect_failure(addr, false, false);
+    assert!(matches!(e, Error::Pdu(_)), "{e:?}");
+}
+
+#[test]
+fn c2h_data_beyond_the_buffer() {
+    let addr = peer(false, false, |cid| {
+        c2h_data(cid, 4096 - 512, &[0xab; 1024], 0x04)
+    });
+    let e = expect_failure(addr, false, false);
+    assert!(matches!(e, Error::Protocol(_)), "{e:?}");
+}
+
+#[test]
+fn c2h_success_without_all_data() {
+    let addr = peer(false, false, |cid| {
+        c2h_data(cid, 0, &[0xab; 512], 0x04 | 0x08)
+    });
+    let e = expect_failure(addr, false, false);
+    assert!(matches!(e, Error::Protocol(_)), "{e:?}");
+}
+
+#[test]
+fn r2t_for_unknown_command() {
+    let addr = peer(false, false, |cid| r2t(cid.wrapping_add(1), 1, 0, 4096));
+    let e = expect_failure(addr, false, true);
+    assert!(matches!(e, Error::Protocol(_)), "{e:?}");
+}
+
+#[test]
+fn r2t_beyond_the_length() {
+    let addr = peer(false, false, |cid| r2t(cid, 1, 0, 8192));
+    let e = expect_failure(addr, false, true);
+    assert!(matches!(e, Error::Protocol(_)), "{e:?}");
+}
+
+#[test]
+fn r2t_for_a_read() {
+    let addr = peer(false, false, |cid| r2t(cid, 1, 0, 4096));
+    let e = expect_failure(addr, false, false);
+    assert!(matches!(e, Error::Protocol(_)), "{e:?}");
+}
+
+#[test]
+fn capsule_resp_with_unknown_cid() {
+    let addr = peer(false, false, |cid| capsule_resp(cid ^ 0x100, 0));
+    let e = expect_failure(addr, false, false);
+    assert!(matches!(e, Error::Protocol(_)), "{e:?}");
+}
+
+#[test]
+fn bad_header_digest() {
+    let addr = peer(true, false, |cid| {
+        let mut b = capsule_resp(cid, 0);
+        b[1] = 0x01; // HDGSTF
+        b[4..8].copy_from_slice(&28u32.to_le_bytes());
+        b.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef]);
+        b
+    });
+    let e = expect_failure(addr, true, false);
+    assert!(matches!(e, Error::Pdu(_)), "{e:?}");
+}
+
+#[test]
+fn peer_closes_mid_pdu() {
+    let addr = peer(false, true, |cid| capsule_resp(cid, 0)[..13].to_vec());
+    let e = expect_failure(addr, false, false);
+    assert!(matches!(e, Error::Closed), "{e:?}");
+}
+
+#[test]
+fn term_req_from_controller() {
+    let addr = peer(false, false, |_| {
+        let mut b = header(0x03, 0, 24, 0, 24);
+        b.extend_from_slice(&1u16.to_le_bytes());
+        b.extend_from_slice(&2u32.to_le_bytes());
+        b.extend_from_slice(&[0u8; 10]);
+        b
+    });
+    let e = expect_failure(addr, false, false);
+    assert!(matches!(e, Error::TermReq { fes: 1, fei: 2 }), "{e:?}");
+}
+
+#[test]
+fn error_status_is_an_error_not_a_success() {
+    // A CapsuleResp with LBA Out of Range completes the command with that status; the queue stays usable.
+    let addr = peer(false, false, |cid| capsule_resp(cid, 0x80));
+    let pool = DmaPool::builder().class(4096, 16).build().unwrap();
+    let mut q = queue(addr, false);
+    let buf = pool.alloc(4096).unwrap();
+    q.submit(
+        Sqe::read(1, 0, 7),
+        DataDir::FromController,
+        Some(buf),
+        4096,
+        1,
+    )
+    .map_err(|(e, _)| e)
+    .unwrap();
+    q.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let d = loop {
+        q.poll().unwrap();
+        if let Some(d) = q.pop_done() {
+            break d;
+        }
+        assert!(Instant::now() < deadline, "no completion in 10 s");
+    };
+    let cqe = d.result.unwrap();
+    assert_eq!(cqe.status().sc(), 0x80);
+    assert!(!cqe.status().is_success());
+}
+
+#[test]
+fn bad_data_digest_fails_only_that_command() {
+    // C2HData with SUCCESS and a wrong data digest: the command fails, the queue stays up and the next
+    // PDU (a CapsuleResp for a second command) is still processed.
+    let addr = peer_with(false, true, false, |cid| {
+        let data = [0x5au8; 4096];
+        let mut b = c2h_data(cid, 0, &data, 0x04 | 0x08 | 0x02);
+        let plen = u32::from_le_bytes(b[4..8].try_into().unwrap()) + 4;
+        b[4..8].copy_from_slice(&plen.to_le_bytes());
+        b.extend_from_slice(&[1, 2, 3, 4]);
+        b.extend_from_slice(&capsule_resp(cid + 1, 0));
+        b
+    });
+    let pool = DmaPool::builder().class(4096, 16).build().unwrap();
+    let mut q = queue_with(addr, false, true);
+    for tag in [1, 2] {
+        let buf = pool.alloc(4096).unwrap();
+        let (sqe, dir, len) = if tag == 1 {
+            (Sqe::read(1, 0, 7), DataDir::FromController, 4096)
+        } else {
+            (Sqe::flush(1), DataDir::None, 0)
+        };
+        q.submit(sqe, dir, Some(buf), len, tag)
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    q.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut done = Vec::new();
+    while done.len() < 2 {
+        q.poll()
+            .expect("a data digest error is not fatal for the queue");
+        while let Some(d) = q.pop_done() {
+            done.push(d);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "completions did not arrive in 10 s"
+        );
+    }
+    assert_eq!(done[0].tag, 1);
+    assert!(
+        done[0].result.is_err(),
+        "a read whose data failed its digest is not a success"
+    );
+    assert_eq!(done[1].tag, 2);
+    assert!(done[1].result.as_ref().unwrap().status().is_success());
+}
