@@ -1,23 +1,665 @@
-//! Pinned DMA memory (stub; the foundation issue fills this in).
-#![allow(missing_docs)]
+//! Pinned DMA memory, handed out as fixed-size buffers from a preallocated pool.
+//!
+//! A [`DmaPool`] maps all of its memory once, at creation: 2 MiB hugepages when they are reserved (see
+//! `hugepages.md`), ordinary 4 KiB pages otherwise, with one warning line on stderr per process. The memory is
+//! mlock'ed and carved into size classes of power-of-two buffers (4 KiB and up), each with a lock-free free list.
+//! [`DmaPool::alloc`] pops a buffer from the smallest class that fits, and dropping the [`DmaBuf`] pushes it back:
+//! nothing is allocated or locked on the I/O path, and an exhausted class is an [`Error::Memory`], never a wait.
+//!
+//! Invariants the rest of the stack may rely on:
+//! - a buffer is aligned to its class size (up to 2 MiB), so it never straddles a hugepage and its 4 KiB pages
+//!   can be described by PRP entries directly;
+//! - a buffer is contiguous in IOVA space: [`DmaBuf::iova`] plus `k` is the IOVA of byte `k` of the visible window;
+//! - IOVA equals the virtual address until a VFIO backend calls [`DmaPool::map_iova`];
+//! - the contents of a freshly allocated buffer are unspecified (whatever its previous user left there).
+//!
+//! This module holds all the `unsafe` code of the root crate.
+//!
+//! ```
+//! use nvpoll::mem::{DmaPool, HugepageMode};
+//!
+//! let pool = DmaPool::builder()
+//!     .class(4096, 16)
+//!     .class(128 * 1024, 2)
+//!     .hugepages(HugepageMode::Off)
+//!     .build()?;
+//! let mut buf = pool.alloc(512)?; // comes from the 4 KiB class, 512 bytes visible
+//! buf.fill(0xab);
+//! buf.set_window(100, 412)?; // an unaligned view inside the same buffer
+//! assert_eq!(buf.iova() % 4096, 100);
+//! assert_eq!(pool.available(4096), 15);
+//! drop(buf);
+//! assert_eq!(pool.available(4096), 16);
+//! # Ok::<(), nvpoll::Error>(())
+//! ```
 
-/// A buffer of DMA memory.
-#[derive(Debug)]
-pub struct DmaBuf {
-    data: Vec<u8>,
+use std::fmt;
+use std::io;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crossbeam_queue::ArrayQueue;
+use memmap2::{MmapOptions, MmapRaw};
+
+use crate::{Error, Result};
+
+/// The smallest buffer size, and the alignment every buffer has at least.
+pub const PAGE_SIZE: usize = 4096;
+
+/// The size of the hugepages the pool maps (2 MiB).
+pub const HUGEPAGE_SIZE: usize = 2 << 20;
+
+/// `log2(HUGEPAGE_SIZE)`, as `MAP_HUGE_2MB` encodes it.
+const HUGEPAGE_SHIFT: u8 = 21;
+
+/// Which kind of pages back a pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageKind {
+    /// 2 MiB hugepages (`MAP_HUGETLB`): physically contiguous per 2 MiB and never swapped or moved.
+    Huge2M,
+    /// Ordinary 4 KiB pages, the fallback when no hugepages are reserved.
+    Normal,
 }
 
+/// Whether a pool may, must or must not use hugepages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HugepageMode {
+    /// Use 2 MiB hugepages if enough are free, else ordinary pages with one warning line per process.
+    #[default]
+    Prefer,
+    /// Use 2 MiB hugepages or fail with [`Error::Memory`].
+    Require,
+    /// Use ordinary pages, silently.
+    Off,
+}
+
+/// One virtually contiguous chunk of a pool, as a VFIO backend maps it into the IOMMU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmaRegion {
+    /// Virtual address of the first byte.
+    pub vaddr: usize,
+    /// Length in bytes (a multiple of 2 MiB).
+    pub len: usize,
+    /// The IOVA of the first byte (equal to `vaddr` until [`DmaPool::map_iova`] says otherwise).
+    pub iova: u64,
+}
+
+/// Configures and creates a [`DmaPool`]; see [`DmaPool::builder`].
+#[derive(Clone, Debug, Default)]
+pub struct DmaPoolBuilder {
+    classes: Vec<(usize, usize)>,
+    hugepages: HugepageMode,
+    require_mlock: bool,
+}
+
+impl DmaPoolBuilder {
+    /// Adds a size class of `count` buffers of `size` bytes. `size` must be a power of two of at least
+    /// [`PAGE_SIZE`]; giving the same size twice adds up the counts.
+    pub fn class(mut self, size: usize, count: usize) -> Self {
+        self.classes.push((size, count));
+        self
+    }
+
+    /// Chooses whether hugepages are used ([`HugepageMode::Prefer`] by default).
+    pub fn hugepages(mut self, mode: HugepageMode) -> Self {
+        self.hugepages = mode;
+        self
+    }
+
+    /// Makes a failed `mlock` an error instead of a warning (off by default).
+    pub fn require_mlock(mut self, required: bool) -> Self {
+        self.require_mlock = required;
+        self
+    }
+
+    /// Maps, pins and carves the memory.
+    ///
+    /// Fails with [`Error::InvalidArgument`] for a bad class, with [`Error::Memory`] when the memory cannot be
+    /// mapped (or hugepages are required and not available), and with [`Error::Os`] when `mlock` fails and was
+    /// required.
+    pub fn build(self) -> Result<DmaPool> {
+        let mut classes: Vec<(usize, usize)> = Vec::new();
+        for &(size, count) in &self.classes {
+            if !size.is_power_of_two() || size < PAGE_SIZE {
+                return Err(Error::InvalidArgument(format!(
+                    "DMA buffer size {size} is not a power of two of at least {PAGE_SIZE}"
+                )));
+            }
+            match classes.iter_mut().find(|c| c.0 == size) {
+                Some(c) => c.1 += count,
+                None => classes.push((size, count)),
+            }
+        }
+        if classes.is_empty() || classes.iter().any(|c| c.1 == 0) {
+            return Err(Error::InvalidArgument(
+                "a DMA pool needs at least one size class, each with at least one buffer".into(),
+            ));
+        }
+        if let Some(c) = classes.iter().find(|c| c.1 > u32::MAX as usize) {
+            return Err(Error::InvalidArgument(format!(
+                "too many DMA buffers of {} bytes: {}",
+                c.0, c.1
+            )));
+        }
+        // Largest first: every offset is then a multiple of the current size, so each buffer is naturally
+        // aligned (the region itself is aligned to 2 MiB).
+        classes.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
+        let mut offset = 0usize;
+        let mut layout = Vec::with_capacity(classes.len());
+        for &(size, count) in &classes {
+            layout.push((size, count, offset));
+            offset = size
+                .checked_mul(count)
+                .and_then(|bytes| offset.checked_add(bytes))
+                .ok_or_else(|| Error::InvalidArgument("DMA pool size overflows usize".into()))?;
+        }
+        let len = offset
+            .checked_next_multiple_of(HUGEPAGE_SIZE)
+            .ok_or_else(|| Error::InvalidArgument("DMA pool size overflows usize".into()))?;
+
+        let mapping = Mapping::new(len, self.hugepages)?;
+        let locked = match mapping.lock() {
+            Ok(()) => true,
+            Err(e) if self.require_mlock => {
+                return Err(Error::os(format!("mlock of {len} bytes of DMA memory"), e))
+            }
+            Err(e) => {
+                warn_once(
+                    &MLOCK_WARNED,
+                    &format!(
+                        "could not mlock {} MiB of DMA memory ({e}); it may be swapped out \
+                         (raise the limit with `ulimit -l`, or run with CAP_IPC_LOCK)",
+                        len >> 20
+                    ),
+                );
+                mapping.prefault();
+                false
+            }
+        };
+
+        layout.reverse(); // smallest first, for the lookup in `alloc`
+        let classes = layout
+            .into_iter()
+            .map(|(size, count, start)| {
+                let free = ArrayQueue::new(count);
+                for slot in 0..count as u32 {
+                    // Cannot fail: the queue holds exactly `count` entries.
+                    let _ = free.push(slot);
+                }
+                SizeClass {
+                    size,
+                    count,
+                    start,
+                    free,
+                }
+            })
+            .collect();
+        Ok(DmaPool {
+            inner: Arc::new(PoolInner {
+                classes,
+                mapping,
+                locked,
+                iova_offset: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+/// A preallocated, pinned pool of DMA buffers. Cloning it is cheap (it is reference counted), and buffers keep
+/// the memory alive after the last clone of the pool is dropped.
+#[derive(Clone)]
+pub struct DmaPool {
+    inner: Arc<PoolInner>,
+}
+
+impl DmaPool {
+    /// Starts configuring a pool: add size classes with [`DmaPoolBuilder::class`], then call
+    /// [`DmaPoolBuilder::build`].
+    pub fn builder() -> DmaPoolBuilder {
+        DmaPoolBuilder::default()
+    }
+
+    /// Takes a buffer from the smallest size class that holds `len` bytes, with `len` bytes visible.
+    ///
+    /// Lock-free and allocation-free. Fails with [`Error::Memory`] when that class has no free buffer (the pool
+    /// never falls back to a larger class, so exhaustion is predictable), and with [`Error::InvalidArgument`] when
+    /// no class is large enough.
+    pub fn alloc(&self, len: usize) -> Result<DmaBuf> {
+        let inner = &self.inner;
+        let (index, class) = inner.class_for(len)?;
+        let slot = class.free.pop().ok_or_else(|| {
+            Error::Memory(format!(
+                "DMA pool exhausted: all {} buffers of {} bytes are in use",
+                class.count, class.size
+            ))
+        })?;
+        let offset = class.start + slot as usize * class.size;
+        // SAFETY: `start + slot * size + size <= len` of the mapping by construction of the layout in `build`,
+        // so the pointer stays inside the mapping, which is non-null.
+        let ptr = unsafe { NonNull::new_unchecked(inner.mapping.base().add(offset)) };
+        Ok(DmaBuf {
+            ptr,
+            capacity: class.size,
+            offset: 0,
+            len,
+            slot,
+            class: index as u8,
+            pool: Arc::clone(inner),
+        })
+    }
+
+    /// How many buffers are free in the size class that [`DmaPool::alloc`] would use for `len` bytes (0 when no
+    /// class is large enough).
+    pub fn available(&self, len: usize) -> usize {
+        self.inner.class_for(len).map_or(0, |(_, c)| c.free.len())
+    }
+
+    /// Which kind of pages back this pool.
+    pub fn page_kind(&self) -> PageKind {
+        self.inner.mapping.kind
+    }
+
+    /// Whether the memory is mlock'ed.
+    pub fn is_locked(&self) -> bool {
+        self.inner.locked
+    }
+
+    /// The virtually contiguous chunks of the pool, with their current IOVA. No buffer straddles two regions.
+    pub fn regions(&self) -> Vec<DmaRegion> {
+        let vaddr = self.inner.mapping.base() as usize;
+        let iova = (vaddr as u64).wrapping_add(self.inner.iova_offset.load(Ordering::Acquire));
+        vec![DmaRegion {
+            vaddr,
+            len: self.inner.mapping.len,
+            iova,
+        }]
+    }
+
+    /// Lets a DMA backend (VFIO) map every region and say at which IOVA it mapped it. `map` is called once per
+    /// region; from then on [`DmaBuf::iova`] of every buffer of this pool, allocated before or after, reflects
+    /// it. Call it before any I/O uses the pool. If `map` fails for a region, its IOVA is left unchanged and the
+    /// error is returned.
+    pub fn map_iova(&self, mut map: impl FnMut(&DmaRegion) -> Result<u64>) -> Result<()> {
+        for region in self.regions() {
+            let iova = map(&region)?;
+            self.inner
+                .iova_offset
+                .store(iova.wrapping_sub(region.vaddr as u64), Ordering::Release);
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for DmaPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let classes: Vec<_> = self
+            .inner
+            .classes
+            .iter()
+            .map(|c| (c.size, c.free.len(), c.count))
+            .collect();
+        f.debug_struct("DmaPool")
+            .field("page_kind", &self.inner.mapping.kind)
+            .field("locked", &self.inner.locked)
+            .field("regions", &self.regions())
+            .field("classes (size, free, total)", &classes)
+            .finish()
+    }
+}
+
+struct PoolInner {
+    /// Smallest size first.
+    classes: Box<[SizeClass]>,
+    mapping: Mapping,
+    locked: bool,
+    /// IOVA minus virtual address, wrapping (0 means IOVA = VA).
+    iova_offset: AtomicU64,
+}
+
+impl PoolInner {
+    fn class_for(&self, len: usize) -> Result<(usize, &SizeClass)> {
+        self.classes
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.size >= len)
+            .ok_or_else(|| {
+                let largest = self.classes.last().map_or(0, |c| c.size);
+                Error::InvalidArgument(format!(
+                    "no DMA buffer class holds {len} bytes (largest is {largest})"
+                ))
+            })
+    }
+}
+
+struct SizeClass {
+    size: usize,
+    count: usize,
+    /// Offset of the first buffer from the start of the mapping.
+    start: usize,
+    /// Indices of the free buffers.
+    free: ArrayQueue<u32>,
+}
+
+/// The memory of a pool: a mapping whose first `len` bytes from `base_offset` are used, aligned to 2 MiB.
+struct Mapping {
+    map: MmapRaw,
+    base_offset: usize,
+    len: usize,
+    kind: PageKind,
+}
+
+impl Mapping {
+    fn new(len: usize, mode: HugepageMode) -> Result<Mapping> {
+        if mode != HugepageMode::Off {
+            match MmapOptions::new()
+                .len(len)
+                .huge(Some(HUGEPAGE_SHIFT))
+                .populate()
+                .map_anon()
+            {
+                Ok(map) => {
+                    return Ok(Mapping {
+                        map: map.into(),
+                        base_offset: 0,
+                        len,
+                        kind: PageKind::Huge2M,
+                    });
+                }
+                Err(e) => {
+                    let pages = len / HUGEPAGE_SIZE;
+                    let free = hugepage_status(HUGEPAGE_SIZE)
+                        .map_or_else(|_| "unknown".to_string(), |s| s.available().to_string());
+                    if mode == HugepageMode::Require {
+                        return Err(Error::Memory(format!(
+                            "cannot map {pages} hugepages of 2 MiB ({free} available): {e}; see hugepages.md"
+                        )));
+                    }
+                    warn_once(
+                        &HUGEPAGE_WARNED,
+                        &format!(
+                            "no 2 MiB hugepages for DMA memory ({pages} needed, {free} available: {e}); \
+                             using ordinary 4 KiB pages (reserve some with `sysctl vm.nr_hugepages=N`, \
+                             see hugepages.md)"
+                        ),
+                    );
+                }
+            }
+        }
+        // Map one hugepage more than needed (less one page) so that the used part can start on a 2 MiB
+        // boundary; the slack is never touched, so it costs address space only.
+        let map = MmapOptions::new()
+            .len(len + HUGEPAGE_SIZE - PAGE_SIZE)
+            .map_anon()
+            .map_err(|e| Error::Memory(format!("cannot map {len} bytes of DMA memory: {e}")))?;
+        let map = MmapRaw::from(map);
+        let base_offset =
+            (map.as_ptr() as usize).next_multiple_of(HUGEPAGE_SIZE) - map.as_ptr() as usize;
+        Ok(Mapping {
+            map,
+            base_offset,
+            len,
+            kind: PageKind::Normal,
+        })
+    }
+
+    /// The first byte of the used part.
+    fn base(&self) -> *mut u8 {
+        // SAFETY: `base_offset + len` is within the mapping (see `new`), so the result stays inside it.
+        unsafe { self.map.as_mut_ptr().add(self.base_offset) }
+    }
+
+    /// Locks the used part in memory, faulting it in.
+    fn lock(&self) -> io::Result<()> {
+        // SAFETY: mlock only changes the paging of the range, which lies inside our live mapping; it reads and
+        // writes no memory that Rust code could observe.
+        let rc = unsafe { libc::mlock(self.base().cast(), self.len) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Faults the used part in by writing it (with zeroes, which it already holds), so that the first I/O does
+    /// not take page faults when `mlock` failed.
+    fn prefault(&self) {
+        // SAFETY: the range lies inside our mapping, which is readable and writable, and no buffer has been
+        // handed out yet, so no reference to it exists.
+        unsafe { std::ptr::write_bytes(self.base(), 0, self.len) };
+    }
+}
+
+static HUGEPAGE_WARNED: AtomicBool = AtomicBool::new(false);
+static MLOCK_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// Prints `nvpoll: warning: {msg}` on stderr, the first time only for this `flag`.
+fn warn_once(flag: &AtomicBool, msg: &str) {
+    if !flag.swap(true, Ordering::Relaxed) {
+        eprintln!("nvpoll: warning: {msg}");
+    }
+}
+
+/// A buffer of pinned DMA memory from a [`DmaPool`], returned to the pool when dropped.
+///
+/// It dereferences to its *visible window*: `len()` bytes starting `offset()` bytes into a buffer of
+/// `capacity()` bytes. The window starts as the first `len` bytes passed to [`DmaPool::alloc`]; move it with
+/// [`DmaBuf::set_len`] and [`DmaBuf::set_window`], for instance to test unaligned transfers.
+///
+/// A transport hands the buffer's IOVA to the device and keeps the `DmaBuf` until the transfer is over, so no
+/// Rust reference to the memory exists while the device writes it.
+pub struct DmaBuf {
+    /// First byte of the whole buffer.
+    ptr: NonNull<u8>,
+    capacity: usize,
+    offset: usize,
+    len: usize,
+    slot: u32,
+    class: u8,
+    pool: Arc<PoolInner>,
+}
+
+// SAFETY: a DmaBuf owns its bytes exclusively (its slot is off the free list until it is dropped) and keeps the
+// mapping alive through the Arc; nothing about it is tied to the allocating thread.
+unsafe impl Send for DmaBuf {}
+// SAFETY: through `&DmaBuf` only shared reads of the bytes are possible.
+unsafe impl Sync for DmaBuf {}
+
 impl DmaBuf {
+    /// Length of the visible window in bytes.
     pub fn len(&self) -> usize {
-        self.data.len()
+        self.len
     }
+
+    /// Whether the visible window is empty.
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
+        self.len == 0
     }
+
+    /// The visible window.
     pub fn as_slice(&self) -> &[u8] {
-        &self.data
+        // SAFETY: `offset + len <= capacity` (kept by every setter), the buffer is `capacity` bytes inside the
+        // mapping that `pool` keeps alive, its bytes are initialised (mapped zeroed), and this DmaBuf is their
+        // only owner, so no `&mut` to them exists while `&self` is borrowed.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(self.offset), self.len) }
     }
+
+    /// The visible window, writable.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.data
+        // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(self.offset), self.len) }
+    }
+
+    /// Size of the whole buffer (its size class) in bytes.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Where the visible window starts, in bytes from the start of the buffer.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Resizes the visible window, keeping its start. Fails with [`Error::InvalidArgument`] if it would end past
+    /// the capacity.
+    pub fn set_len(&mut self, len: usize) -> Result<()> {
+        self.set_window(self.offset, len)
+    }
+
+    /// Moves the visible window to `len` bytes starting `offset` bytes into the buffer. Fails with
+    /// [`Error::InvalidArgument`] if it would end past the capacity.
+    pub fn set_window(&mut self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.capacity => {
+                self.offset = offset;
+                self.len = len;
+                Ok(())
+            }
+            _ => Err(Error::InvalidArgument(format!(
+                "DMA buffer window {offset}+{len} exceeds its capacity of {}",
+                self.capacity
+            ))),
+        }
+    }
+
+    /// The IOVA of the first visible byte: what a device is given. The window is contiguous in IOVA space.
+    pub fn iova(&self) -> u64 {
+        let vaddr = self.ptr.as_ptr() as usize + self.offset;
+        (vaddr as u64).wrapping_add(self.pool.iova_offset.load(Ordering::Relaxed))
+    }
+}
+
+impl Drop for DmaBuf {
+    fn drop(&mut self) {
+        // Cannot fail: the free list has room for every buffer of the class and this slot is not in it.
+        let pushed = self.pool.classes[self.class as usize].free.push(self.slot);
+        debug_assert!(pushed.is_ok(), "DMA buffer slot freed twice");
+    }
+}
+
+impl Deref for DmaBuf {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl DerefMut for DmaBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+}
+
+impl fmt::Debug for DmaBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DmaBuf")
+            .field(
+                "vaddr",
+                &format_args!("{:#x}", self.ptr.as_ptr() as usize + self.offset),
+            )
+            .field("iova", &format_args!("{:#x}", self.iova()))
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .field("capacity", &self.capacity)
+            .finish()
+    }
+}
+
+/// How many hugepages of one size the kernel has reserved, and how many are still free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HugepageStatus {
+    /// The hugepage size in bytes.
+    pub page_size: usize,
+    /// Pages in the pool (`nr_hugepages`, `HugePages_Total`).
+    pub total: u64,
+    /// Pages not yet faulted in by anyone (`free_hugepages`, `HugePages_Free`); includes `reserved`.
+    pub free: u64,
+    /// Free pages promised to existing mappings (`resv_hugepages`, `HugePages_Rsvd`).
+    pub reserved: u64,
+    /// Pages allocated beyond `total` through overcommit (`surplus_hugepages`, `HugePages_Surp`).
+    pub surplus: u64,
+}
+
+impl HugepageStatus {
+    /// Pages a new mapping can still get: `free - reserved`.
+    pub fn available(&self) -> u64 {
+        self.free.saturating_sub(self.reserved)
+    }
+}
+
+/// Reads the hugepage counters for `page_size` (e.g. [`HUGEPAGE_SIZE`], or 1 GiB) from
+/// `/sys/kernel/mm/hugepages`, or from `/proc/meminfo` for the default size where sysfs is missing.
+/// Fails with [`Error::InvalidArgument`] for a size the kernel does not support.
+pub fn hugepage_status(page_size: usize) -> Result<HugepageStatus> {
+    let dir = format!("/sys/kernel/mm/hugepages/hugepages-{}kB", page_size / 1024);
+    let read = |name: &str| -> Result<u64> {
+        let path = format!("{dir}/{name}");
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| Error::os(format!("reading {path}"), e))?;
+        text.trim()
+            .parse()
+            .map_err(|_| Error::InvalidArgument(format!("{path} holds {:?}", text.trim())))
+    };
+    if std::path::Path::new(&dir).is_dir() {
+        return Ok(HugepageStatus {
+            page_size,
+            total: read("nr_hugepages")?,
+            free: read("free_hugepages")?,
+            reserved: read("resv_hugepages")?,
+            surplus: read("surplus_hugepages")?,
+        });
+    }
+    let meminfo = std::fs::read_to_string("/proc/meminfo")
+        .map_err(|e| Error::os("reading /proc/meminfo", e))?;
+    parse_meminfo(&meminfo)
+        .filter(|s| s.page_size == page_size)
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!("this kernel has no hugepages of {page_size} bytes"))
+        })
+}
+
+/// Parses the hugepage lines of `/proc/meminfo` (which describe the default hugepage size only).
+fn parse_meminfo(text: &str) -> Option<HugepageStatus> {
+    let field = |name: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        line[name.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some(HugepageStatus {
+        page_size: usize::try_from(field("Hugepagesize:")?).ok()? * 1024,
+        total: field("HugePages_Total:")?,
+        free: field("HugePages_Free:")?,
+        reserved: field("HugePages_Rsvd:")?,
+        surplus: field("HugePages_Surp:")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo_is_parsed() {
+        let text = "MemTotal:       24000000 kB\nHugePages_Total:       8\nHugePages_Free:        6\n\
+                    HugePages_Rsvd:        2\nHugePages_Surp:        0\nHugepagesize:       2048 kB\n";
+        let s = parse_meminfo(text).unwrap();
+        assert_eq!(
+            s,
+            HugepageStatus {
+                page_size: HUGEPAGE_SIZE,
+                total: 8,
+                free: 6,
+                reserved: 2,
+                surplus: 0
+            }
+        );
+        assert_eq!(s.available(), 4);
+        assert_eq!(parse_meminfo("MemTotal: 1 kB\n"), None);
     }
 }
