@@ -1,1 +1,833 @@
-//! Reactors (stub; the foundation issue fills this in).
+//! Run-to-completion reactors: one thread per selected core, pinned, polling forever.
+//!
+//! Each iteration of a reactor does, in order:
+//! 1. run up to a batch of **messages** from its ring (closures other threads and reactors sent it);
+//! 2. call every registered [`Poller`] once;
+//! 3. call the **timed pollers** whose period has elapsed;
+//! 4. call [`Poller::flush`] on every poller, so that work queued during the iteration leaves in one go.
+//!
+//! An iteration in which something ran or a poller reported [`PollStatus::Busy`] counts as busy, any other as
+//! idle ([`ReactorStats`]). Nothing on a reactor blocks: a message to a full ring is refused with
+//! [`Error::QueueFull`], and the sender decides what to do.
+//!
+//! Ownership follows the reactors: a queue pair is handed to the reactor that will own it by sending it a
+//! message that registers the queue pair's poller there ([`ReactorContext::add_poller`]).
+//!
+//! Stopping ([`Reactors::stop`]) runs every message sent before it: each reactor closes its ring (later sends
+//! fail with [`Error::Reactor`]), runs what is left in it, flushes its pollers once more and drops them. A panic
+//! on one reactor stops all of them, and `stop` (or [`Reactors::join`]) returns it as an `Err`.
+//!
+//! ```
+//! use nvpoll::reactor::{CoreList, PollStatus, Reactors};
+//!
+//! let cores: CoreList = "0".parse()?;
+//! let reactors = Reactors::start(&cores)?;
+//! // Register a poller on reactor 0 from the outside, then ask every reactor something.
+//! reactors.send(0, |ctx| {
+//!     ctx.add_poller(|_: &mut nvpoll::reactor::ReactorContext| PollStatus::Idle);
+//! })?;
+//! let where_: Vec<usize> = reactors.run_on_all(|ctx| ctx.core())?;
+//! assert_eq!(where_, vec![0]);
+//! let stats = reactors.stop()?;
+//! assert_eq!(stats[0].messages, 2);
+//! # Ok::<(), nvpoll::Error>(())
+//! ```
+
+use std::any::Any;
+use std::cell::Cell;
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::ArrayQueue;
+
+use crate::{Error, Result};
+
+/// The set of cores to run reactors on, sorted and without duplicates.
+///
+/// Parsed as SPDK's core masks are: a hexadecimal mask (`0x3`: cores 0 and 1) or a list of cores and
+/// inclusive ranges, optionally in brackets (`0,1`, `0-3`, `[0,2-3]`). Every core must be one this process may
+/// run on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoreList {
+    cores: Vec<usize>,
+}
+
+impl CoreList {
+    /// Parses a mask or list (see the type's documentation). Fails with [`Error::InvalidArgument`] for bad
+    /// syntax, an empty selection, or a core that does not exist on this machine (or is outside this process's
+    /// affinity mask).
+    pub fn parse(spec: &str) -> Result<CoreList> {
+        let bad = |why: &str| Error::InvalidArgument(format!("core list {spec:?}: {why}"));
+        let s = spec.trim();
+        let mut cores = Vec::new();
+        if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+            for (nibble, c) in hex.chars().rev().enumerate() {
+                let bits = c
+                    .to_digit(16)
+                    .ok_or_else(|| bad("not a hexadecimal mask"))?;
+                cores.extend(
+                    (0..4)
+                        .filter(|b| bits & (1 << b) != 0)
+                        .map(|b| nibble * 4 + b),
+                );
+            }
+        } else {
+            let s = s
+                .strip_prefix('[')
+                .and_then(|s| s.strip_suffix(']'))
+                .unwrap_or(s);
+            for item in s.split(',').map(str::trim) {
+                let number = |n: &str| {
+                    n.trim()
+                        .parse::<usize>()
+                        .map_err(|_| bad("expected core numbers"))
+                };
+                match item.split_once('-') {
+                    Some((first, last)) => {
+                        let (first, last) = (number(first)?, number(last)?);
+                        if first > last {
+                            return Err(bad(&format!("range {first}-{last} is backwards")));
+                        }
+                        cores.extend(first..=last);
+                    }
+                    None => cores.push(number(item)?),
+                }
+            }
+        }
+        cores.sort_unstable();
+        cores.dedup();
+        if cores.is_empty() {
+            return Err(bad("selects no core"));
+        }
+        let available = available_cores();
+        if let Some(core) = cores.iter().find(|c| available.binary_search(c).is_err()) {
+            return Err(Error::InvalidArgument(format!(
+                "core {core} does not exist on this machine (available: {})",
+                CoreList { cores: available }
+            )));
+        }
+        Ok(CoreList { cores })
+    }
+
+    /// Every core this process may run on.
+    pub fn all() -> CoreList {
+        CoreList {
+            cores: available_cores(),
+        }
+    }
+
+    /// The cores, in increasing order.
+    pub fn cores(&self) -> &[usize] {
+        &self.cores
+    }
+
+    /// The number of cores.
+    pub fn len(&self) -> usize {
+        self.cores.len()
+    }
+
+    /// Always false: a core list selects at least one core.
+    pub fn is_empty(&self) -> bool {
+        self.cores.is_empty()
+    }
+}
+
+impl FromStr for CoreList {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<CoreList> {
+        CoreList::parse(s)
+    }
+}
+
+/// Writes the list form with ranges, e.g. `0-3,8`.
+impl fmt::Display for CoreList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut i = 0;
+        while i < self.cores.len() {
+            let first = self.cores[i];
+            while i + 1 < self.cores.len() && self.cores[i + 1] == self.cores[i] + 1 {
+                i += 1;
+            }
+            let sep = if first == self.cores[0] { "" } else { "," };
+            match self.cores[i] {
+                last if last == first => write!(f, "{sep}{first}")?,
+                last => write!(f, "{sep}{first}-{last}")?,
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+}
+
+/// The cores this process may be pinned to, sorted.
+fn available_cores() -> Vec<usize> {
+    let mut cores: Vec<usize> = match core_affinity::get_core_ids() {
+        Some(ids) if !ids.is_empty() => ids.into_iter().map(|c| c.id).collect(),
+        _ => (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect(),
+    };
+    cores.sort_unstable();
+    cores
+}
+
+/// What a poller found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollStatus {
+    /// It did some work (completions, received data, ...).
+    Busy,
+    /// There was nothing to do.
+    Idle,
+}
+
+/// Something a reactor calls on every iteration (or every period, for a timed poller).
+///
+/// Closures `FnMut(&mut ReactorContext) -> PollStatus` are pollers too.
+pub trait Poller {
+    /// Does whatever work is ready, without blocking, and says whether there was any.
+    fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus;
+
+    /// Called at the end of every iteration of the reactor, after all pollers ran: the place to send what was
+    /// queued during the iteration (one doorbell write, one coalesced socket write). Does nothing by default.
+    fn flush(&mut self, _ctx: &mut ReactorContext) {}
+}
+
+impl<F: FnMut(&mut ReactorContext) -> PollStatus> Poller for F {
+    fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus {
+        self(ctx)
+    }
+}
+
+/// Identifies a registered poller on its reactor, to remove it with [`ReactorContext::remove_poller`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PollerId(u64);
+
+/// Counters of one reactor. Read them while it runs with [`Reactors::stats`], or as [`Reactors::stop`] returns
+/// them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReactorStats {
+    /// The core the reactor runs on.
+    pub core: usize,
+    /// Iterations in which a message ran or a poller was busy.
+    pub busy: u64,
+    /// Iterations in which nothing happened.
+    pub idle: u64,
+    /// Messages run (counted as each one starts).
+    pub messages: u64,
+    /// CPU time the reactor thread used. While it runs this is refreshed every 4096 iterations; after it
+    /// stopped it is exact.
+    pub cpu_time: Duration,
+}
+
+/// Configures and starts [`Reactors`]; see [`Reactors::builder`].
+#[derive(Clone, Debug)]
+pub struct ReactorsBuilder {
+    ring_capacity: usize,
+    message_batch: usize,
+}
+
+impl ReactorsBuilder {
+    /// How many messages each reactor's ring holds (4096 by default). A send to a full ring fails.
+    pub fn ring_capacity(mut self, capacity: usize) -> Self {
+        self.ring_capacity = capacity;
+        self
+    }
+
+    /// The most messages a reactor runs per iteration before it polls again (64 by default).
+    pub fn message_batch(mut self, batch: usize) -> Self {
+        self.message_batch = batch;
+        self
+    }
+
+    /// Starts one reactor per core of `cores`, pinned to it, and returns once all are running.
+    /// Fails with [`Error::Reactor`] if a thread cannot be spawned or pinned (the others are then stopped).
+    pub fn start(self, cores: &CoreList) -> Result<Reactors> {
+        if self.ring_capacity == 0 || self.message_batch == 0 {
+            return Err(Error::InvalidArgument(
+                "ring capacity and message batch must be at least 1".into(),
+            ));
+        }
+        let shared = Arc::new(Shared {
+            reactors: cores
+                .cores()
+                .iter()
+                .map(|&core| PerReactor {
+                    core,
+                    ring: ArrayQueue::new(self.ring_capacity),
+                    ring_state: AtomicUsize::new(0),
+                    stats: Counters::default(),
+                })
+                .collect(),
+            stop: AtomicBool::new(false),
+        });
+        let mut reactors = Reactors {
+            shared: Arc::clone(&shared),
+            threads: Vec::new(),
+        };
+        let (ready_tx, ready_rx) = mpsc::channel();
+        for index in 0..cores.len() {
+            let shared = Arc::clone(&shared);
+            let ready = ready_tx.clone();
+            let batch = self.message_batch;
+            let core = cores.cores()[index];
+            let spawned = std::thread::Builder::new()
+                .name(format!("nvpoll-reactor-{core}"))
+                .spawn(move || reactor_thread(shared, index, batch, ready));
+            match spawned {
+                Ok(handle) => reactors.threads.push(handle),
+                Err(e) => {
+                    drop(reactors.stop());
+                    return Err(Error::Reactor(format!(
+                        "cannot spawn the thread of core {core}: {e}"
+                    )));
+                }
+            }
+        }
+        drop(ready_tx);
+        for _ in 0..cores.len() {
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    drop(reactors.stop());
+                    return Err(e);
+                }
+                Err(_) => {
+                    return reactors
+                        .stop()
+                        .and(Err(Error::Reactor("a reactor died while starting".into())))
+                }
+            }
+        }
+        Ok(reactors)
+    }
+}
+
+/// A set of running reactors, one per core of a [`CoreList`], addressed by index `0..len()` in core order.
+///
+/// Dropping it stops the reactors as [`Reactors::stop`] does, ignoring (but printing) a panic.
+pub struct Reactors {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<ThreadResult>>,
+}
+
+impl Reactors {
+    /// Starts configuring reactors, to change the ring capacity or message batch.
+    pub fn builder() -> ReactorsBuilder {
+        ReactorsBuilder {
+            ring_capacity: 4096,
+            message_batch: 64,
+        }
+    }
+
+    /// Starts one reactor per core with the default configuration; see [`ReactorsBuilder::start`].
+    pub fn start(cores: &CoreList) -> Result<Reactors> {
+        Reactors::builder().start(cores)
+    }
+
+    /// The number of reactors.
+    pub fn len(&self) -> usize {
+        self.shared.reactors.len()
+    }
+
+    /// Always false: there is at least one reactor.
+    pub fn is_empty(&self) -> bool {
+        self.shared.reactors.is_empty()
+    }
+
+    /// The core of each reactor, by index.
+    pub fn cores(&self) -> Vec<usize> {
+        self.shared.reactors.iter().map(|r| r.core).collect()
+    }
+
+    /// Sends `msg` to reactor `target`, which runs it on its thread; see [`ReactorContext::send`].
+    pub fn send<F>(&self, target: usize, msg: F) -> Result<()>
+    where
+        F: FnOnce(&mut ReactorContext) + Send + 'static,
+    {
+        self.shared.send(target, Box::new(msg))
+    }
+
+    /// Runs `f` once on every reactor and returns the results by reactor index. Blocks the calling thread, so it
+    /// fails with [`Error::Reactor`] when called from a reactor, and when a reactor stops before running `f`;
+    /// it fails with [`Error::QueueFull`] when a ring is full (some reactors may then have run `f`).
+    pub fn run_on_all<T, F>(&self, f: F) -> Result<Vec<T>>
+    where
+        T: Send + 'static,
+        F: Fn(&mut ReactorContext) -> T + Send + Sync + 'static,
+    {
+        if ON_REACTOR.get() {
+            return Err(Error::Reactor(
+                "run_on_all cannot be called on a reactor: it would block it".into(),
+            ));
+        }
+        let f = Arc::new(f);
+        let (tx, rx) = mpsc::channel();
+        for target in 0..self.len() {
+            let (f, tx) = (Arc::clone(&f), tx.clone());
+            self.send(target, move |ctx| {
+                // The receiver is gone only if `run_on_all` already failed.
+                let _ = tx.send((ctx.index(), f(ctx)));
+            })?;
+        }
+        drop(tx);
+        let mut results: Vec<Option<T>> = (0..self.len()).map(|_| None).collect();
+        for _ in 0..self.len() {
+            let (index, value) = rx.recv().map_err(|_| {
+                Error::Reactor("a reactor stopped before running the closure".into())
+            })?;
+            results[index] = Some(value);
+        }
+        Ok(results.into_iter().flatten().collect())
+    }
+
+    /// The counters of every reactor, by index, as they are now.
+    pub fn stats(&self) -> Vec<ReactorStats> {
+        self.shared.reactors.iter().map(PerReactor::stats).collect()
+    }
+
+    /// Stops every reactor after it ran the messages already in its ring, waits for the threads, and returns
+    /// their final counters. Fails with [`Error::Reactor`] naming every reactor that panicked.
+    pub fn stop(self) -> Result<Vec<ReactorStats>> {
+        self.shared.stop.store(true, Ordering::Release);
+        self.join()
+    }
+
+    /// Waits until the reactors stop by themselves (through [`ReactorContext::request_stop`] or a panic), then
+    /// returns as [`Reactors::stop`] does.
+    pub fn join(mut self) -> Result<Vec<ReactorStats>> {
+        self.join_threads()
+    }
+
+    fn join_threads(&mut self) -> Result<Vec<ReactorStats>> {
+        if ON_REACTOR.get() {
+            self.shared.stop.store(true, Ordering::Release);
+            self.threads.clear();
+            return Err(Error::Reactor(
+                "reactors cannot be joined from a reactor".into(),
+            ));
+        }
+        let mut stats = Vec::with_capacity(self.threads.len());
+        let mut failures = Vec::new();
+        for (index, thread) in self.threads.drain(..).enumerate() {
+            let core = self.shared.reactors[index].core;
+            match thread.join() {
+                Ok(Ok(s)) => stats.push(s),
+                Ok(Err(why)) => failures.push(format!("reactor {index} (core {core}) {why}")),
+                Err(payload) => failures.push(format!(
+                    "reactor {index} (core {core}) panicked while stopping: {}",
+                    panic_message(payload.as_ref())
+                )),
+            }
+        }
+        if failures.is_empty() {
+            Ok(stats)
+        } else {
+            Err(Error::Reactor(failures.join("; ")))
+        }
+    }
+}
+
+impl Drop for Reactors {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.shared.stop.store(true, Ordering::Release);
+            if let Err(e) = self.join_threads() {
+                eprintln!("nvpoll: reactors dropped without stop(): {e}");
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Reactors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reactors")
+            .field("cores", &self.cores())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a message, a poller or a flush sees of the reactor it runs on.
+pub struct ReactorContext {
+    index: usize,
+    shared: Arc<Shared>,
+    next_id: u64,
+    added: Vec<(PollerId, Option<Duration>, Box<dyn Poller>)>,
+    removed: Vec<PollerId>,
+}
+
+impl ReactorContext {
+    /// This reactor's index (`0..reactor_count()`).
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The core this reactor is pinned to.
+    pub fn core(&self) -> usize {
+        self.shared.reactors[self.index].core
+    }
+
+    /// How many reactors there are.
+    pub fn reactor_count(&self) -> usize {
+        self.shared.reactors.len()
+    }
+
+    /// Sends `msg` to reactor `target` (this one included), to run there in a later iteration. Never blocks:
+    /// fails with [`Error::QueueFull`] when the target's ring is full (the message is dropped; try again later),
+    /// with [`Error::Reactor`] when the target has stopped, and with [`Error::InvalidArgument`] for an index
+    /// out of range.
+    pub fn send<F>(&self, target: usize, msg: F) -> Result<()>
+    where
+        F: FnOnce(&mut ReactorContext) + Send + 'static,
+    {
+        self.shared.send(target, Box::new(msg))
+    }
+
+    /// Registers a poller on this reactor, polled from the next iteration on.
+    pub fn add_poller(&mut self, poller: impl Poller + 'static) -> PollerId {
+        self.register(None, Box::new(poller))
+    }
+
+    /// Registers a timed poller, polled once every `period` (for keep-alives and timeouts). Its
+    /// [`Poller::flush`] runs on every iteration, like any poller's.
+    pub fn add_timed_poller(
+        &mut self,
+        period: Duration,
+        poller: impl Poller + 'static,
+    ) -> PollerId {
+        self.register(Some(period), Box::new(poller))
+    }
+
+    /// Unregisters (and drops) a poller at the end of the current step of the iteration. Unknown ids are
+    /// ignored.
+    pub fn remove_poller(&mut self, id: PollerId) {
+        self.removed.push(id);
+    }
+
+    /// Asks every reactor to stop, as [`Reactors::stop`] does; the owner of [`Reactors`] collects them with
+    /// [`Reactors::join`].
+    pub fn request_stop(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+    }
+
+    /// Whether the reactors have been asked to stop.
+    pub fn stop_requested(&self) -> bool {
+        self.shared.stop.load(Ordering::Acquire)
+    }
+
+    /// CPU time this reactor's thread has used so far (for CPU time per I/O).
+    pub fn cpu_time(&self) -> Duration {
+        thread_cpu_time()
+    }
+
+    fn register(&mut self, period: Option<Duration>, poller: Box<dyn Poller>) -> PollerId {
+        let id = PollerId(self.next_id);
+        self.next_id += 1;
+        self.added.push((id, period, poller));
+        id
+    }
+}
+
+impl fmt::Debug for ReactorContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReactorContext")
+            .field("index", &self.index)
+            .field("core", &self.core())
+            .finish_non_exhaustive()
+    }
+}
+
+type Message = Box<dyn FnOnce(&mut ReactorContext) + Send>;
+
+/// What a reactor thread hands back: its counters, or why it failed.
+type ThreadResult = std::result::Result<ReactorStats, String>;
+
+/// Set in `ring_state` once the reactor accepts no more messages; the other bits count senders inside `send`.
+const CLOSED: usize = 1 << (usize::BITS - 1);
+
+struct Shared {
+    reactors: Box<[PerReactor]>,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn send(&self, target: usize, msg: Message) -> Result<()> {
+        let Some(r) = self.reactors.get(target) else {
+            return Err(Error::InvalidArgument(format!(
+                "reactor {target} does not exist (there are {})",
+                self.reactors.len()
+            )));
+        };
+        // Announce this sender before looking at CLOSED, so that a closing reactor waits for the push below and
+        // then finds the message when it drains its ring.
+        if r.ring_state.fetch_add(1, Ordering::AcqRel) & CLOSED != 0 {
+            r.ring_state.fetch_sub(1, Ordering::Release);
+            return Err(Error::Reactor(format!(
+                "reactor {target} (core {}) has stopped",
+                r.core
+            )));
+        }
+        let pushed = r.ring.push(msg);
+        r.ring_state.fetch_sub(1, Ordering::Release);
+        pushed.map_err(|_| Error::QueueFull)
+    }
+}
+
+/// The state of one reactor that other threads touch, on its own cache lines.
+#[repr(align(128))]
+struct PerReactor {
+    core: usize,
+    ring: ArrayQueue<Message>,
+    ring_state: AtomicUsize,
+    stats: Counters,
+}
+
+impl PerReactor {
+    fn stats(&self) -> ReactorStats {
+        let c = &self.stats;
+        ReactorStats {
+            core: self.core,
+            busy: c.busy.load(Ordering::Relaxed),
+            idle: c.idle.load(Ordering::Relaxed),
+            messages: c.messages.load(Ordering::Relaxed),
+            cpu_time: Duration::from_nanos(c.cpu_ns.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Refuses new messages, and waits for the senders already inside `send` to finish their push.
+    fn close(&self) {
+        self.ring_state.fetch_or(CLOSED, Ordering::AcqRel);
+        while self.ring_state.load(Ordering::Acquire) & !CLOSED != 0 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Written by the reactor only (plain stores), read by anyone.
+#[repr(align(128))]
+#[derive(Default)]
+struct Counters {
+    busy: AtomicU64,
+    idle: AtomicU64,
+    messages: AtomicU64,
+    cpu_ns: AtomicU64,
+}
+
+thread_local! {
+    static ON_REACTOR: Cell<bool> = const { Cell::new(false) };
+}
+
+fn thread_cpu_time() -> Duration {
+    cpu_time::ThreadTime::try_now().map_or(Duration::ZERO, |t| t.as_duration())
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    match (
+        payload.downcast_ref::<&str>(),
+        payload.downcast_ref::<String>(),
+    ) {
+        (Some(s), _) => (*s).to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "(no message)".to_string(),
+    }
+}
+
+fn reactor_thread(
+    shared: Arc<Shared>,
+    index: usize,
+    batch: usize,
+    ready: mpsc::Sender<Result<()>>,
+) -> ThreadResult {
+    ON_REACTOR.set(true);
+    let core = shared.reactors[index].core;
+    if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+        shared.stop.store(true, Ordering::Release);
+        shared.reactors[index].close();
+        let _ = ready.send(Err(Error::Reactor(format!(
+            "cannot pin a reactor thread to core {core}"
+        ))));
+        return Err("could not be pinned".into());
+    }
+    let _ = ready.send(Ok(()));
+    drop(ready);
+
+    let mut reactor = Reactor {
+        ctx: ReactorContext {
+            index,
+            shared,
+            next_id: 0,
+            added: Vec::new(),
+            removed: Vec::new(),
+        },
+        pollers: Vec::new(),
+        timers: Vec::new(),
+        next_deadline: None,
+        batch,
+        busy: 0,
+        idle: 0,
+        messages: 0,
+    };
+    match catch_unwind(AssertUnwindSafe(|| reactor.run())) {
+        Ok(()) => Ok(reactor.stats()),
+        Err(payload) => {
+            let shared = Arc::clone(&reactor.ctx.shared);
+            shared.stop.store(true, Ordering::Release);
+            // Drop what can no longer run, so that nobody waits for it (run_on_all's channel disconnects).
+            let me = &shared.reactors[index];
+            me.close();
+            while let Some(msg) = me.ring.pop() {
+                drop(msg);
+            }
+            Err(format!("panicked: {}", panic_message(payload.as_ref())))
+        }
+    }
+}
+
+struct Reactor {
+    ctx: ReactorContext,
+    pollers: Vec<(PollerId, Box<dyn Poller>)>,
+    timers: Vec<Timer>,
+    /// The earliest `Timer::next`, if there are timers.
+    next_deadline: Option<Instant>,
+    batch: usize,
+    busy: u64,
+    idle: u64,
+    messages: u64,
+}
+
+struct Timer {
+    id: PollerId,
+    period: Duration,
+    next: Instant,
+    poller: Box<dyn Poller>,
+}
+
+/// Iterations between two refreshes of the CPU time counter.
+const CPU_TIME_REFRESH: u64 = 4096;
+
+impl Reactor {
+    fn run(&mut self) {
+        let shared = Arc::clone(&self.ctx.shared);
+        let counters = &shared.reactors[self.ctx.index].stats;
+        while !shared.stop.load(Ordering::Acquire) {
+            let mut busy = self.run_messages(self.batch) > 0;
+            self.apply_changes();
+            for (_, poller) in &mut self.pollers {
+                busy |= poller.poll(&mut self.ctx) == PollStatus::Busy;
+            }
+            self.apply_changes();
+            if let Some(deadline) = self.next_deadline {
+                let now = Instant::now();
+                if now >= deadline {
+                    busy |= self.run_timers(now);
+                    self.apply_changes();
+                }
+            }
+            self.flush();
+            if busy {
+                self.busy += 1;
+                counters.busy.store(self.busy, Ordering::Relaxed);
+            } else {
+                self.idle += 1;
+                counters.idle.store(self.idle, Ordering::Relaxed);
+            }
+            if (self.busy + self.idle) % CPU_TIME_REFRESH == 0 {
+                counters
+                    .cpu_ns
+                    .store(thread_cpu_time().as_nanos() as u64, Ordering::Relaxed);
+            }
+        }
+        // Stopping: run everything that was sent before the ring closed, then flush once more.
+        shared.reactors[self.ctx.index].close();
+        while self.run_messages(usize::MAX) > 0 {
+            self.apply_changes();
+        }
+        self.apply_changes();
+        self.flush();
+        counters
+            .cpu_ns
+            .store(thread_cpu_time().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Runs up to `max` messages; returns how many ran.
+    fn run_messages(&mut self, max: usize) -> usize {
+        let shared = Arc::clone(&self.ctx.shared);
+        let me = &shared.reactors[self.ctx.index];
+        let mut ran = 0;
+        while ran < max {
+            let Some(msg) = me.ring.pop() else { break };
+            // Counted before it runs, so that whoever sees its effects sees it counted.
+            self.messages += 1;
+            me.stats.messages.store(self.messages, Ordering::Relaxed);
+            msg(&mut self.ctx);
+            ran += 1;
+        }
+        ran
+    }
+
+    /// Polls the timers that are due; returns whether one was busy.
+    fn run_timers(&mut self, now: Instant) -> bool {
+        let mut busy = false;
+        let mut next_deadline = None::<Instant>;
+        for timer in &mut self.timers {
+            if timer.next <= now {
+                busy |= timer.poller.poll(&mut self.ctx) == PollStatus::Busy;
+                timer.next += timer.period;
+                if timer.next <= now {
+                    // Fell behind (a long iteration): skip the missed periods rather than catch up in a burst.
+                    timer.next = now + timer.period;
+                }
+            }
+            next_deadline = Some(next_deadline.map_or(timer.next, |d| d.min(timer.next)));
+        }
+        self.next_deadline = next_deadline;
+        busy
+    }
+
+    fn flush(&mut self) {
+        for (_, poller) in &mut self.pollers {
+            poller.flush(&mut self.ctx);
+        }
+        for timer in &mut self.timers {
+            timer.poller.flush(&mut self.ctx);
+        }
+    }
+
+    /// Applies the registrations and removals the last step asked for.
+    fn apply_changes(&mut self) {
+        if self.ctx.added.is_empty() && self.ctx.removed.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        for (id, period, poller) in self.ctx.added.drain(..) {
+            match period {
+                None => self.pollers.push((id, poller)),
+                Some(period) => {
+                    let next = now + period;
+                    self.next_deadline = Some(self.next_deadline.map_or(next, |d| d.min(next)));
+                    self.timers.push(Timer {
+                        id,
+                        period,
+                        next,
+                        poller,
+                    });
+                }
+            }
+        }
+        if !self.ctx.removed.is_empty() {
+            let removed = std::mem::take(&mut self.ctx.removed);
+            self.pollers.retain(|(id, _)| !removed.contains(id));
+            self.timers.retain(|t| !removed.contains(&t.id));
+            self.next_deadline = self.timers.iter().map(|t| t.next).min();
+            self.ctx.removed = removed;
+            self.ctx.removed.clear();
+        }
+    }
+
+    fn stats(&self) -> ReactorStats {
+        self.ctx.shared.reactors[self.ctx.index].stats()
+    }
+}
