@@ -399,7 +399,15 @@ impl TcpController {
         }
         let qid = self.next_qid;
         let mut q = connect_queue(&self.opts, qid, depth, self.max_transfer)?;
-        fabrics_connect(&mut q, &self.opts, &self.pool, depth - 1, self.cntlid)?;
+        // SQSIZE is 0's based and must be at least 1 (a queue of two entries); a depth-1 queue pair still
+        // never has more than one command outstanding, since the host queue has one slot.
+        fabrics_connect(
+            &mut q,
+            &self.opts,
+            &self.pool,
+            depth.max(2) - 1,
+            self.cntlid,
+        )?;
         let ioccsz = self.id.ioccsz.max(4) * 16;
         q.set_incapsule_max(ioccsz.saturating_sub(64));
         self.next_qid += 1;

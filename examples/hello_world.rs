@@ -1,0 +1,134 @@
+//! `hello_world`: write a pattern to the first namespace, read it back and check it.
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use nvpoll::api::{Completion, Controller, IoOp, IoRequest, QueuePair};
+use nvpoll::mem::DmaPool;
+use nvpoll::trid::TransportId;
+use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
+
+/// Write "Hello world!" and a pattern to LBA 0 of the first namespace, read it back and compare.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Transport ID, e.g. 'trtype:tcp traddr:127.0.0.1 trsvcid:4420 subnqn:NQN'.
+    #[arg(long)]
+    trid: String,
+    /// Host NQN (default: /etc/nvme/hostnqn, or one derived from the machine's UUID).
+    #[arg(long)]
+    hostnqn: Option<String>,
+    /// First LBA to write.
+    #[arg(long, default_value_t = 0)]
+    lba: u64,
+}
+
+fn main() {
+    if let Err(e) = run(Args::parse()) {
+        eprintln!("hello_world: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn wait(qp: &mut TcpQueuePair) -> Result<Completion, String> {
+    qp.flush().map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        qp.poll(1).map_err(|e| e.to_string())?;
+        if let Some(c) = qp.pop_completion() {
+            return Ok(c);
+        }
+        if Instant::now() > deadline {
+            return Err("no completion within 10 s".into());
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let trid: TransportId = args.trid.parse().map_err(|e| format!("--trid: {e}"))?;
+    let TransportId::Tcp {
+        addr,
+        subnqn,
+        hostnqn,
+    } = &trid
+    else {
+        return Err(format!(
+            "--trid: trtype:{} is not supported yet",
+            trid.trtype()
+        ));
+    };
+    let addr = *addr;
+    let subnqn = subnqn.clone().ok_or("--trid needs subnqn:NQN")?;
+    let hostnqn = match args.hostnqn.or(hostnqn.clone()) {
+        Some(n) => n,
+        None => nvpoll::trid::default_hostnqn()
+            .map_err(|e| format!("host NQN: {e} (give --hostnqn)"))?,
+    };
+    let pool = DmaPool::builder()
+        .class(4096, 64)
+        .build()
+        .map_err(|e| format!("DMA pool: {e}"))?;
+    let mut opts = ConnectOptions::new(addr, subnqn, hostnqn);
+    opts.hostid = nvpoll::trid::hostid_from_hostnqn(&opts.hostnqn)
+        .or_else(|| nvpoll::trid::default_hostid().ok())
+        .unwrap_or_default();
+    let mut ctrl = TcpController::connect(opts, pool.clone())
+        .map_err(|e| format!("connecting to {addr}: {e}"))?;
+    let ns = ctrl
+        .namespaces()
+        .first()
+        .cloned()
+        .ok_or("the controller has no active namespace")?;
+    let mut qp = ctrl
+        .create_queue_pair(4)
+        .map_err(|e| format!("I/O queue: {e}"))?;
+    let len = 4096usize;
+    let blocks = (len as u32).div_ceil(ns.block_size);
+    let len = (blocks * ns.block_size) as usize;
+    let mut w = pool.alloc(len).map_err(|e| e.to_string())?;
+    let msg = b"Hello world!\n";
+    for (i, b) in w.as_mut_slice().iter_mut().enumerate() {
+        *b = if i < msg.len() {
+            msg[i]
+        } else {
+            (i % 251) as u8
+        };
+    }
+    let expect = w.as_slice().to_vec();
+    let req = IoRequest {
+        op: IoOp::Write,
+        nsid: ns.nsid,
+        lba: args.lba,
+        blocks,
+        buf: Some(w),
+        tag: 1,
+    };
+    qp.submit(req).map_err(|r| format!("write: {}", r.error))?;
+    wait(&mut qp)?.result.map_err(|e| format!("write: {e}"))?;
+    let r = pool.alloc(len).map_err(|e| e.to_string())?;
+    let req = IoRequest {
+        op: IoOp::Read,
+        nsid: ns.nsid,
+        lba: args.lba,
+        blocks,
+        buf: Some(r),
+        tag: 2,
+    };
+    qp.submit(req).map_err(|r| format!("read: {}", r.error))?;
+    let c = wait(&mut qp)?;
+    c.result.map_err(|e| format!("read: {e}"))?;
+    let got = c.buf.ok_or("read returned no buffer")?;
+    if got.as_slice() != &expect[..] {
+        return Err(format!(
+            "data read back from LBA {} differs from what was written",
+            args.lba
+        ));
+    }
+    print!("{}", String::from_utf8_lossy(&got.as_slice()[..msg.len()]));
+    println!(
+        "hello_world: wrote and read back {len} bytes at LBA {} of namespace {}: OK",
+        args.lba, ns.nsid
+    );
+    drop(qp);
+    ctrl.shutdown().map_err(|e| format!("shutdown: {e}"))
+}

@@ -1,0 +1,106 @@
+//! `identify`: attach to a controller and print its Identify data, in the style of `nvme id-ctrl`.
+
+use clap::Parser;
+use nvpoll::api::Controller;
+use nvpoll::mem::DmaPool;
+use nvpoll::trid::TransportId;
+use nvpoll_tcp::host::{ConnectOptions, TcpController};
+
+/// Print the controller and namespace summary of an NVMe controller.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Transport ID, e.g. 'trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:NQN'.
+    #[arg(long)]
+    trid: String,
+    /// Host NQN (default: /etc/nvme/hostnqn, or one derived from the machine's UUID).
+    #[arg(long)]
+    hostnqn: Option<String>,
+    /// Ask for header digests (NVMe/TCP).
+    #[arg(long)]
+    hdr_digest: bool,
+    /// Ask for data digests (NVMe/TCP).
+    #[arg(long)]
+    data_digest: bool,
+}
+
+fn main() {
+    if let Err(e) = run(Args::parse()) {
+        eprintln!("identify: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let trid: TransportId = args.trid.parse().map_err(|e| format!("--trid: {e}"))?;
+    let TransportId::Tcp {
+        addr,
+        subnqn,
+        hostnqn,
+    } = &trid
+    else {
+        return Err(format!(
+            "--trid: trtype:{} is not supported yet",
+            trid.trtype()
+        ));
+    };
+    let addr = *addr;
+    let subnqn = subnqn.clone().ok_or("--trid needs subnqn:NQN")?;
+    let hostnqn = match args.hostnqn.or(hostnqn.clone()) {
+        Some(n) => n,
+        None => nvpoll::trid::default_hostnqn()
+            .map_err(|e| format!("host NQN: {e} (give --hostnqn)"))?,
+    };
+    let pool = DmaPool::builder()
+        .class(4096, 64)
+        .build()
+        .map_err(|e| format!("DMA pool: {e}"))?;
+    let mut opts = ConnectOptions::new(addr, subnqn, hostnqn);
+    opts.hostid = nvpoll::trid::hostid_from_hostnqn(&opts.hostnqn)
+        .or_else(|| nvpoll::trid::default_hostid().ok())
+        .unwrap_or_default();
+    opts.header_digest = args.hdr_digest;
+    opts.data_digest = args.data_digest;
+    let ctrl =
+        TcpController::connect(opts, pool).map_err(|e| format!("connecting to {addr}: {e}"))?;
+    let id = ctrl.identify();
+    println!("NVMe Identify Controller ({trid}):");
+    println!("vid       : {:#06x}", id.vid);
+    println!("ssvid     : {:#06x}", id.ssvid);
+    println!("sn        : {}", id.serial);
+    println!("mn        : {}", id.model);
+    println!("fr        : {}", id.firmware);
+    println!("ver       : {} (VS register {})", id.ver, ctrl.vs());
+    println!("cntlid    : {:#x}", ctrl.cntlid());
+    println!(
+        "mdts      : {}{}",
+        id.mdts,
+        if id.mdts == 0 { " (no limit)" } else { "" }
+    );
+    println!(
+        "max xfer  : {} bytes (used by nvpoll)",
+        ctrl.max_transfer().unwrap_or(0)
+    );
+    println!("maxcmd    : {}", id.maxcmd);
+    println!("nn        : {}", id.nn);
+    println!("sgls      : {:#x}", id.sgls);
+    println!(
+        "ioccsz    : {} ({} bytes of in-capsule data)",
+        id.ioccsz,
+        (id.ioccsz * 16).saturating_sub(64)
+    );
+    println!("iorcsz    : {}", id.iorcsz);
+    println!("subnqn    : {}", id.subnqn);
+    println!("mqes      : {}", u32::from(ctrl.cap().mqes()) + 1);
+    println!("io queues : {} granted", ctrl.io_queues_allowed());
+    for ns in ctrl.namespaces() {
+        println!(
+            "namespace {}: {} blocks of {} bytes = {} MiB",
+            ns.nsid,
+            ns.blocks,
+            ns.block_size,
+            ns.capacity_bytes() >> 20
+        );
+    }
+    ctrl.shutdown().map_err(|e| format!("shutdown: {e}"))
+}
