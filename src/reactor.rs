@@ -655,6 +655,7 @@ fn reactor_thread(
     drop(ready);
 
     let mut reactor = Reactor {
+        shared: Arc::clone(&shared),
         ctx: ReactorContext {
             index,
             shared,
@@ -687,6 +688,8 @@ fn reactor_thread(
 }
 
 struct Reactor {
+    /// The same as `ctx.shared`, so that it can be borrowed while `ctx` is lent to a message or poller.
+    shared: Arc<Shared>,
     ctx: ReactorContext,
     pollers: Vec<(PollerId, Box<dyn Poller>)>,
     timers: Vec<Timer>,
@@ -754,8 +757,11 @@ impl Reactor {
 
     /// Runs up to `max` messages; returns how many ran.
     fn run_messages(&mut self, max: usize) -> usize {
-        let shared = Arc::clone(&self.ctx.shared);
-        let me = &shared.reactors[self.ctx.index];
+        let me = &self.shared.reactors[self.ctx.index];
+        // Checked first because `pop` on an empty ring pays for a full fence, on every idle iteration.
+        if me.ring.is_empty() {
+            return 0;
+        }
         let mut ran = 0;
         while ran < max {
             let Some(msg) = me.ring.pop() else { break };
