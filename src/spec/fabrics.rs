@@ -16,7 +16,7 @@
 
 use super::cmd::{Cqe, Sqe};
 use super::status::Status;
-use super::wire::{bytes_at, need, put_bytes, put_str, put_u16, str_at, u16_at, Pad, ParseError};
+use super::wire::{bytes_at, need, put_bytes, put_str, put_u16, u16_at, utf8_at, Pad, ParseError};
 
 /// The opcode of every fabrics command.
 pub const FABRICS: u8 = 0x7f;
@@ -289,14 +289,16 @@ impl ConnectData {
         b
     }
 
-    /// Decodes the first 1024 bytes of `b`.
+    /// Decodes the first 1024 bytes of `b`. An NQN that is not UTF-8 is an error (a target answers it with
+    /// Connect Invalid Parameters, [`InvalidParameter::SUBNQN`] or [`InvalidParameter::HOSTNQN`]).
     pub fn parse(b: &[u8]) -> Result<ConnectData, ParseError> {
-        need("Connect data", b, CONNECT_DATA_SIZE)?;
+        const WHAT: &str = "Connect data";
+        need(WHAT, b, CONNECT_DATA_SIZE)?;
         Ok(ConnectData {
             hostid: bytes_at(b, 0),
             cntlid: u16_at(b, 16),
-            subnqn: str_at(b, 256, 256),
-            hostnqn: str_at(b, 512, 256),
+            subnqn: utf8_at(WHAT, "SUBNQN", b, 256, 256)?,
+            hostnqn: utf8_at(WHAT, "HOSTNQN", b, 512, 256)?,
         })
     }
 }

@@ -210,12 +210,12 @@ pub struct DiscoveryLogEntry {
     pub eflags: u16,
     /// Transport Service Identifier (63:32): the TCP port, as text.
     pub trsvcid: String,
-    /// Transport Address (511:256): the IP address, as text.
-    pub traddr: String,
-    /// Transport Specific Address Subtype (767:512), trailing zeros dropped. For TCP, byte 0 is SECTYPE.
-    pub tsas: Vec<u8>,
-    /// NVM Subsystem Qualified Name (1023:768).
+    /// NVM Subsystem Qualified Name (511:256).
     pub subnqn: String,
+    /// Transport Address (767:512): the IP address, as text.
+    pub traddr: String,
+    /// Transport Specific Address Subtype (1023:768), trailing zeros dropped. For TCP, byte 0 is SECTYPE.
+    pub tsas: Vec<u8>,
 }
 
 impl DiscoveryLogEntry {
@@ -271,16 +271,16 @@ impl DiscoveryLogEntry {
         put_u16(&mut b, 8, self.asqsz);
         put_u16(&mut b, 10, self.eflags);
         put_str(&mut b, 32, 32, &self.trsvcid, Pad::Nul);
-        put_str(&mut b, 256, 256, &self.traddr, Pad::Nul);
-        put_bytes(&mut b, 512, &self.tsas[..self.tsas.len().min(256)]);
-        put_str(&mut b, 768, 256, &self.subnqn, Pad::Nul);
+        put_str(&mut b, 256, 256, &self.subnqn, Pad::Nul);
+        put_str(&mut b, 512, 256, &self.traddr, Pad::Nul);
+        put_bytes(&mut b, 768, &self.tsas[..self.tsas.len().min(256)]);
         b
     }
 
     /// Decodes the first 1024 bytes of `b`.
     pub fn parse(b: &[u8]) -> Result<DiscoveryLogEntry, ParseError> {
         need("Discovery log entry", b, DISCOVERY_RECORD_SIZE)?;
-        let tsas: [u8; 256] = bytes_at(b, 512);
+        let tsas: [u8; 256] = bytes_at(b, 768);
         let used = tsas.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1);
         Ok(DiscoveryLogEntry {
             trtype: u8_at(b, 0),
@@ -292,9 +292,9 @@ impl DiscoveryLogEntry {
             asqsz: u16_at(b, 8),
             eflags: u16_at(b, 10),
             trsvcid: str_at(b, 32, 32),
-            traddr: str_at(b, 256, 256),
+            subnqn: str_at(b, 256, 256),
+            traddr: str_at(b, 512, 256),
             tsas: tsas[..used].to_vec(),
-            subnqn: str_at(b, 768, 256),
         })
     }
 
@@ -468,8 +468,9 @@ mod tests {
         );
         assert_eq!(&b[1024..1034], &[3, 1, 3, 4, 1, 0, 0xff, 0xff, 32, 0]);
         assert_eq!(&b[1024 + 32..1024 + 37], b"4420\0");
-        assert_eq!(&b[1024 + 256..1024 + 266], b"127.0.0.1\0");
-        assert_eq!(b[2048 + 512], 2);
+        assert_eq!(&b[1024 + 256..1024 + 260], b"nqn.");
+        assert_eq!(&b[1024 + 512..1024 + 522], b"127.0.0.1\0");
+        assert_eq!(b[2048 + 768], 2);
         assert_eq!(DiscoveryLog::parse(&b), Ok(log.clone()));
         assert_eq!(
             log.entries[1].tcp_sectype(),

@@ -90,6 +90,29 @@ pub(crate) fn str_at(b: &[u8], off: usize, len: usize) -> String {
     String::from_utf8_lossy(field).trim_matches(' ').to_string()
 }
 
+/// Like [`str_at`], but the field must be valid UTF-8 (NQNs a target checks): `what` and `field` name it in
+/// the error.
+pub(crate) fn utf8_at(
+    what: &'static str,
+    field: &str,
+    b: &[u8],
+    off: usize,
+    len: usize,
+) -> Result<String, ParseError> {
+    let raw = off
+        .checked_add(len)
+        .and_then(|end| b.get(off..end))
+        .unwrap_or(&[]);
+    let raw = raw.split(|&c| c == 0).next().unwrap_or(&[]);
+    match std::str::from_utf8(raw) {
+        Ok(s) => Ok(s.trim_matches(' ').to_string()),
+        Err(e) => Err(ParseError::Invalid {
+            what,
+            reason: format!("{field} is not UTF-8 (byte {})", e.valid_up_to()),
+        }),
+    }
+}
+
 /// Copies `src` into `b` at `off`; does nothing if it does not fit.
 pub(crate) fn put_bytes(b: &mut [u8], off: usize, src: &[u8]) {
     if let Some(dst) = off
@@ -136,8 +159,8 @@ pub(crate) enum Pad {
 
 /// Writes `s` into the `len`-byte field at `off`, padded as `pad` says.
 ///
-/// A string too long for the field is cut at a character boundary; a NUL-padded field always keeps at least one
-/// terminating NUL.
+/// A string too long for the field is cut at a character boundary, and trailing spaces are dropped, so that what
+/// [`str_at`] reads back encodes to the same bytes; a NUL-padded field always keeps at least one terminating NUL.
 pub(crate) fn put_str(b: &mut [u8], off: usize, len: usize, s: &str, pad: Pad) {
     let (fill, room) = match pad {
         Pad::Space => (b' ', len),
@@ -147,8 +170,10 @@ pub(crate) fn put_str(b: &mut [u8], off: usize, len: usize, s: &str, pad: Pad) {
     while !s.is_char_boundary(cut) {
         cut -= 1;
     }
+    // Trailing spaces are padding to a reader (see `str_at`), so they are not written as text.
+    let text = s[..cut].trim_end_matches(' ').as_bytes();
     let mut field = vec![fill; len];
-    field[..cut].copy_from_slice(&s.as_bytes()[..cut]);
+    field[..text.len()].copy_from_slice(text);
     put_bytes(b, off, &field);
 }
 
@@ -167,6 +192,15 @@ mod tests {
     }
 
     #[test]
+    fn strict_strings() {
+        let b = *b" nqn.a\0\xff";
+        assert_eq!(utf8_at("x", "f", &b, 0, 8), Ok("nqn.a".to_string()));
+        let err = utf8_at("x", "f", &b, 7, 1).unwrap_err();
+        assert_eq!(err.to_string(), "x: f is not UTF-8 (byte 0)");
+        assert_eq!(str_at(&b, 7, 1), "\u{fffd}");
+    }
+
+    #[test]
     fn strings_trim_and_pad() {
         let mut b = [0xffu8; 8];
         put_str(&mut b, 0, 8, "ab", Pad::Space);
@@ -178,6 +212,12 @@ mod tests {
         // A multi-byte character is not split.
         put_str(&mut b, 0, 2, "é", Pad::Nul);
         assert_eq!(&b[..2], &[0, 0]);
+        // A cut that ends in a space leaves no trailing space in a NUL-padded field.
+        put_str(&mut b, 0, 4, "ab cd", Pad::Nul);
+        assert_eq!(&b[..4], b"ab\0\0");
+        let mut once = [0u8; 4];
+        put_str(&mut once, 0, 4, &str_at(&b, 0, 4), Pad::Nul);
+        assert_eq!(once, b[..4]);
     }
 
     #[test]
