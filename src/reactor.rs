@@ -26,12 +26,13 @@
 //! reactors.send(0, |ctx| {
 //!     ctx.add_poller(|_: &mut nvpoll::reactor::ReactorContext| PollStatus::Idle);
 //! })?;
-//! let where_: Vec<usize> = reactors.run_on_all(|ctx| ctx.core())?;
-//! assert_eq!(where_, vec![0]);
+//! let cores_seen: Vec<usize> = reactors.run_on_all(|ctx| ctx.core())?;
+//! assert_eq!(cores_seen, vec![0]);
 //! let stats = reactors.stop()?;
 //! assert_eq!(stats[0].messages, 2);
 //! # Ok::<(), nvpoll::Error>(())
 //! ```
+#![forbid(unsafe_code)]
 
 use std::any::Any;
 use std::cell::Cell;
