@@ -2,147 +2,75 @@
 //!
 //! The fabrics opcode and its command types live in [`super::fabrics`].
 
+/// Declares opcode constants, each documented with its command's name, and a `name` function from opcode to
+/// name (which also knows the fabrics opcode, as it is valid on every queue).
+macro_rules! opcodes {
+    ($($id:ident = $val:literal, $name:literal;)*) => {
+        $(
+            #[doc = concat!($name, ".")]
+            pub const $id: u8 = $val;
+        )*
+
+        /// The command's name, for logs; `None` for an opcode not listed here.
+        pub fn name(opcode: u8) -> Option<&'static str> {
+            match opcode {
+                $($id => Some($name),)*
+                crate::spec::fabrics::FABRICS => Some("Fabrics"),
+                _ => None,
+            }
+        }
+    };
+}
+
 /// Admin command opcodes (NVMe Base 2.0, "Admin Command Set").
 pub mod admin {
-    /// Delete I/O Submission Queue.
-    pub const DELETE_IO_SQ: u8 = 0x00;
-    /// Create I/O Submission Queue.
-    pub const CREATE_IO_SQ: u8 = 0x01;
-    /// Get Log Page.
-    pub const GET_LOG_PAGE: u8 = 0x02;
-    /// Delete I/O Completion Queue.
-    pub const DELETE_IO_CQ: u8 = 0x04;
-    /// Create I/O Completion Queue.
-    pub const CREATE_IO_CQ: u8 = 0x05;
-    /// Identify.
-    pub const IDENTIFY: u8 = 0x06;
-    /// Abort.
-    pub const ABORT: u8 = 0x08;
-    /// Set Features.
-    pub const SET_FEATURES: u8 = 0x09;
-    /// Get Features.
-    pub const GET_FEATURES: u8 = 0x0a;
-    /// Asynchronous Event Request.
-    pub const ASYNC_EVENT_REQUEST: u8 = 0x0c;
-    /// Namespace Management.
-    pub const NAMESPACE_MANAGEMENT: u8 = 0x0d;
-    /// Firmware Commit.
-    pub const FIRMWARE_COMMIT: u8 = 0x10;
-    /// Firmware Image Download.
-    pub const FIRMWARE_IMAGE_DOWNLOAD: u8 = 0x11;
-    /// Device Self-test.
-    pub const DEVICE_SELF_TEST: u8 = 0x14;
-    /// Namespace Attachment.
-    pub const NAMESPACE_ATTACHMENT: u8 = 0x15;
-    /// Keep Alive.
-    pub const KEEP_ALIVE: u8 = 0x18;
-    /// Directive Send.
-    pub const DIRECTIVE_SEND: u8 = 0x19;
-    /// Directive Receive.
-    pub const DIRECTIVE_RECEIVE: u8 = 0x1a;
-    /// Virtualization Management.
-    pub const VIRTUALIZATION_MANAGEMENT: u8 = 0x1c;
-    /// NVMe-MI Send.
-    pub const NVME_MI_SEND: u8 = 0x1d;
-    /// NVMe-MI Receive.
-    pub const NVME_MI_RECEIVE: u8 = 0x1e;
-    /// Doorbell Buffer Config.
-    pub const DOORBELL_BUFFER_CONFIG: u8 = 0x7c;
-    /// Format NVM.
-    pub const FORMAT_NVM: u8 = 0x80;
-    /// Security Send.
-    pub const SECURITY_SEND: u8 = 0x81;
-    /// Security Receive.
-    pub const SECURITY_RECEIVE: u8 = 0x82;
-    /// Sanitize.
-    pub const SANITIZE: u8 = 0x84;
-    /// Get LBA Status.
-    pub const GET_LBA_STATUS: u8 = 0x86;
-
-    /// The command's name, for logs; `None` for an opcode not listed here.
-    pub fn name(opcode: u8) -> Option<&'static str> {
-        Some(match opcode {
-            DELETE_IO_SQ => "Delete I/O Submission Queue",
-            CREATE_IO_SQ => "Create I/O Submission Queue",
-            GET_LOG_PAGE => "Get Log Page",
-            DELETE_IO_CQ => "Delete I/O Completion Queue",
-            CREATE_IO_CQ => "Create I/O Completion Queue",
-            IDENTIFY => "Identify",
-            ABORT => "Abort",
-            SET_FEATURES => "Set Features",
-            GET_FEATURES => "Get Features",
-            ASYNC_EVENT_REQUEST => "Asynchronous Event Request",
-            NAMESPACE_MANAGEMENT => "Namespace Management",
-            FIRMWARE_COMMIT => "Firmware Commit",
-            FIRMWARE_IMAGE_DOWNLOAD => "Firmware Image Download",
-            DEVICE_SELF_TEST => "Device Self-test",
-            NAMESPACE_ATTACHMENT => "Namespace Attachment",
-            KEEP_ALIVE => "Keep Alive",
-            DIRECTIVE_SEND => "Directive Send",
-            DIRECTIVE_RECEIVE => "Directive Receive",
-            VIRTUALIZATION_MANAGEMENT => "Virtualization Management",
-            NVME_MI_SEND => "NVMe-MI Send",
-            NVME_MI_RECEIVE => "NVMe-MI Receive",
-            DOORBELL_BUFFER_CONFIG => "Doorbell Buffer Config",
-            FORMAT_NVM => "Format NVM",
-            SECURITY_SEND => "Security Send",
-            SECURITY_RECEIVE => "Security Receive",
-            SANITIZE => "Sanitize",
-            GET_LBA_STATUS => "Get LBA Status",
-            crate::spec::fabrics::FABRICS => "Fabrics",
-            _ => return None,
-        })
+    opcodes! {
+        DELETE_IO_SQ = 0x00, "Delete I/O Submission Queue";
+        CREATE_IO_SQ = 0x01, "Create I/O Submission Queue";
+        GET_LOG_PAGE = 0x02, "Get Log Page";
+        DELETE_IO_CQ = 0x04, "Delete I/O Completion Queue";
+        CREATE_IO_CQ = 0x05, "Create I/O Completion Queue";
+        IDENTIFY = 0x06, "Identify";
+        ABORT = 0x08, "Abort";
+        SET_FEATURES = 0x09, "Set Features";
+        GET_FEATURES = 0x0a, "Get Features";
+        ASYNC_EVENT_REQUEST = 0x0c, "Asynchronous Event Request";
+        NAMESPACE_MANAGEMENT = 0x0d, "Namespace Management";
+        FIRMWARE_COMMIT = 0x10, "Firmware Commit";
+        FIRMWARE_IMAGE_DOWNLOAD = 0x11, "Firmware Image Download";
+        DEVICE_SELF_TEST = 0x14, "Device Self-test";
+        NAMESPACE_ATTACHMENT = 0x15, "Namespace Attachment";
+        KEEP_ALIVE = 0x18, "Keep Alive";
+        DIRECTIVE_SEND = 0x19, "Directive Send";
+        DIRECTIVE_RECEIVE = 0x1a, "Directive Receive";
+        VIRTUALIZATION_MANAGEMENT = 0x1c, "Virtualization Management";
+        NVME_MI_SEND = 0x1d, "NVMe-MI Send";
+        NVME_MI_RECEIVE = 0x1e, "NVMe-MI Receive";
+        DOORBELL_BUFFER_CONFIG = 0x7c, "Doorbell Buffer Config";
+        FORMAT_NVM = 0x80, "Format NVM";
+        SECURITY_SEND = 0x81, "Security Send";
+        SECURITY_RECEIVE = 0x82, "Security Receive";
+        SANITIZE = 0x84, "Sanitize";
+        GET_LBA_STATUS = 0x86, "Get LBA Status";
     }
 }
 
 /// NVM command set I/O opcodes (NVM Command Set 1.0).
 pub mod io {
-    /// Flush.
-    pub const FLUSH: u8 = 0x00;
-    /// Write.
-    pub const WRITE: u8 = 0x01;
-    /// Read.
-    pub const READ: u8 = 0x02;
-    /// Write Uncorrectable.
-    pub const WRITE_UNCORRECTABLE: u8 = 0x04;
-    /// Compare.
-    pub const COMPARE: u8 = 0x05;
-    /// Write Zeroes.
-    pub const WRITE_ZEROES: u8 = 0x08;
-    /// Dataset Management (deallocate, i.e. TRIM).
-    pub const DSM: u8 = 0x09;
-    /// Verify.
-    pub const VERIFY: u8 = 0x0c;
-    /// Reservation Register.
-    pub const RESERVATION_REGISTER: u8 = 0x0d;
-    /// Reservation Report.
-    pub const RESERVATION_REPORT: u8 = 0x0e;
-    /// Reservation Acquire.
-    pub const RESERVATION_ACQUIRE: u8 = 0x11;
-    /// Reservation Release.
-    pub const RESERVATION_RELEASE: u8 = 0x15;
-    /// Copy.
-    pub const COPY: u8 = 0x19;
-
-    /// The command's name, for logs; `None` for an opcode not listed here.
-    pub fn name(opcode: u8) -> Option<&'static str> {
-        Some(match opcode {
-            FLUSH => "Flush",
-            WRITE => "Write",
-            READ => "Read",
-            WRITE_UNCORRECTABLE => "Write Uncorrectable",
-            COMPARE => "Compare",
-            WRITE_ZEROES => "Write Zeroes",
-            DSM => "Dataset Management",
-            VERIFY => "Verify",
-            RESERVATION_REGISTER => "Reservation Register",
-            RESERVATION_REPORT => "Reservation Report",
-            RESERVATION_ACQUIRE => "Reservation Acquire",
-            RESERVATION_RELEASE => "Reservation Release",
-            COPY => "Copy",
-            crate::spec::fabrics::FABRICS => "Fabrics",
-            _ => return None,
-        })
+    opcodes! {
+        FLUSH = 0x00, "Flush";
+        WRITE = 0x01, "Write";
+        READ = 0x02, "Read";
+        WRITE_UNCORRECTABLE = 0x04, "Write Uncorrectable";
+        COMPARE = 0x05, "Compare";
+        WRITE_ZEROES = 0x08, "Write Zeroes";
+        DSM = 0x09, "Dataset Management";
+        VERIFY = 0x0c, "Verify";
+        RESERVATION_REGISTER = 0x0d, "Reservation Register";
+        RESERVATION_REPORT = 0x0e, "Reservation Report";
+        RESERVATION_ACQUIRE = 0x11, "Reservation Acquire";
+        RESERVATION_RELEASE = 0x15, "Reservation Release";
+        COPY = 0x19, "Copy";
     }
 }
 
