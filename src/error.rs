@@ -44,7 +44,10 @@ pub enum Error {
 impl Error {
     /// Wraps an OS error with a short description of what was being done.
     pub fn os(context: impl Into<String>, source: std::io::Error) -> Self {
-        Error::Os { context: context.into(), source }
+        Error::Os {
+            context: context.into(),
+            source,
+        }
     }
 }
 
