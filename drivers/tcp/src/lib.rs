@@ -6,5 +6,6 @@ mod error;
 pub mod host;
 pub mod pdu;
 pub mod queue;
+pub mod target;
 
 pub use error::Error;

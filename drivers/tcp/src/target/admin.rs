@@ -1,0 +1,605 @@
+//! Fabrics and admin commands: Connect, Property Get/Set with the CC/CSTS state machine, Identify, Get/Set
+//! Features, Get Log Page, Keep Alive, Asynchronous Event Request and Abort.
+//!
+//! The registers and feature values of a controller live in its admin connection's [`AdminState`]: only the
+//! admin queue reads or changes them, so they need no lock.
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use nvpoll::spec::{
+    admin as op, cns, encode_ns_list, fabrics, feature, log_page, Cap, Cc, ConnectData,
+    ConnectResponse, Csts, IdentifyController, IdentifyNamespace, InvalidParameter, LbaFormat,
+    NsIdDescriptor, SmartLog, Sqe, Status, Vs, IDENTIFY_SIZE,
+};
+
+use super::controller::Controller;
+use super::discovery;
+use super::session::{Ctx, Queue, Reply};
+use super::subsystem::{Kind, Subsystem};
+use super::TargetShared;
+
+/// The version we report: 1.3, so that Linux asks for namespace descriptors but not for the 2.0-only Identify
+/// structures.
+const VERSION: Vs = Vs::V1_3;
+/// Firmware revision reported by Identify Controller and the firmware slot log.
+const FIRMWARE: &str = env!("CARGO_PKG_VERSION");
+/// Keep-alive timeout a discovery controller uses when the host asks for none (as Linux's target does).
+const DISCOVERY_KATO_MS: u32 = 120_000;
+/// Asynchronous Event Request Limit, 0-based (4 outstanding).
+const AERL: u8 = 3;
+/// The asynchronous events a host may enable: SMART warnings and namespace attribute notices.
+const AEC_SUPPORTED: u32 = feature::AEC_SMART_WARNINGS | feature::AEC_NS_ATTRIBUTE;
+/// Composite temperature reported (Kelvin): 35 °C.
+const TEMPERATURE_K: u16 = 308;
+/// Over-temperature threshold default (Kelvin): 70 °C, as Identify Controller WCTEMP says.
+const WCTEMP_K: u16 = 343;
+/// Critical temperature (Kelvin): 85 °C.
+const CCTEMP_K: u16 = 358;
+
+/// The registers and feature values of one controller.
+#[derive(Debug)]
+pub(crate) struct AdminState {
+    kind: Kind,
+    cc: Cc,
+    csts: Csts,
+    arbitration: u32,
+    power_management: u32,
+    temperature_threshold: [u16; 2],
+    error_recovery: u32,
+    volatile_write_cache: bool,
+    interrupt_coalescing: u32,
+    write_atomicity: u32,
+    async_event_config: u32,
+}
+
+impl AdminState {
+    pub fn new(kind: Kind) -> AdminState {
+        AdminState {
+            kind,
+            cc: Cc(0),
+            csts: Csts(0),
+            arbitration: 0,
+            power_management: 0,
+            temperature_threshold: [WCTEMP_K, 0],
+            error_recovery: 0,
+            volatile_write_cache: true,
+            interrupt_coalescing: 0,
+            write_atomicity: 0,
+            async_event_config: 0,
+        }
+    }
+
+    /// A write to CC: enable (CSTS.RDY), disable (reset), shutdown (CSTS.SHST complete).
+    fn write_cc(&mut self, value: u32, ctrl: &Controller) {
+        let old = self.cc;
+        let new = Cc(value);
+        self.cc = new;
+        if new.en() && !old.en() {
+            let io_ok = self.kind == Kind::Discovery || (new.iosqes() == 6 && new.iocqes() == 4);
+            if io_ok
+                && new.mps() == 0
+                && new.ams() == 0
+                && matches!(new.css(), Cc::CSS_NVM | Cc::CSS_ADMIN_ONLY)
+            {
+                self.csts.set_rdy(true);
+                ctrl.set_ready(true);
+            } else {
+                self.csts.set_cfs(true);
+            }
+        }
+        if !new.en() && old.en() {
+            self.reset(ctrl);
+        }
+        if new.shn() != Cc::SHN_NONE && old.shn() == Cc::SHN_NONE {
+            self.reset(ctrl);
+            self.csts.set_shst(Csts::SHST_COMPLETE);
+        }
+        if new.shn() == Cc::SHN_NONE && old.shn() != Cc::SHN_NONE {
+            self.csts.set_shst(Csts::SHST_NORMAL);
+        }
+    }
+
+    /// Back to the disabled state: not ready, CC cleared.
+    fn reset(&mut self, ctrl: &Controller) {
+        self.csts.set_rdy(false);
+        self.cc = Cc(0);
+        ctrl.set_ready(false);
+    }
+}
+
+/// CAP: 128 entries per queue, contiguous queues, 7.5 s timeout, NVM command set, 4 KiB pages.
+pub(crate) fn cap(queue_entries: u16) -> Cap {
+    let mut cap = Cap(0);
+    cap.set_mqes(queue_entries - 1);
+    cap.set_cqr(true);
+    cap.set_to(15);
+    cap.set_css(Cap::CSS_NVM);
+    cap
+}
+
+/// Fabrics Connect on a connection that is not a queue yet: makes it the admin queue of a new controller or an
+/// I/O queue of an existing one. The error carries the status and dword 0 (IATTR/IPO) of the completion.
+pub(crate) fn connect(
+    target: &TargetShared,
+    sqe: &Sqe,
+    data: &[u8],
+) -> Result<Queue, (Status, u32)> {
+    let Some(fabrics::FabricsCommand::Connect(c)) = fabrics::FabricsCommand::from_sqe(sqe) else {
+        return Err((Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0));
+    };
+    let invalid = |p: InvalidParameter| {
+        let (dw0, status) = ConnectResponse::Rejected {
+            status: Status::CONNECT_INVALID_PARAMETERS,
+            invalid: Some(p),
+        }
+        .to_dw0_status();
+        Err((status.with_dnr(), dw0))
+    };
+    if c.recfmt != 0 {
+        return Err((Status::CONNECT_INCOMPATIBLE_FORMAT.with_dnr(), 0));
+    }
+    let Ok(cd) = ConnectData::parse(data) else {
+        return Err((Status::DATA_SGL_LENGTH_INVALID.with_dnr(), 0));
+    };
+    let Some(subsys) = target.subsystem(&cd.subnqn) else {
+        return invalid(InvalidParameter::SUBNQN);
+    };
+    if cd.hostnqn.is_empty() {
+        return invalid(InvalidParameter::HOSTNQN);
+    }
+    if c.sqsize == 0 || c.sqsize >= target.limits.queue_entries {
+        return invalid(InvalidParameter::SQSIZE);
+    }
+    if c.qid == 0 {
+        let kato = if subsys.kind == Kind::Discovery && c.kato == 0 {
+            DISCOVERY_KATO_MS
+        } else {
+            c.kato
+        };
+        let max_io = if subsys.kind == Kind::Discovery {
+            0
+        } else {
+            target.limits.max_io_queues
+        };
+        let now = target.now_ms();
+        let make =
+            |cntlid| Controller::new(cntlid, cd.hostnqn.clone(), cd.hostid, kato, now, max_io);
+        let Some(ctrl) = subsys.add_controller(make) else {
+            return Err((Status::CONNECT_CONTROLLER_BUSY, 0));
+        };
+        return Ok(Queue::new(0, c.sqsize, c.cattr, subsys, ctrl));
+    }
+    let Some(ctrl) = subsys.controller(cd.cntlid).filter(|c| !c.is_dead()) else {
+        return invalid(InvalidParameter::CNTLID);
+    };
+    if ctrl.hostnqn != cd.hostnqn {
+        return invalid(InvalidParameter::HOSTNQN);
+    }
+    if !ctrl.is_ready() {
+        return Err((Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0));
+    }
+    if !ctrl.claim_io_queue(c.qid) {
+        return invalid(InvalidParameter::QID);
+    }
+    Ok(Queue::new(c.qid, c.sqsize, c.cattr, subsys, ctrl))
+}
+
+/// A fabrics command on a connected queue.
+pub(crate) fn fabrics(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
+    let Some(cmd) = fabrics::FabricsCommand::from_sqe(sqe) else {
+        return Reply::status(Status::INVALID_OPCODE.with_dnr());
+    };
+    let queue = &mut *ctx.queue;
+    match (cmd, queue.admin.as_mut()) {
+        (fabrics::FabricsCommand::Connect(_), _) => {
+            Reply::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr())
+        }
+        (fabrics::FabricsCommand::PropertyGet { offset, size8 }, Some(admin)) => {
+            let value = match (offset, size8) {
+                (nvpoll::spec::reg::CAP, true) => cap(ctx.target.limits.queue_entries).0,
+                (nvpoll::spec::reg::VS, false) => u64::from(VERSION.0),
+                (nvpoll::spec::reg::CC, false) => u64::from(admin.cc.0),
+                (nvpoll::spec::reg::CSTS, false) => u64::from(admin.csts.0),
+                (nvpoll::spec::reg::NSSR, false) => 0,
+                _ => return Reply::status(Status::INVALID_FIELD.with_dnr()),
+            };
+            Reply::Complete {
+                status: Status::SUCCESS,
+                dw0: value as u32,
+                dw1: (value >> 32) as u32,
+            }
+        }
+        (
+            fabrics::FabricsCommand::PropertySet {
+                offset,
+                size8,
+                value,
+            },
+            Some(admin),
+        ) => {
+            match (offset, size8) {
+                (nvpoll::spec::reg::CC, false) => admin.write_cc(value as u32, &queue.ctrl),
+                _ => return Reply::status(Status::INVALID_FIELD.with_dnr()),
+            }
+            Reply::ok(0)
+        }
+        (fabrics::FabricsCommand::Disconnect, None) => Reply::CompleteAndClose,
+        (
+            fabrics::FabricsCommand::AuthSend { .. } | fabrics::FabricsCommand::AuthReceive { .. },
+            _,
+        ) => {
+            // No in-band authentication: Connect never asks for it, so these come out of sequence.
+            Reply::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr())
+        }
+        _ => Reply::status(Status::INVALID_FIELD.with_dnr()),
+    }
+}
+
+/// An admin command (the queue is the admin queue).
+pub(crate) fn execute(ctx: &mut Ctx<'_>, sqe: &Sqe, data: &[u8]) -> Reply {
+    let discovery = ctx.queue.subsys.kind == Kind::Discovery;
+    match sqe.opcode {
+        op::IDENTIFY => identify(ctx, sqe),
+        op::GET_LOG_PAGE => get_log_page(ctx, sqe),
+        op::GET_FEATURES => get_features(ctx, sqe),
+        op::SET_FEATURES => set_features(ctx, sqe),
+        op::KEEP_ALIVE => Reply::ok(0),
+        op::ASYNC_EVENT_REQUEST => {
+            if ctx.held_aers > usize::from(AERL) {
+                Reply::status(Status::ASYNC_EVENT_LIMIT_EXCEEDED)
+            } else {
+                Reply::Hold
+            }
+        }
+        // Commands run to completion as soon as they arrive, so there is never one to abort: dword 0 bit 0
+        // says "not aborted".
+        op::ABORT if !discovery => Reply::ok(1),
+        _ => {
+            let _ = data;
+            Reply::status(Status::INVALID_OPCODE.with_dnr())
+        }
+    }
+}
+
+fn identify(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
+    let subsys = &ctx.queue.subsys;
+    let cns_value = sqe.cdw10 as u8;
+    let csi = (sqe.cdw11 >> 24) as u8;
+    if subsys.kind == Kind::Discovery && cns_value != cns::CONTROLLER {
+        return Reply::status(Status::INVALID_FIELD.with_dnr());
+    }
+    let page: Vec<u8> = match cns_value {
+        cns::CONTROLLER => identify_controller(ctx.target, subsys, &ctx.queue.ctrl).to_vec(),
+        cns::NAMESPACE => match active_ns(subsys, sqe.nsid) {
+            Ok(Some(ns)) => identify_namespace(ns).to_vec(),
+            Ok(None) => vec![0; IDENTIFY_SIZE],
+            Err(r) => return r,
+        },
+        cns::ACTIVE_NS_LIST | cns::IO_CMD_SET_ACTIVE_NS_LIST => {
+            if sqe.nsid >= 0xffff_fffe || (cns_value == cns::IO_CMD_SET_ACTIVE_NS_LIST && csi != 0)
+            {
+                return Reply::status(Status::INVALID_NAMESPACE.with_dnr());
+            }
+            let ids: Vec<u32> = subsys
+                .namespaces
+                .iter()
+                .map(|n| n.nsid)
+                .filter(|&id| id > sqe.nsid)
+                .collect();
+            encode_ns_list(&ids).to_vec()
+        }
+        cns::NS_ID_DESCRIPTORS => match active_ns(subsys, sqe.nsid) {
+            Ok(Some(ns)) => NsIdDescriptor::encode_list(&[
+                NsIdDescriptor::Nguid(ns.nguid),
+                NsIdDescriptor::Uuid(ns.uuid),
+                NsIdDescriptor::Csi(0),
+            ])
+            .to_vec(),
+            Ok(None) => return Reply::status(Status::INVALID_NAMESPACE.with_dnr()),
+            Err(r) => return r,
+        },
+        // The NVM command set's own Identify structures: all limits unreported (zero).
+        cns::IO_CMD_SET_CONTROLLER if csi == 0 => vec![0; IDENTIFY_SIZE],
+        cns::IO_CMD_SET_NAMESPACE if csi == 0 => match active_ns(subsys, sqe.nsid) {
+            Ok(_) => vec![0; IDENTIFY_SIZE],
+            Err(r) => return r,
+        },
+        _ => return Reply::status(Status::INVALID_FIELD.with_dnr()),
+    };
+    Reply::Data(page)
+}
+
+/// The namespace `nsid` names: `Ok(None)` for a valid but inactive ID, an error reply for an invalid one.
+fn active_ns(
+    subsys: &Subsystem,
+    nsid: u32,
+) -> Result<Option<&Arc<super::subsystem::Namespace>>, Reply> {
+    if nsid == 0 || nsid > subsys.max_nsid() {
+        return Err(Reply::status(Status::INVALID_NAMESPACE.with_dnr()));
+    }
+    Ok(subsys.namespace(nsid))
+}
+
+fn identify_controller(
+    target: &TargetShared,
+    subsys: &Subsystem,
+    ctrl: &Controller,
+) -> [u8; IDENTIFY_SIZE] {
+    let discovery = subsys.kind == Kind::Discovery;
+    let limits = &target.limits;
+    let id = IdentifyController {
+        serial: subsys.serial.clone(),
+        model: subsys.model.clone(),
+        firmware: FIRMWARE.to_string(),
+        rab: 6,
+        // Several controllers may attach to one subsystem (Linux refuses a second one otherwise).
+        cmic: if discovery { 0 } else { 1 << 1 },
+        mdts: limits.mdts,
+        cntlid: ctrl.cntlid,
+        ver: VERSION,
+        oaes: if discovery {
+            0
+        } else {
+            feature::AEC_NS_ATTRIBUTE
+        },
+        // 128-bit host identifier; traffic based keep-alive (any command restarts the timer).
+        ctratt: 1 | 1 << 6,
+        cntrltype: if discovery {
+            IdentifyController::CNTRLTYPE_DISCOVERY
+        } else {
+            IdentifyController::CNTRLTYPE_IO
+        },
+        acl: 3,
+        aerl: AERL,
+        // One firmware slot, read-only.
+        frmw: 1 << 1 | 1,
+        // Extended data for Get Log Page (offsets, 32-bit NUMD).
+        lpa: 1 << 2,
+        wctemp: WCTEMP_K,
+        cctemp: CCTEMP_K,
+        // Keep-alive granularity: 100 ms.
+        kas: 1,
+        sqes: 0x66,
+        cqes: 0x44,
+        maxcmd: limits.queue_entries,
+        nn: subsys.max_nsid(),
+        oncs: if discovery {
+            0
+        } else {
+            IdentifyController::ONCS_WRITE_ZEROES
+        },
+        vwc: u8::from(!discovery),
+        // SGLs without alignment rules, offset addressing (in-capsule data), transport data blocks.
+        sgls: 1 | 1 << 20 | 1 << 21,
+        subnqn: subsys.nqn.clone(),
+        ioccsz: (limits.incapsule_data + 64) / 16,
+        iorcsz: 1,
+        icdoff: 0,
+        fcatt: 0,
+        msdbd: 1,
+        // Disconnect supported.
+        ofcs: 1,
+        ..Default::default()
+    };
+    id.to_bytes()
+}
+
+fn identify_namespace(ns: &super::subsystem::Namespace) -> [u8; IDENTIFY_SIZE] {
+    let id = IdentifyNamespace {
+        nsze: ns.blocks,
+        ncap: ns.blocks,
+        nuse: ns.blocks,
+        flbas: 0,
+        // May be attached to several controllers at once.
+        nmic: 1,
+        nguid: ns.nguid,
+        lbaf: vec![LbaFormat {
+            ms: 0,
+            lbads: ns.lbads,
+            rp: 0,
+        }],
+        ..Default::default()
+    };
+    id.to_bytes()
+}
+
+/// Get Features: SEL 0 (current), 1 (default), 2 (saved = default: nothing is saveable), 3 (capabilities).
+fn get_features(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
+    let fid = sqe.cdw10 as u8;
+    let sel = ((sqe.cdw10 >> 8) & 7) as u8;
+    let default = AdminState::new(ctx.queue.subsys.kind);
+    let admin = ctx.queue.admin.as_ref().expect("admin queue");
+    let st = if sel == feature::SEL_CURRENT {
+        admin
+    } else {
+        &default
+    };
+    if sel > feature::SEL_SUPPORTED_CAPABILITIES {
+        return Reply::status(Status::INVALID_FIELD.with_dnr());
+    }
+    let discovery = ctx.queue.subsys.kind == Kind::Discovery;
+    let known = if discovery {
+        matches!(fid, feature::ASYNC_EVENT_CONFIG | feature::KEEP_ALIVE_TIMER)
+    } else {
+        matches!(
+            fid,
+            feature::ARBITRATION
+                | feature::POWER_MANAGEMENT
+                | feature::TEMPERATURE_THRESHOLD
+                | feature::ERROR_RECOVERY
+                | feature::VOLATILE_WRITE_CACHE
+                | feature::NUMBER_OF_QUEUES
+                | feature::INTERRUPT_COALESCING
+                | feature::INTERRUPT_VECTOR_CONFIG
+                | feature::WRITE_ATOMICITY
+                | feature::ASYNC_EVENT_CONFIG
+                | feature::KEEP_ALIVE_TIMER
+                | feature::HOST_IDENTIFIER
+        )
+    };
+    if !known {
+        return Reply::status(Status::INVALID_FIELD.with_dnr());
+    }
+    if sel == feature::SEL_SUPPORTED_CAPABILITIES {
+        // Changeable, not saveable, not namespace specific; the host identifier is set by Connect.
+        return Reply::ok(if fid == feature::HOST_IDENTIFIER {
+            0
+        } else {
+            1 << 2
+        });
+    }
+    let dw0 = match fid {
+        feature::ARBITRATION => st.arbitration,
+        feature::POWER_MANAGEMENT => st.power_management,
+        feature::TEMPERATURE_THRESHOLD => {
+            let (tmpsel, thsel) = ((sqe.cdw11 >> 16) & 0xf, (sqe.cdw11 >> 20) & 3);
+            if tmpsel != 0 || thsel > 1 {
+                return Reply::status(Status::INVALID_FIELD.with_dnr());
+            }
+            u32::from(st.temperature_threshold[thsel as usize])
+        }
+        feature::ERROR_RECOVERY => st.error_recovery,
+        feature::VOLATILE_WRITE_CACHE => u32::from(st.volatile_write_cache),
+        feature::NUMBER_OF_QUEUES => queues_granted(ctx.target),
+        feature::INTERRUPT_COALESCING => st.interrupt_coalescing,
+        feature::INTERRUPT_VECTOR_CONFIG => sqe.cdw11 & 0xffff,
+        feature::WRITE_ATOMICITY => st.write_atomicity,
+        feature::ASYNC_EVENT_CONFIG => st.async_event_config,
+        feature::KEEP_ALIVE_TIMER => {
+            if sel == feature::SEL_CURRENT {
+                ctx.queue.ctrl.kato_ms()
+            } else {
+                0
+            }
+        }
+        feature::HOST_IDENTIFIER => {
+            if sqe.cdw11 & 1 == 0 {
+                // Fabrics host identifiers are 128 bits; the 64-bit form does not exist here.
+                return Reply::status(Status::HOST_ID_INCONSISTENT_FORMAT.with_dnr());
+            }
+            return Reply::Data(ctx.queue.ctrl.hostid.to_vec());
+        }
+        _ => unreachable!("checked above"),
+    };
+    Reply::ok(dw0)
+}
+
+/// Number of Queues as granted: every I/O queue the target allows, as submission and completion counts.
+fn queues_granted(target: &TargetShared) -> u32 {
+    let n = u32::from(target.limits.max_io_queues.max(1) - 1);
+    n | n << 16
+}
+
+fn set_features(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
+    let fid = sqe.cdw10 as u8;
+    if sqe.cdw10 & feature::SAVE != 0 {
+        return Reply::status(Status::FEATURE_NOT_SAVEABLE.with_dnr());
+    }
+    let discovery = ctx.queue.subsys.kind == Kind::Discovery;
+    if discovery && !matches!(fid, feature::ASYNC_EVENT_CONFIG | feature::KEEP_ALIVE_TIMER) {
+        return Reply::status(Status::INVALID_FIELD.with_dnr());
+    }
+    let v = sqe.cdw11;
+    let ctrl = Arc::clone(&ctx.queue.ctrl);
+    let admin = ctx.queue.admin.as_mut().expect("admin queue");
+    match fid {
+        feature::ARBITRATION => admin.arbitration = v,
+        feature::POWER_MANAGEMENT => {
+            // One power state (NPSS 0).
+            if v & 0x1f != 0 {
+                return Reply::status(Status::INVALID_FIELD.with_dnr());
+            }
+            admin.power_management = v;
+        }
+        feature::TEMPERATURE_THRESHOLD => {
+            let (tmpsel, thsel) = ((v >> 16) & 0xf, (v >> 20) & 3);
+            if tmpsel != 0 || thsel > 1 {
+                return Reply::status(Status::INVALID_FIELD.with_dnr());
+            }
+            admin.temperature_threshold[thsel as usize] = v as u16;
+        }
+        feature::ERROR_RECOVERY => admin.error_recovery = v,
+        feature::VOLATILE_WRITE_CACHE => admin.volatile_write_cache = v & 1 != 0,
+        feature::NUMBER_OF_QUEUES => {
+            if v & 0xffff == 0xffff || v >> 16 == 0xffff {
+                return Reply::status(Status::INVALID_FIELD.with_dnr());
+            }
+            return Reply::ok(queues_granted(ctx.target));
+        }
+        feature::INTERRUPT_COALESCING => admin.interrupt_coalescing = v,
+        feature::INTERRUPT_VECTOR_CONFIG => {}
+        feature::WRITE_ATOMICITY => admin.write_atomicity = v,
+        feature::ASYNC_EVENT_CONFIG => {
+            let supported = if discovery { 0 } else { AEC_SUPPORTED };
+            if v & !supported != 0 {
+                return Reply::status(Status::INVALID_FIELD.with_dnr());
+            }
+            admin.async_event_config = v;
+        }
+        feature::KEEP_ALIVE_TIMER => ctrl.set_kato_ms(v),
+        // Fabrics hosts give their identifier in Connect.
+        feature::HOST_IDENTIFIER => {
+            return Reply::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr())
+        }
+        _ => return Reply::status(Status::INVALID_FIELD.with_dnr()),
+    }
+    Reply::ok(0)
+}
+
+fn get_log_page(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
+    let lid = sqe.cdw10 as u8;
+    let numd = (u64::from(sqe.cdw10 >> 16) | u64::from(sqe.cdw11 & 0xffff) << 16) + 1;
+    let offset = u64::from(sqe.cdw12) | u64::from(sqe.cdw13) << 32;
+    if offset % 4 != 0 {
+        return Reply::status(Status::INVALID_FIELD.with_dnr());
+    }
+    let discovery = ctx.queue.subsys.kind == Kind::Discovery;
+    let page: Vec<u8> = match lid {
+        log_page::DISCOVERY if discovery => discovery::log_page(ctx.target, ctx.local),
+        log_page::ERROR => vec![0; 64],
+        log_page::SMART if !discovery => smart_log(ctx.target).to_vec(),
+        log_page::FIRMWARE_SLOT if !discovery => {
+            let mut p = vec![0u8; 512];
+            p[0] = 1;
+            let fw = FIRMWARE.as_bytes();
+            p[8..8 + fw.len().min(8)].copy_from_slice(&fw[..fw.len().min(8)]);
+            p[8 + fw.len().min(8)..16].fill(b' ');
+            p
+        }
+        // Namespaces never change while the target runs.
+        log_page::CHANGED_NS if !discovery => vec![0; IDENTIFY_SIZE],
+        _ => return Reply::status(Status::INVALID_LOG_PAGE.with_dnr()),
+    };
+    let Ok(start) = usize::try_from(offset) else {
+        return Reply::status(Status::INVALID_FIELD.with_dnr());
+    };
+    if start > page.len() {
+        return Reply::status(Status::INVALID_FIELD.with_dnr());
+    }
+    let len = usize::try_from(numd * 4)
+        .unwrap_or(usize::MAX)
+        .min(ctx.xfer_len as usize);
+    let end = page.len().min(start.saturating_add(len));
+    Reply::Data(page[start..end].to_vec())
+}
+
+fn smart_log(target: &TargetShared) -> [u8; nvpoll::spec::SMART_LOG_SIZE] {
+    use std::sync::atomic::Ordering::Relaxed;
+    let s = &target.stats;
+    // Data units are thousands of 512-byte units, rounded up.
+    let units = |bytes: u64| u128::from(bytes.div_ceil(512_000));
+    let log = SmartLog {
+        temperature: TEMPERATURE_K,
+        available_spare: 100,
+        available_spare_threshold: 10,
+        data_units_read: units(s.bytes_read.load(Relaxed)),
+        data_units_written: units(s.bytes_written.load(Relaxed)),
+        host_read_commands: u128::from(s.reads.load(Relaxed)),
+        host_write_commands: u128::from(s.writes.load(Relaxed)),
+        power_cycles: 1,
+        power_on_hours: u128::from(target.now_ms() / 3_600_000),
+        ..Default::default()
+    };
+    log.to_bytes()
+}

@@ -1,0 +1,148 @@
+//! What the queues of one controller share: its identity, keep-alive, readiness and which I/O queues exist.
+//!
+//! A controller is created by Fabrics Connect on an admin queue and lives as long as that admin connection. Its
+//! I/O queues may be connections on other reactors, so everything here is atomics (read on every poll, cheap)
+//! or a lock taken only when a queue connects or goes away. The registers and features, which only the admin
+//! queue touches, live with the admin connection ([`super::admin::AdminState`]).
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// The shared state of one controller.
+#[derive(Debug)]
+pub(crate) struct Controller {
+    /// Controller ID, assigned at admin Connect.
+    pub cntlid: u16,
+    /// The host NQN its admin queue connected with; I/O queues must present the same.
+    pub hostnqn: String,
+    /// The host identifier from Connect.
+    pub hostid: [u8; 16],
+    /// Keep Alive Timeout in milliseconds; 0 means keep-alive is off.
+    kato_ms: AtomicU32,
+    /// When any queue of the controller last received a command, in milliseconds since the target started.
+    last_activity_ms: AtomicU64,
+    /// CSTS.RDY: I/O queues may connect.
+    ready: AtomicBool,
+    /// The controller was torn down (keep-alive expired, admin queue gone); its I/O queues close.
+    dead: AtomicBool,
+    /// Connected I/O queue IDs, as a bit set indexed by `qid - 1`.
+    io_queues: Mutex<Vec<bool>>,
+}
+
+impl Controller {
+    /// A controller that allows I/O queues 1 to `max_io_queues`.
+    pub fn new(
+        cntlid: u16,
+        hostnqn: String,
+        hostid: [u8; 16],
+        kato_ms: u32,
+        now_ms: u64,
+        max_io_queues: u16,
+    ) -> Self {
+        Controller {
+            cntlid,
+            hostnqn,
+            hostid,
+            kato_ms: AtomicU32::new(kato_ms),
+            last_activity_ms: AtomicU64::new(now_ms),
+            ready: AtomicBool::new(false),
+            dead: AtomicBool::new(false),
+            io_queues: Mutex::new(vec![false; usize::from(max_io_queues)]),
+        }
+    }
+
+    #[cfg(test)]
+    pub fn new_for_test(cntlid: u16) -> Self {
+        Controller::new(cntlid, "nqn.test.host".into(), [0; 16], 0, 0, 4)
+    }
+
+    /// Keep Alive Timeout in milliseconds (0: off).
+    pub fn kato_ms(&self) -> u32 {
+        self.kato_ms.load(Ordering::Relaxed)
+    }
+
+    /// Sets the Keep Alive Timeout (Set Features Keep Alive Timer).
+    pub fn set_kato_ms(&self, ms: u32) {
+        self.kato_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Records that a queue received a command at `now_ms`.
+    ///
+    /// Called once per poll that received something, by each queue; it writes the shared line only when the
+    /// value moved by a millisecond or more, so queues on different reactors rarely contend for it.
+    pub fn touch(&self, now_ms: u64) {
+        if self.last_activity_ms.load(Ordering::Relaxed) < now_ms {
+            self.last_activity_ms.store(now_ms, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the keep-alive timer expired at `now_ms`.
+    pub fn keep_alive_expired(&self, now_ms: u64) -> bool {
+        let kato = u64::from(self.kato_ms());
+        kato != 0 && now_ms.saturating_sub(self.last_activity_ms.load(Ordering::Relaxed)) > kato
+    }
+
+    /// CSTS.RDY.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Sets CSTS.RDY (the admin queue's CC state machine does).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+    }
+
+    /// Whether the controller was torn down.
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// Tears the controller down: its I/O queues close on their next poll.
+    pub fn kill(&self) {
+        self.dead.store(true, Ordering::Release);
+        self.ready.store(false, Ordering::Release);
+    }
+
+    /// Claims I/O queue `qid`; `false` if it is out of range or already connected.
+    pub fn claim_io_queue(&self, qid: u16) -> bool {
+        let mut q = self.io_queues.lock().unwrap_or_else(|e| e.into_inner());
+        match q.get_mut(usize::from(qid).wrapping_sub(1)) {
+            Some(used) if !*used => {
+                *used = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Releases I/O queue `qid` (its connection closed).
+    pub fn release_io_queue(&self, qid: u16) {
+        let mut q = self.io_queues.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(used) = q.get_mut(usize::from(qid).wrapping_sub(1)) {
+            *used = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keep_alive_and_queue_claims() {
+        let c = Controller::new(1, "h".into(), [0; 16], 100, 1000, 2);
+        assert!(!c.keep_alive_expired(1100));
+        assert!(c.keep_alive_expired(1101));
+        c.touch(1050);
+        assert!(!c.keep_alive_expired(1150));
+        c.set_kato_ms(0);
+        assert!(!c.keep_alive_expired(u64::MAX));
+        assert!(!c.claim_io_queue(0));
+        assert!(c.claim_io_queue(2));
+        assert!(!c.claim_io_queue(2));
+        assert!(!c.claim_io_queue(3));
+        c.release_io_queue(2);
+        assert!(c.claim_io_queue(2));
+    }
+}

@@ -1,0 +1,122 @@
+//! NVM I/O commands: Read, Write, Flush and Write Zeroes.
+//!
+//! Reads are answered straight from the namespace into the send buffer ([`Reply::Read`]); writes go straight
+//! from the receive buffer into the namespace, whether the data came in the capsule or in H2CData PDUs. Flushes
+//! of a file wait for its flusher thread ([`Reply::Flush`]).
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use nvpoll::spec::{io as op, Sqe, Status};
+
+use super::session::{Queue, Reply, SessionStats};
+use super::subsystem::Namespace;
+
+/// Namespace ID meaning "every namespace" (Flush).
+const ALL_NAMESPACES: u32 = 0xffff_ffff;
+
+/// Checks a read or write: the namespace, the block range, and that the data pointer covers exactly the blocks.
+/// Returns the namespace and the byte offset and length.
+fn check_rw(
+    q: &Queue,
+    sqe: &Sqe,
+    xfer_len: u32,
+    max_transfer: u32,
+) -> Result<(Arc<Namespace>, u64, u32), Status> {
+    let Some(ns) = q.subsys.namespace(sqe.nsid) else {
+        return Err(Status::INVALID_NAMESPACE.with_dnr());
+    };
+    let nlb = u64::from(sqe.nlb_zero_based()) + 1;
+    let Some((off, len)) = ns.byte_range(sqe.slba(), nlb) else {
+        return Err(Status::LBA_OUT_OF_RANGE.with_dnr());
+    };
+    if len > u64::from(max_transfer) {
+        return Err(Status::INVALID_FIELD.with_dnr());
+    }
+    if u64::from(xfer_len) != len {
+        return Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+    }
+    Ok((Arc::clone(ns), off, len as u32))
+}
+
+/// A write whose data will come with R2T/H2CData: where it goes.
+pub(crate) fn prepare_write(
+    q: &Queue,
+    sqe: &Sqe,
+    xfer_len: u32,
+    max_transfer: u32,
+) -> Result<(Arc<Namespace>, u64), Status> {
+    check_rw(q, sqe, xfer_len, max_transfer).map(|(ns, off, _)| (ns, off))
+}
+
+/// A write with its data in the capsule.
+pub(crate) fn write_in_capsule(
+    q: &Queue,
+    sqe: &Sqe,
+    data: &[u8],
+    max_transfer: u32,
+    stats: &mut SessionStats,
+) -> Reply {
+    let (ns, off, _) = match check_rw(q, sqe, data.len() as u32, max_transfer) {
+        Ok(v) => v,
+        Err(status) => return Reply::status(status),
+    };
+    if ns.store.write(off, data).is_err() {
+        return Reply::status(Status::WRITE_FAULT);
+    }
+    stats.writes += 1;
+    stats.bytes_written += data.len() as u64;
+    if sqe.cdw12 & Sqe::FUA != 0 {
+        let ticket = ns.store.start_flush();
+        return Reply::Flush(vec![(ns, ticket)]);
+    }
+    Reply::ok(0)
+}
+
+/// An I/O command that carries no host-to-controller data.
+pub(crate) fn execute(q: &Queue, sqe: &Sqe, max_transfer: u32) -> Reply {
+    let xfer_len = sqe.sgl().length;
+    match sqe.opcode {
+        op::READ => match check_rw(q, sqe, xfer_len, max_transfer) {
+            Ok((ns, off, len)) => Reply::Read { ns, off, len },
+            Err(status) => Reply::status(status),
+        },
+        // A write always has data; one without any describes the wrong length.
+        op::WRITE => match check_rw(q, sqe, 0, max_transfer) {
+            Ok(_) => Reply::ok(0),
+            Err(status) => Reply::status(status),
+        },
+        op::FLUSH => {
+            if sqe.nsid == ALL_NAMESPACES {
+                let all = q
+                    .subsys
+                    .namespaces
+                    .iter()
+                    .map(|ns| (Arc::clone(ns), ns.store.start_flush()))
+                    .collect();
+                return Reply::Flush(all);
+            }
+            match q.subsys.namespace(sqe.nsid) {
+                Some(ns) => Reply::Flush(vec![(Arc::clone(ns), ns.store.start_flush())]),
+                None => Reply::status(Status::INVALID_NAMESPACE.with_dnr()),
+            }
+        }
+        op::WRITE_ZEROES => {
+            let Some(ns) = q.subsys.namespace(sqe.nsid) else {
+                return Reply::status(Status::INVALID_NAMESPACE.with_dnr());
+            };
+            let nlb = u64::from(sqe.nlb_zero_based()) + 1;
+            let Some((off, len)) = ns.byte_range(sqe.slba(), nlb) else {
+                return Reply::status(Status::LBA_OUT_OF_RANGE.with_dnr());
+            };
+            if ns.store.write_zeroes(off, len).is_err() {
+                return Reply::status(Status::WRITE_FAULT);
+            }
+            if sqe.cdw12 & Sqe::FUA != 0 {
+                return Reply::Flush(vec![(Arc::clone(ns), ns.store.start_flush())]);
+            }
+            Reply::ok(0)
+        }
+        _ => Reply::status(Status::INVALID_OPCODE.with_dnr()),
+    }
+}

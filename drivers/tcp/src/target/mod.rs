@@ -1,0 +1,690 @@
+//! The NVMe/TCP target: NVM subsystems served to Linux hosts and to our own initiator, polled on nvpoll's
+//! reactors.
+//!
+//! - [`Target::bind`] opens the namespaces and the listening socket; [`Target::start`] registers the listener
+//!   as a poller on reactor 0. Each accepted connection becomes a session poller on the next reactor, round
+//!   robin, and stays there: one owner per queue, no locks on the I/O path.
+//! - A session (`session`) speaks NVMe/TCP: ICReq/ICResp, Fabrics Connect, and then commands: admin and
+//!   fabrics ones (`admin`), NVM I/O (`io`), and the discovery log (`discovery`) for the well-known
+//!   discovery subsystem, which every target serves.
+//! - A controller (`controller`) is created by an admin-queue Connect (dynamic controller IDs) and torn down
+//!   with its admin connection, or when its keep-alive timeout passes without a command on any of its queues.
+//! - Namespaces (`subsystem`) are backed by RAM or by a file or block device (`store`).
+//!
+//! # Example
+//! ```no_run
+//! use nvpoll::reactor::{CoreList, Reactors};
+//! use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig};
+//!
+//! let subsys = SubsystemConfig::new("nqn.2024-01.io.nvpoll:demo").namespace(Backing::Ram(64 << 20), 512);
+//! let config = TargetConfig::new("127.0.0.1:4420".parse().unwrap()).subsystem(subsys);
+//! let target = Target::bind(config)?;
+//! let reactors = Reactors::start(&"0".parse::<CoreList>()?)?;
+//! let handle = target.start(&reactors)?;
+//! // ... serve until told to stop ...
+//! handle.stop();
+//! reactors.stop()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![forbid(unsafe_code)]
+
+mod admin;
+mod controller;
+mod discovery;
+mod io;
+mod session;
+mod store;
+mod subsystem;
+
+pub use subsystem::{Backing, NamespaceConfig, SubsystemConfig, DISCOVERY_NQN, MAX_NQN_LEN};
+
+use std::cell::Cell;
+use std::fmt;
+use std::io::ErrorKind;
+use std::net::{SocketAddr, TcpListener};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nvpoll::reactor::{PollStatus, Poller, PollerId, ReactorContext, Reactors};
+
+use crate::pdu::Digests;
+use crate::Error;
+use session::{Progress, Session};
+use subsystem::Subsystem;
+
+/// Something that happened on the target, for logging.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub enum TargetEvent<'a> {
+    /// A TCP connection was accepted and handed to a reactor.
+    Accepted {
+        /// The host's address.
+        peer: SocketAddr,
+        /// The reactor (index) that owns the connection.
+        reactor: usize,
+    },
+    /// A connection became a queue with Fabrics Connect.
+    QueueConnected {
+        /// The host's address.
+        peer: SocketAddr,
+        /// The subsystem.
+        subnqn: &'a str,
+        /// The host NQN.
+        hostnqn: &'a str,
+        /// The controller.
+        cntlid: u16,
+        /// Queue ID (0: admin queue).
+        qid: u16,
+        /// Queue size (entries).
+        depth: u32,
+        /// Digests negotiated in ICReq/ICResp.
+        digests: Digests,
+    },
+    /// A controller's keep-alive timeout passed without a command: it is torn down.
+    KeepAliveExpired {
+        /// The address of its admin connection's host.
+        peer: SocketAddr,
+        /// The subsystem.
+        subnqn: &'a str,
+        /// The controller.
+        cntlid: u16,
+        /// Its timeout.
+        kato_ms: u32,
+    },
+    /// A connection closed.
+    Closed {
+        /// The host's address.
+        peer: SocketAddr,
+        /// Its queue ID, if it got as far as Connect.
+        qid: Option<u16>,
+        /// Its controller, if it got as far as Connect.
+        cntlid: Option<u16>,
+        /// Why.
+        reason: &'a str,
+    },
+}
+
+impl fmt::Display for TargetEvent<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            TargetEvent::Accepted { peer, reactor } => {
+                write!(f, "{peer}: accepted on reactor {reactor}")
+            }
+            TargetEvent::QueueConnected {
+                peer,
+                subnqn,
+                hostnqn,
+                cntlid,
+                qid,
+                depth,
+                digests,
+            } => {
+                let kind = if qid == 0 {
+                    "admin queue".to_string()
+                } else {
+                    format!("I/O queue {qid}")
+                };
+                let dg = match (digests.header, digests.data) {
+                    (false, false) => "none",
+                    (true, false) => "header",
+                    (false, true) => "data",
+                    (true, true) => "header+data",
+                };
+                write!(
+                    f,
+                    "{peer}: {kind} of controller {cntlid} on {subnqn} for {hostnqn}, depth {depth}, digests {dg}"
+                )
+            }
+            TargetEvent::KeepAliveExpired {
+                peer,
+                subnqn,
+                cntlid,
+                kato_ms,
+            } => {
+                write!(f, "{peer}: controller {cntlid} on {subnqn}: no command for {kato_ms} ms, torn down")
+            }
+            TargetEvent::Closed {
+                peer,
+                qid,
+                cntlid,
+                reason,
+            } => match (qid, cntlid) {
+                (Some(q), Some(c)) => {
+                    write!(f, "{peer}: queue {q} of controller {c} closed: {reason}")
+                }
+                _ => write!(f, "{peer}: closed: {reason}"),
+            },
+        }
+    }
+}
+
+/// A callback that hears about [`TargetEvent`]s. It runs on the reactors: keep it short.
+pub type EventHook = Arc<dyn Fn(&TargetEvent<'_>) + Send + Sync>;
+
+/// Everything a target serves and how.
+#[derive(Clone)]
+pub struct TargetConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// The NVM subsystems (the discovery subsystem is always added).
+    pub subsystems: Vec<SubsystemConfig>,
+    /// MAXH2CDATA announced in ICResp: the largest H2CData PDU hosts send (default 128 KiB).
+    pub maxh2cdata: u32,
+    /// In-capsule data accepted per command (default 8 KiB; Identify IOCCSZ is this plus the 64-byte command).
+    pub incapsule_data: u32,
+    /// Maximum Data Transfer Size as a power of two of 4 KiB pages (default 8: 1 MiB).
+    pub mdts: u8,
+    /// Entries per queue, admin and I/O (CAP.MQES + 1, default 128).
+    pub queue_entries: u16,
+    /// I/O queues per controller (default 64).
+    pub max_io_queues: u16,
+    /// Time a new connection has for ICReq and Fabrics Connect (default 10 s).
+    pub connect_timeout: Duration,
+    /// Who hears about connections.
+    pub events: Option<EventHook>,
+}
+
+impl fmt::Debug for TargetConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TargetConfig")
+            .field("listen", &self.listen)
+            .field("subsystems", &self.subsystems)
+            .field("maxh2cdata", &self.maxh2cdata)
+            .field("incapsule_data", &self.incapsule_data)
+            .field("mdts", &self.mdts)
+            .field("queue_entries", &self.queue_entries)
+            .field("max_io_queues", &self.max_io_queues)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TargetConfig {
+    /// A target on `listen` with the defaults and no subsystem yet.
+    pub fn new(listen: SocketAddr) -> TargetConfig {
+        TargetConfig {
+            listen,
+            subsystems: Vec::new(),
+            maxh2cdata: 128 * 1024,
+            incapsule_data: 8192,
+            mdts: 8,
+            queue_entries: 128,
+            max_io_queues: 64,
+            connect_timeout: Duration::from_secs(10),
+            events: None,
+        }
+    }
+
+    /// Adds a subsystem.
+    pub fn subsystem(mut self, s: SubsystemConfig) -> TargetConfig {
+        self.subsystems.push(s);
+        self
+    }
+
+    /// Sets the event callback.
+    pub fn on_event(
+        mut self,
+        f: impl Fn(&TargetEvent<'_>) + Send + Sync + 'static,
+    ) -> TargetConfig {
+        self.events = Some(Arc::new(f));
+        self
+    }
+
+    fn limits(&self) -> Result<Limits, Error> {
+        let bad = |what: String| Err(Error::InvalidArgument(what));
+        if self.maxh2cdata < crate::pdu::MIN_MAXH2CDATA
+            || self.maxh2cdata % 4 != 0
+            || self.maxh2cdata > 16 << 20
+        {
+            return bad(format!(
+                "MAXH2CDATA {}: must be a multiple of 4 from 4096 to 16 MiB",
+                self.maxh2cdata
+            ));
+        }
+        if self.incapsule_data < 1024
+            || self.incapsule_data % 16 != 0
+            || self.incapsule_data > 1 << 20
+        {
+            return bad(format!(
+                "in-capsule data {}: must be a multiple of 16 from 1024 to 1 MiB",
+                self.incapsule_data
+            ));
+        }
+        if !(1..=10).contains(&self.mdts) {
+            return bad(format!(
+                "MDTS {}: must be 1 (8 KiB) to 10 (4 MiB)",
+                self.mdts
+            ));
+        }
+        if !(2..=1024).contains(&self.queue_entries) {
+            return bad(format!(
+                "queue size {}: must be 2 to 1024 entries",
+                self.queue_entries
+            ));
+        }
+        if !(1..=1024).contains(&self.max_io_queues) {
+            return bad(format!(
+                "I/O queues {}: must be 1 to 1024",
+                self.max_io_queues
+            ));
+        }
+        Ok(Limits {
+            maxh2cdata: self.maxh2cdata,
+            incapsule_data: self.incapsule_data,
+            mdts: self.mdts,
+            queue_entries: self.queue_entries,
+            max_io_queues: self.max_io_queues,
+            connect_timeout: self.connect_timeout,
+        })
+    }
+}
+
+/// The checked numbers of a [`TargetConfig`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    pub maxh2cdata: u32,
+    pub incapsule_data: u32,
+    pub mdts: u8,
+    pub queue_entries: u16,
+    pub max_io_queues: u16,
+    pub connect_timeout: Duration,
+}
+
+impl Limits {
+    /// The largest transfer of one command in bytes (MDTS in 4 KiB pages).
+    pub fn max_transfer(&self) -> u32 {
+        4096 << self.mdts
+    }
+}
+
+/// Running totals of a target, updated by the sessions (each publishes its counters when it is idle or closes).
+#[derive(Debug, Default)]
+pub(crate) struct TargetStats {
+    pub accepted: AtomicU64,
+    pub closed: AtomicU64,
+    pub commands: AtomicU64,
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub errors: AtomicU64,
+    pub r2ts: AtomicU64,
+    pub term_reqs: AtomicU64,
+    pub connects_rejected: AtomicU64,
+    pub keep_alive_expired: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
+/// A snapshot of a target's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TargetCounters {
+    /// TCP connections accepted.
+    pub accepted: u64,
+    /// Connections closed (for any reason).
+    pub closed: u64,
+    /// Commands received.
+    pub commands: u64,
+    /// Read commands completed successfully.
+    pub reads: u64,
+    /// Write commands completed successfully.
+    pub writes: u64,
+    /// Bytes read by hosts.
+    pub bytes_read: u64,
+    /// Bytes written by hosts.
+    pub bytes_written: u64,
+    /// Commands completed with an error status.
+    pub errors: u64,
+    /// R2T PDUs sent.
+    pub r2ts: u64,
+    /// C2HTermReq PDUs sent (protocol errors by hosts).
+    pub term_reqs: u64,
+    /// Fabrics Connects refused.
+    pub connects_rejected: u64,
+    /// Controllers torn down because their keep-alive timeout passed.
+    pub keep_alive_expired: u64,
+    /// Connections dropped because no reactor could take them or a session failed to start.
+    pub dropped: u64,
+}
+
+impl fmt::Display for TargetCounters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        write!(
+            f,
+            "connections {} accepted, {} closed, {} dropped; commands {} ({} errors); reads {} ({:.1} MiB); \
+             writes {} ({:.1} MiB); R2T {}; C2HTermReq {}; connects refused {}; keep-alive expiries {}",
+            self.accepted,
+            self.closed,
+            self.dropped,
+            self.commands,
+            self.errors,
+            self.reads,
+            mib(self.bytes_read),
+            self.writes,
+            mib(self.bytes_written),
+            self.r2ts,
+            self.term_reqs,
+            self.connects_rejected,
+            self.keep_alive_expired
+        )
+    }
+}
+
+/// What every session and the listener share.
+pub(crate) struct TargetShared {
+    pub limits: Limits,
+    pub subsystems: Vec<Arc<Subsystem>>,
+    /// The address actually listened on.
+    pub listen: SocketAddr,
+    pub stats: TargetStats,
+    epoch: Instant,
+    stop: AtomicBool,
+    events: Option<EventHook>,
+}
+
+impl TargetShared {
+    /// The subsystem named `nqn`.
+    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        self.subsystems.iter().find(|s| s.nqn == nqn).cloned()
+    }
+
+    /// Milliseconds since the target started (the clock of keep-alive timeouts).
+    pub fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Whether the target was asked to stop.
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Tells the event callback, if there is one.
+    pub fn emit(&self, e: &TargetEvent<'_>) {
+        if let Some(f) = &self.events {
+            f(e);
+        }
+    }
+
+    fn counters(&self) -> TargetCounters {
+        let s = &self.stats;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        TargetCounters {
+            accepted: l(&s.accepted),
+            closed: l(&s.closed),
+            commands: l(&s.commands),
+            reads: l(&s.reads),
+            writes: l(&s.writes),
+            bytes_read: l(&s.bytes_read),
+            bytes_written: l(&s.bytes_written),
+            errors: l(&s.errors),
+            r2ts: l(&s.r2ts),
+            term_reqs: l(&s.term_reqs),
+            connects_rejected: l(&s.connects_rejected),
+            keep_alive_expired: l(&s.keep_alive_expired),
+            dropped: l(&s.dropped),
+        }
+    }
+}
+
+/// A bound target, not serving yet.
+pub struct Target {
+    shared: Arc<TargetShared>,
+    listener: TcpListener,
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Target")
+            .field("listen", &self.shared.listen)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Target {
+    /// Checks the configuration, opens every namespace and binds the listening socket.
+    pub fn bind(config: TargetConfig) -> Result<Target, Error> {
+        let limits = config.limits()?;
+        let mut subsystems = vec![Arc::new(Subsystem::discovery())];
+        for s in &config.subsystems {
+            if subsystems.iter().any(|t| t.nqn == s.nqn) {
+                return Err(Error::InvalidArgument(format!(
+                    "subsystem {} is configured twice",
+                    s.nqn
+                )));
+            }
+            subsystems.push(Arc::new(Subsystem::open(s)?));
+        }
+        let listener = TcpListener::bind(config.listen)
+            .map_err(|e| Error::io(format!("listen on {}", config.listen), e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("set O_NONBLOCK on the listener", e))?;
+        let listen = listener
+            .local_addr()
+            .map_err(|e| Error::io("listener address", e))?;
+        let shared = Arc::new(TargetShared {
+            limits,
+            subsystems,
+            listen,
+            stats: TargetStats::default(),
+            epoch: Instant::now(),
+            stop: AtomicBool::new(false),
+            events: config.events,
+        });
+        Ok(Target { shared, listener })
+    }
+
+    /// The address the target listens on (with the real port if the configuration said 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.listen
+    }
+
+    /// A one-line description of each subsystem and namespace, for logs.
+    pub fn describe(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for s in self
+            .shared
+            .subsystems
+            .iter()
+            .filter(|s| s.kind == subsystem::Kind::Nvm)
+        {
+            out.push(format!(
+                "subsystem {} (serial {}, model {})",
+                s.nqn, s.serial, s.model
+            ));
+            for ns in &s.namespaces {
+                out.push(format!(
+                    "  namespace {}: {} blocks of {} bytes ({} MiB) on {}",
+                    ns.nsid,
+                    ns.blocks,
+                    ns.block_size,
+                    (ns.blocks * u64::from(ns.block_size)) >> 20,
+                    ns.store.describe()
+                ));
+            }
+        }
+        out
+    }
+
+    /// Starts serving: the listener becomes a poller on reactor 0, and connections are spread over all
+    /// reactors.
+    pub fn start(self, reactors: &Reactors) -> Result<TargetHandle, Error> {
+        let handle = TargetHandle {
+            shared: Arc::clone(&self.shared),
+        };
+        let Target { shared, listener } = self;
+        reactors
+            .send(0, move |ctx| {
+                let id = Rc::new(Cell::new(None));
+                let pid = ctx.add_poller(ListenerPoller {
+                    listener,
+                    shared,
+                    next: 0,
+                    id: Rc::clone(&id),
+                });
+                id.set(Some(pid));
+            })
+            .map_err(|e| {
+                Error::InvalidArgument(format!("cannot start the listener on reactor 0: {e}"))
+            })?;
+        Ok(handle)
+    }
+}
+
+/// A running target.
+#[derive(Clone)]
+pub struct TargetHandle {
+    shared: Arc<TargetShared>,
+}
+
+impl fmt::Debug for TargetHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TargetHandle")
+            .field("listen", &self.shared.listen)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TargetHandle {
+    /// The address the target listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.listen
+    }
+
+    /// The counters as they are now (sessions publish theirs when idle, so a busy one may lag a little).
+    pub fn counters(&self) -> TargetCounters {
+        self.shared.counters()
+    }
+
+    /// Stops accepting and closes every connection, on each reactor's next poll.
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+    }
+}
+
+/// Accepts connections and hands each to a reactor, round robin.
+struct ListenerPoller {
+    listener: TcpListener,
+    shared: Arc<TargetShared>,
+    next: usize,
+    id: Rc<Cell<Option<PollerId>>>,
+}
+
+/// Connections accepted per poll at most, so that a connect storm does not starve the other pollers.
+const ACCEPT_BATCH: usize = 16;
+
+impl Poller for ListenerPoller {
+    fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus {
+        if self.shared.stopping() {
+            if let Some(id) = self.id.take() {
+                ctx.remove_poller(id);
+            }
+            return PollStatus::Idle;
+        }
+        let mut status = PollStatus::Idle;
+        for _ in 0..ACCEPT_BATCH {
+            let stream = match self.listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e)
+                    if e.kind() == ErrorKind::Interrupted
+                        || e.kind() == ErrorKind::ConnectionAborted =>
+                {
+                    continue
+                }
+                // Out of file descriptors and the like: try again on a later poll.
+                Err(_) => break,
+            };
+            status = PollStatus::Busy;
+            self.shared.stats.accepted.fetch_add(1, Ordering::Relaxed);
+            let reactor = self.next % ctx.reactor_count();
+            self.next = self.next.wrapping_add(1);
+            let shared = Arc::clone(&self.shared);
+            if ctx
+                .send(reactor, move |ctx| start_session(ctx, stream, shared))
+                .is_err()
+            {
+                // The reactor's ring is full or it stopped: the connection is closed (dropped with the message).
+                self.shared.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        status
+    }
+}
+
+/// Runs on the reactor that will own the connection.
+fn start_session(ctx: &mut ReactorContext, stream: std::net::TcpStream, shared: Arc<TargetShared>) {
+    let peer = stream.peer_addr();
+    match Session::new(stream, Arc::clone(&shared)) {
+        Ok(session) => {
+            shared.emit(&TargetEvent::Accepted {
+                peer: session.peer(),
+                reactor: ctx.index(),
+            });
+            let id = Rc::new(Cell::new(None));
+            let pid = ctx.add_poller(SessionPoller {
+                session: Some(session),
+                id: Rc::clone(&id),
+            });
+            id.set(Some(pid));
+        }
+        Err(e) => {
+            shared.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            if let Ok(peer) = peer {
+                let reason = format!("could not start a session: {e}");
+                shared.emit(&TargetEvent::Closed {
+                    peer,
+                    qid: None,
+                    cntlid: None,
+                    reason: &reason,
+                });
+            }
+        }
+    }
+}
+
+/// One connection as a reactor poller. A panic inside the session (a bug, never the host's input) closes that
+/// connection only: it must not take the reactor and every other connection down with it.
+struct SessionPoller {
+    session: Option<Session>,
+    id: Rc<Cell<Option<PollerId>>>,
+}
+
+impl SessionPoller {
+    fn finish(&mut self, ctx: &mut ReactorContext) {
+        // Dropping the session closes the socket and releases its queue or controller.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(self.session.take())));
+        if let Some(id) = self.id.take() {
+            ctx.remove_poller(id);
+        }
+    }
+}
+
+impl Poller for SessionPoller {
+    fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus {
+        let Some(session) = self.session.as_mut() else {
+            return PollStatus::Idle;
+        };
+        match catch_unwind(AssertUnwindSafe(|| session.poll())) {
+            Ok(Progress::Busy) => PollStatus::Busy,
+            Ok(Progress::Idle) => PollStatus::Idle,
+            Ok(Progress::Finished) | Err(_) => {
+                self.finish(ctx);
+                PollStatus::Busy
+            }
+        }
+    }
+
+    fn flush(&mut self, ctx: &mut ReactorContext) {
+        let Some(session) = self.session.as_mut() else {
+            return;
+        };
+        if catch_unwind(AssertUnwindSafe(|| session.flush())).is_err() {
+            self.finish(ctx);
+        }
+    }
+}

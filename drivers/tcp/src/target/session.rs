@@ -1,0 +1,1173 @@
+//! One controller-side connection: the NVMe/TCP state machine of a single queue.
+//!
+//! A [`Session`] owns its socket and is polled by one reactor. Its life:
+//!
+//! 1. **ICReq**: the host's first PDU; the ICResp grants the digests it asked for, CPDA 0 and our MAXH2CDATA.
+//! 2. **Connect**: a Fabrics Connect makes the connection an admin queue (creating a controller) or an I/O queue
+//!    of an existing controller. Both must happen within the connect timeout.
+//! 3. **Commands**: each CapsuleCmd is executed at once ([`super::admin`], [`super::io`]) unless its data must
+//!    first be fetched with R2T/H2CData, or it waits (an Asynchronous Event Request, a flush of a file).
+//!
+//! Sending is split in two steps, as everywhere in nvpoll: handlers only *queue* PDUs in the connection's send
+//! buffer, and [`Session::flush`] (the reactor's end-of-iteration hook) writes them out. A send policy (inline,
+//! deferred, adaptive) or a TLS record layer plugs in at that seam without touching the handlers.
+//!
+//! Anything a host sends that breaks the protocol ends the connection with a C2HTermReq naming the fault (or a
+//! plain close when there is nothing to report); it never panics the reactor, and no other connection notices.
+#![forbid(unsafe_code)]
+
+use std::net::{SocketAddr, TcpStream};
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nvpoll::spec::{fabrics, io as io_op, Cqe, SglType, Sqe, Status};
+
+use super::admin::{self, AdminState};
+use super::controller::Controller;
+use super::io;
+use super::store::{FlushStatus, FlushTicket};
+use super::subsystem::{Namespace, Subsystem};
+use super::{TargetEvent, TargetShared};
+use crate::conn::Conn;
+use crate::pdu::{self, Decoded, Digests, Fes, Pdu, PduError};
+use crate::Error;
+
+/// Above this many unsent bytes the session stops reading new PDUs until the peer drains its socket.
+const TX_HIGH_WATER: usize = 4 << 20;
+/// The most data bytes in one C2HData PDU.
+const C2H_CHUNK: usize = 128 * 1024;
+/// How long a closing connection may take to get its last PDUs (a C2HTermReq) out.
+const DRAIN_TIME: Duration = Duration::from_secs(1);
+/// The most bytes of host-to-controller data a non-I/O command may carry.
+const MAX_ADMIN_DATA: u32 = 64 * 1024;
+
+/// What a handler decided for a command.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// Complete now.
+    Complete {
+        /// Completion status.
+        status: Status,
+        /// Command specific dword 0.
+        dw0: u32,
+        /// Command specific dword 1.
+        dw1: u32,
+    },
+    /// Send this data to the host (padded or cut to the command's transfer length), then complete successfully.
+    Data(Vec<u8>),
+    /// Send `len` bytes read from the namespace at byte offset `off`, then complete.
+    Read {
+        /// The namespace.
+        ns: Arc<Namespace>,
+        /// Byte offset.
+        off: u64,
+        /// Byte count.
+        len: u32,
+    },
+    /// Keep the command outstanding without completing it (Asynchronous Event Request).
+    Hold,
+    /// Complete with `status` once these flushes are done.
+    Flush(Vec<(Arc<Namespace>, FlushTicket)>),
+    /// Complete successfully, then close the connection (Disconnect).
+    CompleteAndClose,
+}
+
+impl Reply {
+    /// Completes with `status` and zero result dwords.
+    pub fn status(status: Status) -> Reply {
+        Reply::Complete {
+            status,
+            dw0: 0,
+            dw1: 0,
+        }
+    }
+
+    /// Completes successfully with result dword 0.
+    pub fn ok(dw0: u32) -> Reply {
+        Reply::Complete {
+            status: Status::SUCCESS,
+            dw0,
+            dw1: 0,
+        }
+    }
+}
+
+/// The queue a connection became with Fabrics Connect.
+#[derive(Debug)]
+pub(crate) struct Queue {
+    pub qid: u16,
+    /// Submission queue size, 0-based.
+    pub sqsize: u16,
+    sqhd: u16,
+    /// The host disabled SQ flow control: SQHD is not reported, and a read may complete with C2HData SUCCESS.
+    pub sqflow_disabled: bool,
+    pub subsys: Arc<Subsystem>,
+    pub ctrl: Arc<Controller>,
+    /// The registers and features, on the admin queue only.
+    pub admin: Option<AdminState>,
+}
+
+impl Queue {
+    pub fn new(
+        qid: u16,
+        sqsize: u16,
+        cattr: u8,
+        subsys: Arc<Subsystem>,
+        ctrl: Arc<Controller>,
+    ) -> Queue {
+        let admin = (qid == 0).then(|| AdminState::new(subsys.kind));
+        let sqflow_disabled = cattr & fabrics::CATTR_DISABLE_SQFLOW != 0;
+        Queue {
+            qid,
+            sqsize,
+            sqhd: 0,
+            sqflow_disabled,
+            subsys,
+            ctrl,
+            admin,
+        }
+    }
+
+    /// Most commands outstanding at once.
+    fn depth(&self) -> usize {
+        usize::from(self.sqsize) + 1
+    }
+}
+
+/// What a command handler sees besides the command.
+pub(crate) struct Ctx<'a> {
+    pub target: &'a TargetShared,
+    pub queue: &'a mut Queue,
+    /// The local address the host reached us on (for the discovery log).
+    pub local: SocketAddr,
+    /// Bytes the command's data pointer describes.
+    pub xfer_len: u32,
+    /// Number of Asynchronous Event Requests held on this queue.
+    pub held_aers: usize,
+}
+
+/// Where the data of a command fetched with R2T goes.
+#[derive(Debug)]
+enum Sink {
+    /// Straight into a namespace, at this byte offset (an NVM write).
+    Namespace {
+        ns: Arc<Namespace>,
+        off: u64,
+        fua: bool,
+    },
+    /// Into a buffer, then the command runs with it.
+    Buffer(Vec<u8>),
+}
+
+#[derive(Debug)]
+enum SlotState {
+    Free,
+    /// Waiting for H2CData: `received` of `len` bytes so far. `error` is set when a write failed or a data
+    /// digest was bad; the data still has to arrive before the command completes with it.
+    Receiving {
+        sink: Sink,
+        len: u32,
+        received: u32,
+        error: Option<Status>,
+    },
+    /// An Asynchronous Event Request, held until an event happens.
+    Held,
+    /// Waiting for flushes, then completes with `status`.
+    Flushing {
+        tickets: Vec<(Arc<Namespace>, FlushTicket)>,
+        status: Status,
+    },
+}
+
+/// A command that stays outstanding after the poll that received it.
+#[derive(Debug)]
+struct Slot {
+    cid: u16,
+    sqe: Sqe,
+    state: SlotState,
+}
+
+/// What the connection is waiting for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    IcReq,
+    Connect,
+    Ready,
+}
+
+/// The per-connection counters, published to the target's totals now and then.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SessionStats {
+    pub commands: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub errors: u64,
+    pub r2ts: u64,
+}
+
+/// Why decoding stopped the connection.
+struct Fatal {
+    /// The termination request to send, if any: FES, FEI.
+    term: Option<(Fes, u32)>,
+    why: String,
+}
+
+impl Fatal {
+    fn term(fes: Fes, fei: u32, why: impl Into<String>) -> Fatal {
+        Fatal {
+            term: Some((fes, fei)),
+            why: why.into(),
+        }
+    }
+
+    fn close(why: impl Into<String>) -> Fatal {
+        Fatal {
+            term: None,
+            why: why.into(),
+        }
+    }
+}
+
+/// A PDU with its data as a range of the receive buffer, so that the buffer is free to borrow again.
+enum Rx {
+    IcReq(pdu::IcReq),
+    TermReq {
+        fes: u16,
+        fei: u32,
+    },
+    Capsule {
+        sqe: Sqe,
+        data: Range<usize>,
+    },
+    H2CData {
+        hdr: pdu::H2CDataHdr,
+        data: Range<usize>,
+    },
+}
+
+/// Whether a poll found work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Progress {
+    Busy,
+    Idle,
+    /// The connection is closed; drop the session.
+    Finished,
+}
+
+/// One connection.
+pub(crate) struct Session {
+    conn: Conn,
+    peer: SocketAddr,
+    local: SocketAddr,
+    target: Arc<TargetShared>,
+    phase: Phase,
+    digests: Digests,
+    hpda: u8,
+    decode: pdu::DecodeConfig,
+    queue: Option<Queue>,
+    slots: Vec<Slot>,
+    busy_slots: usize,
+    flushing: usize,
+    connect_deadline: Instant,
+    closing: Option<(String, Instant)>,
+    stats: SessionStats,
+    published: SessionStats,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("peer", &self.peer)
+            .field("phase", &self.phase)
+            .field("qid", &self.queue.as_ref().map(|q| q.qid))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// Wraps an accepted connection.
+    pub fn new(stream: TcpStream, target: Arc<TargetShared>) -> Result<Session, Error> {
+        let peer = stream
+            .peer_addr()
+            .map_err(|e| Error::io("peer address", e))?;
+        let local = stream
+            .local_addr()
+            .map_err(|e| Error::io("local address", e))?;
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(Duration::from_secs(30))
+            .with_interval(Duration::from_secs(5))
+            .with_retries(3);
+        socket2::SockRef::from(&stream)
+            .set_tcp_keepalive(&keepalive)
+            .map_err(|e| Error::io("SO_KEEPALIVE", e))?;
+        let limits = &target.limits;
+        let max_data = limits.maxh2cdata.max(limits.incapsule_data);
+        let conn = Conn::from_stream(stream, max_data as usize + 4096)?;
+        let connect_deadline = Instant::now() + limits.connect_timeout;
+        Ok(Session {
+            conn,
+            peer,
+            local,
+            phase: Phase::IcReq,
+            digests: Digests::NONE,
+            hpda: 0,
+            decode: pdu::DecodeConfig::new(pdu::Direction::ToController, Digests::NONE, 0),
+            queue: None,
+            slots: Vec::new(),
+            busy_slots: 0,
+            flushing: 0,
+            connect_deadline,
+            closing: None,
+            stats: SessionStats::default(),
+            published: SessionStats::default(),
+            target,
+        })
+    }
+
+    /// The peer's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Reads and handles whatever the host sent, and checks the timers. Never blocks.
+    pub fn poll(&mut self) -> Progress {
+        if let Some((_, deadline)) = &self.closing {
+            let deadline = *deadline;
+            return self.drain(deadline);
+        }
+        let now_ms = self.target.now_ms();
+        if let Some(why) = self.check_timers(now_ms) {
+            self.close(None, why);
+            return Progress::Busy;
+        }
+        let mut busy = self.poll_flushes();
+        if self.conn.tx_pending() > TX_HIGH_WATER {
+            // The host is not reading its responses: take no more commands until it does.
+            return if busy { Progress::Busy } else { Progress::Idle };
+        }
+        match self.conn.fill() {
+            Ok(0) => {}
+            Ok(_) => busy = true,
+            Err(Error::Closed) => {
+                self.close(None, "closed by the host".into());
+                return Progress::Busy;
+            }
+            Err(e) => {
+                self.close(None, e.to_string());
+                return Progress::Busy;
+            }
+        }
+        let before = self.stats.commands;
+        if let Err(f) = self.handle_received() {
+            self.close(f.term, f.why);
+            return Progress::Busy;
+        }
+        if self.stats.commands != before {
+            busy = true;
+            if let Some(q) = &self.queue {
+                q.ctrl.touch(now_ms);
+            }
+        }
+        if busy {
+            Progress::Busy
+        } else {
+            self.publish_stats();
+            Progress::Idle
+        }
+    }
+
+    /// Writes out what the handlers queued (the end-of-iteration flush).
+    pub fn flush(&mut self) {
+        if self.closing.is_none() {
+            if let Err(e) = self.conn.flush() {
+                self.close(None, format!("send failed: {e}"));
+            }
+        }
+    }
+
+    /// Timers: the connect deadline, the keep-alive timeout on the admin queue, and the controller's death on
+    /// I/O queues. Returns why the connection must close.
+    fn check_timers(&mut self, now_ms: u64) -> Option<String> {
+        if self.target.stopping() {
+            return Some("target stopping".into());
+        }
+        let Some(q) = &self.queue else {
+            return (Instant::now() >= self.connect_deadline).then(|| {
+                format!(
+                    "no ICReq and Connect within {:?}",
+                    self.target.limits.connect_timeout
+                )
+            });
+        };
+        if q.qid == 0 {
+            if q.ctrl.keep_alive_expired(now_ms) {
+                self.target.emit(&TargetEvent::KeepAliveExpired {
+                    peer: self.peer,
+                    subnqn: &q.subsys.nqn,
+                    cntlid: q.ctrl.cntlid,
+                    kato_ms: q.ctrl.kato_ms(),
+                });
+                self.target
+                    .stats
+                    .keep_alive_expired
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Some(format!(
+                    "keep-alive timeout ({} ms) expired",
+                    q.ctrl.kato_ms()
+                ));
+            }
+        } else if q.ctrl.is_dead() {
+            return Some(format!("controller {} was torn down", q.ctrl.cntlid));
+        }
+        None
+    }
+
+    /// Starts closing: queues a C2HTermReq if `term` says so, and drains for a moment so that it gets out.
+    fn close(&mut self, term: Option<(Fes, u32)>, why: String) {
+        if self.closing.is_some() {
+            return;
+        }
+        if let Some((fes, fei)) = term {
+            let mut header = [0u8; pdu::MAX_TERM_DATA];
+            let rx = self.conn.rx_data();
+            let hlen = rx
+                .get(2)
+                .map_or(pdu::CH_LEN, |&h| usize::from(h).max(pdu::CH_LEN));
+            let n = hlen.min(pdu::MAX_TERM_DATA).min(rx.len());
+            header[..n].copy_from_slice(&rx[..n]);
+            let t = pdu::TermReq {
+                fes: fes as u16,
+                fei,
+                data: &header[..n],
+            };
+            pdu::encode_c2h_term_req(self.conn.tx_buf(), &t);
+            self.conn.pdu_queued();
+            self.target
+                .stats
+                .term_reqs
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        if let Some(q) = &self.queue {
+            if q.qid == 0 {
+                // The controller goes with its admin queue.
+                q.ctrl.kill();
+            }
+        }
+        self.closing = Some((why, Instant::now() + DRAIN_TIME));
+    }
+
+    /// Closing: sends what is left, and reads (and drops) what the host still sends so that the socket closes
+    /// with a FIN rather than a reset, which could destroy a termination request still in flight.
+    fn drain(&mut self, deadline: Instant) -> Progress {
+        let sent = matches!(self.conn.flush(), Ok(true) | Err(_));
+        while let Ok(n) = self.conn.fill() {
+            if n == 0 {
+                break;
+            }
+            let len = self.conn.rx_data().len();
+            self.conn.consume(len);
+        }
+        if sent || Instant::now() >= deadline {
+            self.conn.shutdown();
+            return Progress::Finished;
+        }
+        Progress::Idle
+    }
+
+    /// Decodes and handles every whole PDU in the receive buffer.
+    fn handle_received(&mut self) -> Result<(), Fatal> {
+        loop {
+            let rx = self.conn.rx_data();
+            let (pdu, len) = match pdu::decode(rx, &self.decode) {
+                Ok(Decoded::Incomplete { need }) => {
+                    if need > rx.len() {
+                        self.conn.reserve_rx(need);
+                    }
+                    return Ok(());
+                }
+                Ok(Decoded::Pdu { pdu, len }) => (to_rx(rx, pdu)?, len),
+                Err(e) => match e.skip_len() {
+                    Some(len) => {
+                        self.on_data_digest_error(&e)?;
+                        self.conn.consume(len);
+                        continue;
+                    }
+                    None => {
+                        let fes = e.fes().unwrap_or(Fes::InvalidHeaderField);
+                        return Err(Fatal::term(fes, e.fei(), format!("malformed PDU: {e}")));
+                    }
+                },
+            };
+            self.on_pdu(pdu)?;
+            self.conn.consume(len);
+            if self.closing.is_some() {
+                return Ok(());
+            }
+        }
+    }
+
+    fn on_pdu(&mut self, pdu: Rx) -> Result<(), Fatal> {
+        match (self.phase, pdu) {
+            (_, Rx::TermReq { fes, fei }) => Err(Fatal::close(format!(
+                "host sent H2CTermReq (fes {fes:#x}, fei {fei:#x})"
+            ))),
+            (Phase::IcReq, Rx::IcReq(ic)) => {
+                self.on_icreq(&ic);
+                Ok(())
+            }
+            (Phase::IcReq, _) => Err(Fatal::term(
+                Fes::PduSequenceError,
+                0,
+                "first PDU is not an ICReq",
+            )),
+            (_, Rx::IcReq(_)) => Err(Fatal::term(Fes::PduSequenceError, 0, "second ICReq")),
+            (_, Rx::Capsule { sqe, data }) => self.on_capsule(sqe, data),
+            (_, Rx::H2CData { hdr, data }) => self.on_h2c_data(hdr, data),
+        }
+    }
+
+    fn on_icreq(&mut self, ic: &pdu::IcReq) {
+        let limits = &self.target.limits;
+        // Grant exactly the digests the host asked for: Linux refuses an ICResp that differs.
+        self.digests = ic.digests;
+        self.hpda = ic.hpda;
+        let resp = pdu::IcResp {
+            pfv: pdu::PFV_1_0,
+            cpda: 0,
+            digests: ic.digests,
+            maxh2cdata: limits.maxh2cdata,
+        };
+        pdu::encode_ic_resp(self.conn.tx_buf(), &resp);
+        self.conn.pdu_queued();
+        let max_data = limits.maxh2cdata.max(limits.incapsule_data);
+        self.decode = pdu::DecodeConfig::new(pdu::Direction::ToController, ic.digests, max_data);
+        self.phase = Phase::Connect;
+    }
+
+    /// A command capsule: checks its data pointer, then executes it or asks for its data.
+    fn on_capsule(&mut self, sqe: Sqe, data: Range<usize>) -> Result<(), Fatal> {
+        self.stats.commands += 1;
+        if self.busy_slots > 0
+            && self
+                .slots
+                .iter()
+                .any(|s| !matches!(s.state, SlotState::Free) && s.cid == sqe.cid)
+        {
+            return Err(Fatal::term(
+                Fes::InvalidHeaderField,
+                10,
+                format!("command ID {:#x} is already outstanding", sqe.cid),
+            ));
+        }
+        if let Some(q) = &mut self.queue {
+            q.sqhd = ((u32::from(q.sqhd) + 1) % (u32::from(q.sqsize) + 1)) as u16;
+        }
+        let fctype = (sqe.opcode == fabrics::FABRICS).then_some(sqe.nsid as u8);
+        // Data transfer direction: bits 1:0 of the opcode (of the fctype for fabrics commands).
+        let dir = fctype.unwrap_or(sqe.opcode) & 3;
+        let in_len = data.len() as u32;
+        let sgl = sqe.sgl();
+        let xfer_len = sgl.length;
+        if sqe.flags & 0xc0 == 0 && (dir != 0 || in_len > 0) {
+            return self.complete(sqe.cid, Status::INVALID_FIELD.with_dnr(), 0, 0);
+        }
+        let incapsule =
+            sgl.sgl_type == SglType::DataBlock && sgl.subtype == nvpoll::spec::sgl_subtype::OFFSET;
+        let transport = sgl.sgl_type == SglType::TransportDataBlock;
+        if in_len > 0 && !incapsule {
+            return self.complete(
+                sqe.cid,
+                Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr(),
+                0,
+                0,
+            );
+        }
+        if incapsule {
+            if dir != 1 {
+                return self.complete(
+                    sqe.cid,
+                    Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr(),
+                    0,
+                    0,
+                );
+            }
+            if sgl.address != 0 {
+                return self.complete(sqe.cid, Status::SGL_OFFSET_INVALID.with_dnr(), 0, 0);
+            }
+            if xfer_len != in_len || in_len > self.target.limits.incapsule_data {
+                return self.complete(sqe.cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr(), 0, 0);
+            }
+        } else if xfer_len > 0 && !transport {
+            return self.complete(
+                sqe.cid,
+                Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr(),
+                0,
+                0,
+            );
+        }
+
+        // The connection is not a queue yet: only Connect may come.
+        if self.phase == Phase::Connect && fctype != Some(fabrics::CONNECT) {
+            return self.complete(sqe.cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0);
+        }
+
+        // Host-to-controller data that is not in the capsule: ask for it first.
+        if dir == 1 && transport && xfer_len > 0 {
+            return self.solicit(sqe, xfer_len);
+        }
+        if self.phase == Phase::Connect {
+            let data = &self.conn.rx_data()[data];
+            let outcome = admin::connect(&self.target, &sqe, data);
+            return self.finish_connect(sqe.cid, outcome);
+        }
+        let reply = {
+            let data = &self.conn.rx_data()[data.clone()];
+            let queue = self
+                .queue
+                .as_mut()
+                .expect("a connected session has a queue");
+            if queue.qid != 0 && sqe.opcode == io_op::WRITE && !data.is_empty() {
+                // An in-capsule write goes straight to the namespace.
+                io::write_in_capsule(
+                    queue,
+                    &sqe,
+                    data,
+                    self.target.limits.max_transfer(),
+                    &mut self.stats,
+                )
+            } else {
+                let held_aers = self
+                    .slots
+                    .iter()
+                    .filter(|s| matches!(s.state, SlotState::Held))
+                    .count();
+                let mut ctx = Ctx {
+                    target: &self.target,
+                    queue,
+                    local: self.local,
+                    xfer_len,
+                    held_aers,
+                };
+                dispatch(&mut ctx, &sqe, data)
+            }
+        };
+        self.reply(sqe, reply)
+    }
+
+    /// Sends R2T for a command's data (or completes it with an error if it cannot take data).
+    fn solicit(&mut self, sqe: Sqe, len: u32) -> Result<(), Fatal> {
+        let sink = match &self.queue {
+            Some(q) if q.qid != 0 && sqe.opcode == io_op::WRITE => {
+                match io::prepare_write(q, &sqe, len, self.target.limits.max_transfer()) {
+                    Ok((ns, off)) => Sink::Namespace {
+                        ns,
+                        off,
+                        fua: sqe.cdw12 & Sqe::FUA != 0,
+                    },
+                    Err(status) => return self.complete(sqe.cid, status, 0, 0),
+                }
+            }
+            _ if len > MAX_ADMIN_DATA => {
+                return self.complete(sqe.cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr(), 0, 0);
+            }
+            _ => Sink::Buffer(Vec::with_capacity(len as usize)),
+        };
+        let ttag = self.take_slot(
+            sqe,
+            SlotState::Receiving {
+                sink,
+                len,
+                received: 0,
+                error: None,
+            },
+        )?;
+        let r2t = pdu::R2T {
+            cccid: sqe.cid,
+            ttag,
+            r2to: 0,
+            r2tl: len,
+        };
+        pdu::encode_r2t(self.conn.tx_buf(), &r2t, self.digests);
+        self.conn.pdu_queued();
+        self.stats.r2ts += 1;
+        Ok(())
+    }
+
+    /// Data for an outstanding command.
+    fn on_h2c_data(&mut self, hdr: pdu::H2CDataHdr, data: Range<usize>) -> Result<(), Fatal> {
+        let index = usize::from(hdr.ttag);
+        let slot = match self.slots.get_mut(index) {
+            Some(s) if s.cid == hdr.cccid && matches!(s.state, SlotState::Receiving { .. }) => s,
+            _ => {
+                return Err(Fatal::term(
+                    Fes::InvalidHeaderField,
+                    10,
+                    format!(
+                        "H2CData for command {:#x} with unknown transfer tag {}",
+                        hdr.cccid, hdr.ttag
+                    ),
+                ))
+            }
+        };
+        let SlotState::Receiving {
+            sink,
+            len,
+            received,
+            error,
+        } = &mut slot.state
+        else {
+            unreachable!()
+        };
+        let end = u64::from(hdr.datao) + u64::from(hdr.datal);
+        if hdr.datao != *received || end > u64::from(*len) {
+            return Err(Fatal::term(
+                Fes::DataOutOfRange,
+                0,
+                format!(
+                    "H2CData for command {:#x} covers bytes {}..{end}; expected from {} of {}",
+                    hdr.cccid, hdr.datao, received, len
+                ),
+            ));
+        }
+        let bytes = &self.conn.rx_data()[data];
+        match sink {
+            Sink::Namespace { ns, off, .. } => {
+                if error.is_none() && ns.store.write(*off + u64::from(hdr.datao), bytes).is_err() {
+                    *error = Some(Status::WRITE_FAULT);
+                }
+            }
+            Sink::Buffer(buf) => buf.extend_from_slice(bytes),
+        }
+        *received = end as u32;
+        if *received < *len {
+            return Ok(());
+        }
+        self.data_complete(index)
+    }
+
+    /// A data digest error: the PDU is dropped and its command fails with a transient transport error.
+    fn on_data_digest_error(&mut self, e: &PduError) -> Result<(), Fatal> {
+        let PduError::DataDigest { pdu_type, .. } = *e else {
+            return Ok(());
+        };
+        let rx = self.conn.rx_data();
+        match pdu_type {
+            pdu::PduType::CapsuleCmd => {
+                let sqe =
+                    Sqe::from_bytes(&rx[pdu::CH_LEN..]).expect("the decoder checked the header");
+                self.stats.commands += 1;
+                if let Some(q) = &mut self.queue {
+                    q.sqhd = ((u32::from(q.sqhd) + 1) % (u32::from(q.sqsize) + 1)) as u16;
+                }
+                self.complete(sqe.cid, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0)
+            }
+            pdu::PduType::H2CData => {
+                let field = |o: usize| u32::from_le_bytes([rx[o], rx[o + 1], rx[o + 2], rx[o + 3]]);
+                let (cccid, ttag) = (
+                    u16::from_le_bytes([rx[8], rx[9]]),
+                    u16::from_le_bytes([rx[10], rx[11]]),
+                );
+                let (datao, datal) = (field(12), field(16));
+                let index = usize::from(ttag);
+                let Some(slot) = self.slots.get_mut(index).filter(|s| s.cid == cccid) else {
+                    return Err(Fatal::term(
+                        Fes::InvalidHeaderField,
+                        10,
+                        "H2CData with unknown transfer tag",
+                    ));
+                };
+                let SlotState::Receiving {
+                    len,
+                    received,
+                    error,
+                    ..
+                } = &mut slot.state
+                else {
+                    return Err(Fatal::term(
+                        Fes::PduSequenceError,
+                        0,
+                        "H2CData for a command not receiving",
+                    ));
+                };
+                let end = u64::from(datao) + u64::from(datal);
+                if datao != *received || end > u64::from(*len) {
+                    return Err(Fatal::term(Fes::DataOutOfRange, 0, "H2CData out of range"));
+                }
+                *error = Some(Status::TRANSIENT_TRANSPORT_ERROR);
+                *received = end as u32;
+                if *received < *len {
+                    Ok(())
+                } else {
+                    self.data_complete(index)
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// All data of the command in slot `index` arrived.
+    fn data_complete(&mut self, index: usize) -> Result<(), Fatal> {
+        let slot = &mut self.slots[index];
+        let state = std::mem::replace(&mut slot.state, SlotState::Free);
+        let sqe = slot.sqe;
+        self.busy_slots -= 1;
+        let SlotState::Receiving { sink, error, .. } = state else {
+            unreachable!()
+        };
+        if let Some(status) = error {
+            return self.complete(sqe.cid, status, 0, 0);
+        }
+        match sink {
+            Sink::Namespace { ns, fua, .. } => {
+                self.stats.writes += 1;
+                self.stats.bytes_written += u64::from(sqe.sgl().length);
+                if fua {
+                    let ticket = ns.store.start_flush();
+                    self.reply(sqe, Reply::Flush(vec![(ns, ticket)]))
+                } else {
+                    self.complete(sqe.cid, Status::SUCCESS, 0, 0)
+                }
+            }
+            Sink::Buffer(buf) => {
+                if self.phase == Phase::Connect {
+                    let outcome = admin::connect(&self.target, &sqe, &buf);
+                    return self.finish_connect(sqe.cid, outcome);
+                }
+                let queue = self
+                    .queue
+                    .as_mut()
+                    .expect("a connected session has a queue");
+                let held_aers = self
+                    .slots
+                    .iter()
+                    .filter(|s| matches!(s.state, SlotState::Held))
+                    .count();
+                let xfer_len = buf.len() as u32;
+                let mut ctx = Ctx {
+                    target: &self.target,
+                    queue,
+                    local: self.local,
+                    xfer_len,
+                    held_aers,
+                };
+                let reply = dispatch(&mut ctx, &sqe, &buf);
+                self.reply(sqe, reply)
+            }
+        }
+    }
+
+    /// The outcome of a Connect: the connection becomes a queue, or the host hears why not.
+    fn finish_connect(
+        &mut self,
+        cid: u16,
+        outcome: Result<Queue, (Status, u32)>,
+    ) -> Result<(), Fatal> {
+        match outcome {
+            Ok(mut q) => {
+                q.sqhd = (1 % (u32::from(q.sqsize) + 1)) as u16;
+                let cntlid = q.ctrl.cntlid;
+                self.target.emit(&TargetEvent::QueueConnected {
+                    peer: self.peer,
+                    subnqn: &q.subsys.nqn,
+                    hostnqn: &q.ctrl.hostnqn,
+                    cntlid,
+                    qid: q.qid,
+                    depth: u32::from(q.sqsize) + 1,
+                    digests: self.digests,
+                });
+                self.queue = Some(q);
+                self.phase = Phase::Ready;
+                self.complete(cid, Status::SUCCESS, u32::from(cntlid), 0)
+            }
+            Err((status, dw0)) => {
+                self.target
+                    .stats
+                    .connects_rejected
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.complete(cid, status, dw0, 0)
+            }
+        }
+    }
+
+    /// Carries out a handler's decision.
+    fn reply(&mut self, sqe: Sqe, reply: Reply) -> Result<(), Fatal> {
+        match reply {
+            Reply::Complete { status, dw0, dw1 } => self.complete(sqe.cid, status, dw0, dw1),
+            Reply::Data(mut data) => {
+                let len = sqe.sgl().length as usize;
+                data.resize(len, 0);
+                if !data.is_empty() {
+                    self.send_data(sqe.cid, &data);
+                }
+                self.complete_after_data(sqe.cid, !data.is_empty())
+            }
+            Reply::Read { ns, off, len } => {
+                let mark = self.conn.tx_buf().len();
+                let mut done = 0usize;
+                while done < len as usize {
+                    let n = C2H_CHUNK.min(len as usize - done);
+                    let last = done + n == len as usize;
+                    let success = last && self.queue.as_ref().is_some_and(|q| q.sqflow_disabled);
+                    let hdr = pdu::C2HDataHdr {
+                        cccid: sqe.cid,
+                        datao: done as u32,
+                        datal: n as u32,
+                        last,
+                        success,
+                    };
+                    let tx = self.conn.tx_buf();
+                    pdu::encode_c2h_data_header(tx, &hdr, self.digests, self.hpda);
+                    let start = tx.len();
+                    if ns.store.read_append(off + done as u64, n, tx).is_err() {
+                        tx.truncate(mark);
+                        return self.complete(sqe.cid, Status::UNRECOVERED_READ_ERROR, 0, 0);
+                    }
+                    if self.digests.data {
+                        let d = pdu::data_digest(&tx[start..]);
+                        tx.extend_from_slice(&d);
+                    }
+                    self.conn.pdu_queued();
+                    done += n;
+                }
+                self.stats.reads += 1;
+                self.stats.bytes_read += u64::from(len);
+                self.complete_after_data(sqe.cid, len > 0)
+            }
+            Reply::Hold => {
+                self.take_slot(sqe, SlotState::Held)?;
+                Ok(())
+            }
+            Reply::Flush(tickets) => {
+                self.take_slot(
+                    sqe,
+                    SlotState::Flushing {
+                        tickets,
+                        status: Status::SUCCESS,
+                    },
+                )?;
+                self.flushing += 1;
+                Ok(())
+            }
+            Reply::CompleteAndClose => {
+                self.complete(sqe.cid, Status::SUCCESS, 0, 0)?;
+                self.close(None, "host sent Disconnect".into());
+                Ok(())
+            }
+        }
+    }
+
+    /// Queues `data` as C2HData PDUs (without SUCCESS; see [`Session::complete_after_data`]).
+    fn send_data(&mut self, cid: u16, data: &[u8]) {
+        let sqflow_disabled = self.queue.as_ref().is_some_and(|q| q.sqflow_disabled);
+        let mut done = 0;
+        for chunk in data.chunks(C2H_CHUNK) {
+            let last = done + chunk.len() == data.len();
+            let hdr = pdu::C2HDataHdr {
+                cccid: cid,
+                datao: done as u32,
+                datal: chunk.len() as u32,
+                last,
+                success: last && sqflow_disabled,
+            };
+            pdu::encode_c2h_data(self.conn.tx_buf(), &hdr, chunk, self.digests, self.hpda);
+            self.conn.pdu_queued();
+            done += chunk.len();
+        }
+    }
+
+    /// Completes a command whose data went out: with SQ flow control disabled the last C2HData carried SUCCESS
+    /// and no response capsule follows (the C2H success optimization); otherwise a CapsuleResp does.
+    fn complete_after_data(&mut self, cid: u16, sent_data: bool) -> Result<(), Fatal> {
+        if sent_data && self.queue.as_ref().is_some_and(|q| q.sqflow_disabled) {
+            return Ok(());
+        }
+        self.complete(cid, Status::SUCCESS, 0, 0)
+    }
+
+    /// Queues a response capsule.
+    fn complete(&mut self, cid: u16, status: Status, dw0: u32, dw1: u32) -> Result<(), Fatal> {
+        let (sqid, sqhd) = match &self.queue {
+            Some(q) if q.sqflow_disabled => (q.qid, 0xffff),
+            Some(q) => (q.qid, q.sqhd),
+            None => (0, 0),
+        };
+        let mut cqe = Cqe {
+            dw0,
+            dw1,
+            sqhd,
+            sqid,
+            cid,
+            status_phase: 0,
+        };
+        cqe.set_status(status, false);
+        pdu::encode_capsule_resp(self.conn.tx_buf(), &cqe, self.digests);
+        self.conn.pdu_queued();
+        if !status.is_success() {
+            self.stats.errors += 1;
+        }
+        Ok(())
+    }
+
+    /// Puts a command in a free slot (its index is the R2T transfer tag).
+    fn take_slot(&mut self, sqe: Sqe, state: SlotState) -> Result<u16, Fatal> {
+        let depth = self.queue.as_ref().map_or(1, Queue::depth);
+        if self.busy_slots >= depth {
+            return Err(Fatal::term(
+                Fes::PduSequenceError,
+                0,
+                format!("more than {depth} commands outstanding (the queue size)"),
+            ));
+        }
+        self.busy_slots += 1;
+        let slot = Slot {
+            cid: sqe.cid,
+            sqe,
+            state,
+        };
+        match self
+            .slots
+            .iter()
+            .position(|s| matches!(s.state, SlotState::Free))
+        {
+            Some(i) => {
+                self.slots[i] = slot;
+                Ok(i as u16)
+            }
+            None => {
+                self.slots.push(slot);
+                Ok((self.slots.len() - 1) as u16)
+            }
+        }
+    }
+
+    /// Completes the commands whose flushes finished. Returns whether one did.
+    fn poll_flushes(&mut self) -> bool {
+        if self.flushing == 0 {
+            return false;
+        }
+        let mut done = Vec::new();
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if let SlotState::Flushing { tickets, status } = &mut slot.state {
+                let mut pending = false;
+                for (ns, t) in tickets.iter() {
+                    match ns.store.flush_status(*t) {
+                        FlushStatus::Pending => pending = true,
+                        FlushStatus::Failed => *status = Status::WRITE_FAULT,
+                        FlushStatus::Done => {}
+                    }
+                }
+                if !pending {
+                    done.push((i, slot.cid, *status));
+                }
+            }
+        }
+        for &(i, cid, status) in &done {
+            self.slots[i].state = SlotState::Free;
+            self.busy_slots -= 1;
+            self.flushing -= 1;
+            let _ = self.complete(cid, status, 0, 0);
+        }
+        !done.is_empty()
+    }
+
+    /// Adds this session's counters to the target's totals.
+    fn publish_stats(&mut self) {
+        let s = self.stats;
+        let p = self.published;
+        if s.commands == p.commands {
+            return;
+        }
+        let t = &self.target.stats;
+        use std::sync::atomic::Ordering::Relaxed;
+        t.commands.fetch_add(s.commands - p.commands, Relaxed);
+        t.reads.fetch_add(s.reads - p.reads, Relaxed);
+        t.writes.fetch_add(s.writes - p.writes, Relaxed);
+        t.bytes_read.fetch_add(s.bytes_read - p.bytes_read, Relaxed);
+        t.bytes_written
+            .fetch_add(s.bytes_written - p.bytes_written, Relaxed);
+        t.errors.fetch_add(s.errors - p.errors, Relaxed);
+        t.r2ts.fetch_add(s.r2ts - p.r2ts, Relaxed);
+        self.published = s;
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.publish_stats();
+        let reason = self
+            .closing
+            .as_ref()
+            .map_or("session dropped", |(why, _)| why.as_str());
+        let (qid, cntlid) = match &self.queue {
+            Some(q) => {
+                if q.qid == 0 {
+                    q.ctrl.kill();
+                    q.subsys.remove_controller(q.ctrl.cntlid);
+                } else {
+                    q.ctrl.release_io_queue(q.qid);
+                }
+                (Some(q.qid), Some(q.ctrl.cntlid))
+            }
+            None => (None, None),
+        };
+        self.target.emit(&TargetEvent::Closed {
+            peer: self.peer,
+            qid,
+            cntlid,
+            reason,
+        });
+        self.target
+            .stats
+            .closed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Routes a command that needs no more data to its handler.
+fn dispatch(ctx: &mut Ctx<'_>, sqe: &Sqe, data: &[u8]) -> Reply {
+    if sqe.opcode == fabrics::FABRICS {
+        return admin::fabrics(ctx, sqe);
+    }
+    if ctx.queue.qid == 0 {
+        admin::execute(ctx, sqe, data)
+    } else {
+        io::execute(ctx.queue, sqe, ctx.target.limits.max_transfer())
+    }
+}
+
+/// Converts a decoded PDU into one that refers to its data by position.
+fn to_rx(buf: &[u8], pdu: Pdu<'_>) -> Result<Rx, Fatal> {
+    let range = |d: &[u8]| {
+        if d.is_empty() {
+            0..0
+        } else {
+            let start = d.as_ptr() as usize - buf.as_ptr() as usize;
+            start..start + d.len()
+        }
+    };
+    Ok(match pdu {
+        Pdu::IcReq(ic) => Rx::IcReq(ic),
+        Pdu::H2CTermReq(t) => Rx::TermReq {
+            fes: t.fes,
+            fei: t.fei,
+        },
+        Pdu::CapsuleCmd { sqe, data } => Rx::Capsule {
+            sqe,
+            data: range(data),
+        },
+        Pdu::H2CData { hdr, data } => Rx::H2CData {
+            hdr,
+            data: range(data),
+        },
+        other => {
+            return Err(Fatal::term(
+                Fes::InvalidHeaderField,
+                0,
+                format!("{} from a host", other.pdu_type()),
+            ));
+        }
+    })
+}

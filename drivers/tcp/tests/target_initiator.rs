@@ -1,0 +1,386 @@
+//! Our initiator against our target over loopback: bring-up and Identify, write/read/verify of many sizes
+//! (in-capsule and R2T), with and without digests, several queues at once, write zeroes and flush, a file-backed
+//! namespace, and admin commands.
+
+mod target_common;
+
+use std::time::{Duration, Instant};
+
+use nvpoll::api::{Completion, Controller, IoOp, IoRequest, QueuePair};
+use nvpoll::mem::DmaPool;
+use nvpoll::spec::{self, log_page, Sqe};
+use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
+use nvpoll_tcp::target::{Backing, SubsystemConfig, TargetConfig};
+use target_common::{fill_pattern, pool, TestTarget, HOSTNQN, NQN, NS1_BYTES, NS2_BYTES};
+
+fn attach(
+    t: &TestTarget,
+    nqn: &str,
+    header_digest: bool,
+    data_digest: bool,
+    pool: DmaPool,
+) -> TcpController {
+    let mut o = ConnectOptions::new(t.addr, nqn, HOSTNQN);
+    o.header_digest = header_digest;
+    o.data_digest = data_digest;
+    TcpController::connect(o, pool).expect("attach to our target")
+}
+
+fn wait_one(qp: &mut TcpQueuePair) -> Completion {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        qp.poll(64).expect("poll");
+        if let Some(c) = qp.pop_completion() {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "I/O did not complete in 20 s");
+    }
+}
+
+fn run_one(qp: &mut TcpQueuePair, req: IoRequest) -> Completion {
+    qp.submit(req).map_err(|r| r.error).expect("submit");
+    qp.flush().expect("flush");
+    wait_one(qp)
+}
+
+fn io(op: IoOp, nsid: u32, lba: u64, blocks: u32, buf: Option<nvpoll::mem::DmaBuf>) -> IoRequest {
+    IoRequest {
+        op,
+        nsid,
+        lba,
+        blocks,
+        buf,
+        tag: 0,
+    }
+}
+
+#[test]
+fn identify_controller_and_namespaces() {
+    let t = TestTarget::start(|c| c);
+    let ctrl = attach(&t, NQN, false, false, pool());
+    let id = ctrl.identify();
+    assert_eq!(id.model, "nvpoll");
+    assert_eq!(id.subnqn, NQN);
+    assert_eq!(id.cntlid, ctrl.cntlid());
+    assert_eq!(id.cntrltype, spec::IdentifyController::CNTRLTYPE_IO);
+    assert_eq!(id.mdts, 8, "1 MiB transfers");
+    assert_eq!(id.ioccsz, (8192 + 64) / 16, "8 KiB of in-capsule data");
+    assert_eq!(id.iorcsz, 1);
+    assert_eq!(id.icdoff, 0);
+    assert!(id.supports_sgls());
+    assert!(
+        id.sgls & (1 << 20) != 0 && id.sgls & (1 << 21) != 0,
+        "offset and transport SGL data blocks"
+    );
+    assert!(id.kas > 0, "keep-alive is supported");
+    assert_eq!(id.maxcmd, 128);
+    assert_eq!(id.nn, 2);
+    assert!(!id.serial.is_empty() && !id.firmware.is_empty());
+    assert!(ctrl.vs().0 >= spec::Vs::V1_3.0);
+    assert_eq!(ctrl.cap().mqes(), 127);
+    assert_eq!(ctrl.max_transfer(), Some(1 << 20));
+    let ns = ctrl.namespaces();
+    assert_eq!(ns.len(), 2);
+    assert_eq!(
+        (ns[0].nsid, ns[0].block_size, ns[0].capacity_bytes()),
+        (1, 512, NS1_BYTES)
+    );
+    assert_eq!(
+        (ns[1].nsid, ns[1].block_size, ns[1].capacity_bytes()),
+        (2, 4096, NS2_BYTES)
+    );
+    assert!(ctrl.io_queues_allowed() >= 1);
+    ctrl.shutdown().expect("CC.SHN shutdown completes");
+    let lines = t.events_matching("admin queue of controller");
+    assert_eq!(lines.len(), 1, "one line per connection: {lines:?}");
+}
+
+/// Writes then reads back `blocks` at a few places with each size, checking the data.
+fn write_read_verify(header_digest: bool, data_digest: bool) {
+    let t = TestTarget::start(|c| c);
+    let mut ctrl = attach(&t, NQN, header_digest, data_digest, pool());
+    let mut qp = ctrl.create_queue_pair(32).expect("I/O queue");
+    let p = ctrl.pool().clone();
+    // 512-byte blocks: 1 block, 4 KiB and 8 KiB in the capsule, then R2T from 8 KiB + 512 up to 1 MiB.
+    for (nsid, bs) in [(1u32, 512u32), (2, 4096)] {
+        for blocks in [1u32, 8, 16, 17, 64, 255, 256, 2048 * 512 / bs] {
+            let len = (blocks * bs) as usize;
+            if len > 1 << 20 {
+                continue;
+            }
+            let lba = u64::from(blocks) * 3 + u64::from(nsid);
+            let mut w = p.alloc(len).unwrap();
+            fill_pattern(
+                w.as_mut_slice(),
+                lba ^ u64::from(blocks) << 20 ^ u64::from(nsid),
+            );
+            let expect = w.as_slice().to_vec();
+            let c = run_one(&mut qp, io(IoOp::Write, nsid, lba, blocks, Some(w)));
+            c.result
+                .unwrap_or_else(|e| panic!("write ns {nsid} {blocks} blocks: {e}"));
+            let r = p.alloc(len).unwrap();
+            let c = run_one(&mut qp, io(IoOp::Read, nsid, lba, blocks, Some(r)));
+            c.result
+                .unwrap_or_else(|e| panic!("read ns {nsid} {blocks} blocks: {e}"));
+            assert!(
+                c.buf.unwrap().as_slice() == &expect[..],
+                "ns {nsid}: {blocks} blocks read back differ"
+            );
+        }
+    }
+    let counters = t.wait_counters("the writes to be counted", |c| c.writes >= 14);
+    assert!(
+        counters.r2ts > 0,
+        "large writes went through R2T: {counters}"
+    );
+    drop(qp);
+    ctrl.shutdown().unwrap();
+}
+
+#[test]
+fn write_read_verify_no_digests() {
+    write_read_verify(false, false);
+}
+
+#[test]
+fn write_read_verify_header_digest() {
+    write_read_verify(true, false);
+}
+
+#[test]
+fn write_read_verify_both_digests() {
+    write_read_verify(true, true);
+}
+
+#[test]
+fn many_outstanding_on_two_queues() {
+    let t = TestTarget::start(|c| c);
+    let mut ctrl = attach(&t, NQN, false, true, pool());
+    let p = ctrl.pool().clone();
+    let mut qps = [
+        ctrl.create_queue_pair(64).unwrap(),
+        ctrl.create_queue_pair(64).unwrap(),
+    ];
+    assert_ne!(qps[0].qid(), qps[1].qid());
+    // Queue q writes 64 distinct 16 KiB extents (R2T) at once, on its own half of namespace 1.
+    let blocks = 32u32;
+    let extent = |q: usize, i: u64| (q as u64 * 64 + i) * u64::from(blocks);
+    for (q, qp) in qps.iter_mut().enumerate() {
+        for i in 0..64u64 {
+            let mut b = p.alloc(16384).unwrap();
+            fill_pattern(b.as_mut_slice(), extent(q, i));
+            qp.submit(IoRequest {
+                op: IoOp::Write,
+                nsid: 1,
+                lba: extent(q, i),
+                blocks,
+                buf: Some(b),
+                tag: i,
+            })
+            .map_err(|r| r.error)
+            .unwrap();
+        }
+        qp.flush().unwrap();
+    }
+    for qp in qps.iter_mut() {
+        for _ in 0..64 {
+            wait_one(qp).result.expect("write");
+        }
+        assert_eq!(qp.outstanding(), 0);
+    }
+    for (q, qp) in qps.iter_mut().enumerate() {
+        for i in 0..64u64 {
+            let b = p.alloc(16384).unwrap();
+            qp.submit(IoRequest {
+                op: IoOp::Read,
+                nsid: 1,
+                lba: extent(q, i),
+                blocks,
+                buf: Some(b),
+                tag: i,
+            })
+            .map_err(|r| r.error)
+            .unwrap();
+        }
+        qp.flush().unwrap();
+        for _ in 0..64 {
+            let c = wait_one(qp);
+            c.result.expect("read");
+            let mut want = vec![0u8; 16384];
+            fill_pattern(&mut want, extent(q, c.tag));
+            assert!(
+                c.buf.unwrap().as_slice() == &want[..],
+                "queue {q} extent {} differs",
+                c.tag
+            );
+        }
+    }
+    drop(qps);
+    ctrl.shutdown().unwrap();
+}
+
+#[test]
+fn write_zeroes_and_flush() {
+    let t = TestTarget::start(|c| c);
+    let mut ctrl = attach(&t, NQN, false, false, pool());
+    let mut qp = ctrl.create_queue_pair(8).unwrap();
+    let p = ctrl.pool().clone();
+    let mut w = p.alloc(8 * 4096).unwrap();
+    fill_pattern(w.as_mut_slice(), 99);
+    let expect = w.as_slice().to_vec();
+    run_one(&mut qp, io(IoOp::Write, 2, 100, 8, Some(w)))
+        .result
+        .unwrap();
+    run_one(&mut qp, io(IoOp::WriteZeroes, 2, 102, 3, None))
+        .result
+        .unwrap();
+    run_one(&mut qp, io(IoOp::Flush, 2, 0, 0, None))
+        .result
+        .unwrap();
+    let c = run_one(
+        &mut qp,
+        io(IoOp::Read, 2, 100, 8, Some(p.alloc(8 * 4096).unwrap())),
+    );
+    c.result.unwrap();
+    let got = c.buf.unwrap();
+    assert_eq!(&got.as_slice()[..2 * 4096], &expect[..2 * 4096]);
+    assert!(
+        got.as_slice()[2 * 4096..5 * 4096].iter().all(|&b| b == 0),
+        "zeroed blocks read as zeroes"
+    );
+    assert_eq!(&got.as_slice()[5 * 4096..], &expect[5 * 4096..]);
+    drop(qp);
+    ctrl.shutdown().unwrap();
+}
+
+#[test]
+fn file_backed_namespace_holds_the_data() {
+    let dir = std::env::temp_dir().join(format!("nvpoll-target-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ns.img");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let nqn = "nqn.2024-01.io.nvpoll:file";
+    let subsys = SubsystemConfig::new(nqn).namespace(Backing::File(path.clone()), 4096);
+    let t =
+        TestTarget::start_with(TargetConfig::new("127.0.0.1:0".parse().unwrap()).subsystem(subsys));
+    let mut ctrl = attach(&t, nqn, false, false, pool());
+    assert_eq!(ctrl.namespaces()[0].capacity_bytes(), 8 << 20);
+    let mut qp = ctrl.create_queue_pair(4).unwrap();
+    let p = ctrl.pool().clone();
+    let mut w = p.alloc(64 * 1024).unwrap();
+    fill_pattern(w.as_mut_slice(), 7);
+    let expect = w.as_slice().to_vec();
+    run_one(&mut qp, io(IoOp::Write, 1, 10, 16, Some(w)))
+        .result
+        .unwrap();
+    run_one(&mut qp, io(IoOp::Flush, 1, 0, 0, None))
+        .result
+        .expect("flush waits for fdatasync");
+    let on_disk = std::fs::read(&path).unwrap();
+    assert!(
+        on_disk[10 * 4096..26 * 4096] == expect[..],
+        "the file holds what was written"
+    );
+    drop(qp);
+    ctrl.shutdown().unwrap();
+    drop(t);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn admin_log_pages_and_features() {
+    let t = TestTarget::start(|c| c);
+    let mut ctrl = attach(&t, NQN, false, false, pool());
+    let p = ctrl.pool().clone();
+    let (cqe, buf) = ctrl
+        .admin(
+            Sqe::get_log_page(log_page::SMART, 0xffff_ffff, 512, 0),
+            Some(p.alloc(512).unwrap()),
+        )
+        .unwrap();
+    assert!(cqe.status().is_success());
+    let smart = spec::SmartLog::parse(buf.unwrap().as_slice()).unwrap();
+    assert_eq!(smart.available_spare, 100);
+    assert!(smart.temperature > 273);
+    let (cqe, _) = ctrl
+        .admin(Sqe::get_features(spec::feature::NUMBER_OF_QUEUES), None)
+        .unwrap();
+    assert!(cqe.status().is_success());
+    assert_eq!(spec::feature::num_queues_granted(cqe.dw0), (64, 64));
+    let (cqe, _) = ctrl
+        .admin(Sqe::get_features(spec::feature::KEEP_ALIVE_TIMER), None)
+        .unwrap();
+    assert_eq!(cqe.dw0, 10_000, "KATO from Connect");
+    let (cqe, _) = ctrl
+        .admin(
+            Sqe::set_features(spec::feature::VOLATILE_WRITE_CACHE, 0),
+            None,
+        )
+        .unwrap();
+    assert!(cqe.status().is_success());
+    let (cqe, _) = ctrl
+        .admin(Sqe::get_features(spec::feature::VOLATILE_WRITE_CACHE), None)
+        .unwrap();
+    assert_eq!(cqe.dw0, 0);
+    let (cqe, _) = ctrl.admin(Sqe::keep_alive(), None).unwrap();
+    assert!(cqe.status().is_success());
+    let (cqe, _) = ctrl.admin(Sqe::abort(1, 5), None).unwrap();
+    assert!(cqe.status().is_success());
+    assert_eq!(cqe.dw0 & 1, 1, "nothing is ever aborted");
+    let (cqe, _) = ctrl
+        .admin(
+            Sqe {
+                opcode: 0x7e,
+                ..Default::default()
+            },
+            None,
+        )
+        .unwrap();
+    assert!(cqe.status().is(spec::Status::INVALID_OPCODE));
+    let (cqe, _) = ctrl
+        .admin(
+            Sqe::get_log_page(0x42, 0, 512, 0),
+            Some(p.alloc(512).unwrap()),
+        )
+        .unwrap();
+    assert!(cqe.status().is(spec::Status::INVALID_LOG_PAGE));
+    // Namespace identification descriptors: NGUID, UUID and CSI, stable for the subsystem.
+    let (cqe, buf) = ctrl
+        .admin(
+            Sqe::identify(spec::cns::NS_ID_DESCRIPTORS, 1),
+            Some(p.alloc(4096).unwrap()),
+        )
+        .unwrap();
+    assert!(cqe.status().is_success());
+    let descs = spec::NsIdDescriptor::decode_list(buf.unwrap().as_slice()).unwrap();
+    assert_eq!(
+        descs.iter().map(|d| d.nidt()).collect::<Vec<_>>(),
+        vec![2, 3, 4]
+    );
+    ctrl.shutdown().unwrap();
+}
+
+#[test]
+fn keep_alive_from_the_initiator_keeps_the_controller() {
+    let t = TestTarget::start(|c| c);
+    let mut o = ConnectOptions::new(t.addr, NQN, HOSTNQN);
+    o.kato = Duration::from_millis(600);
+    let mut ctrl = TcpController::connect(o, pool()).unwrap();
+    let mut qp = ctrl.create_queue_pair(4).unwrap();
+    let end = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < end {
+        ctrl.poll_admin().expect("admin queue stays up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let c = run_one(
+        &mut qp,
+        io(IoOp::Read, 1, 0, 1, Some(ctrl.pool().alloc(512).unwrap())),
+    );
+    c.result.expect("the I/O queue still works");
+    assert_eq!(t.counters().keep_alive_expired, 0);
+    drop(qp);
+    ctrl.shutdown().unwrap();
+}
