@@ -80,7 +80,7 @@ pub enum HugepageMode {
 pub struct DmaRegion {
     /// Virtual address of the first byte.
     pub vaddr: usize,
-    /// Length in bytes (a multiple of 2 MiB).
+    /// Length in bytes (a multiple of 2 MiB with hugepages, of 4 KiB without).
     pub len: usize,
     /// The IOVA of the first byte (equal to `vaddr` until [`DmaPool::map_iova`] says otherwise).
     pub iova: u64,
@@ -128,7 +128,7 @@ impl DmaPoolBuilder {
                 )));
             }
             match classes.iter_mut().find(|c| c.0 == size) {
-                Some(c) => c.1 += count,
+                Some(c) => c.1 = c.1.saturating_add(count),
                 None => classes.push((size, count)),
             }
         }
@@ -155,11 +155,8 @@ impl DmaPoolBuilder {
                 .and_then(|bytes| offset.checked_add(bytes))
                 .ok_or_else(|| Error::InvalidArgument("DMA pool size overflows usize".into()))?;
         }
-        let len = offset
-            .checked_next_multiple_of(HUGEPAGE_SIZE)
-            .ok_or_else(|| Error::InvalidArgument("DMA pool size overflows usize".into()))?;
-
-        let mapping = Mapping::new(len, self.hugepages)?;
+        let mapping = Mapping::new(offset, self.hugepages)?;
+        let len = mapping.len;
         let locked = match mapping.lock() {
             Ok(()) => true,
             Err(e) if self.require_mlock => {
@@ -169,9 +166,9 @@ impl DmaPoolBuilder {
                 warn_once(
                     &MLOCK_WARNED,
                     &format!(
-                        "could not mlock {} MiB of DMA memory ({e}); it may be swapped out \
+                        "could not mlock {} KiB of DMA memory ({e}); it may be swapped out \
                          (raise the limit with `ulimit -l`, or run with CAP_IPC_LOCK)",
-                        len >> 20
+                        len >> 10
                     ),
                 );
                 mapping.prefault();
@@ -342,7 +339,7 @@ struct SizeClass {
     free: ArrayQueue<u32>,
 }
 
-/// The memory of a pool: a mapping whose first `len` bytes from `base_offset` are used, aligned to 2 MiB.
+/// The memory of a pool: a mapping whose `len` bytes from `base_offset` are used, aligned to 2 MiB.
 struct Mapping {
     map: MmapRaw,
     base_offset: usize,
@@ -351,8 +348,14 @@ struct Mapping {
 }
 
 impl Mapping {
-    fn new(len: usize, mode: HugepageMode) -> Result<Mapping> {
+    /// Maps at least `bytes` (a multiple of [`PAGE_SIZE`]): whole hugepages, or else just enough ordinary pages.
+    fn new(bytes: usize, mode: HugepageMode) -> Result<Mapping> {
+        let too_big =
+            || Error::InvalidArgument(format!("a DMA pool of {bytes} bytes is too large"));
         if mode != HugepageMode::Off {
+            let len = bytes
+                .checked_next_multiple_of(HUGEPAGE_SIZE)
+                .ok_or_else(too_big)?;
             match MmapOptions::new()
                 .len(len)
                 .huge(Some(HUGEPAGE_SHIFT))
@@ -389,8 +392,12 @@ impl Mapping {
         }
         // Map one hugepage more than needed (less one page) so that the used part can start on a 2 MiB
         // boundary; the slack is never touched, so it costs address space only.
+        let len = bytes;
         let map = MmapOptions::new()
-            .len(len + HUGEPAGE_SIZE - PAGE_SIZE)
+            .len(
+                len.checked_add(HUGEPAGE_SIZE - PAGE_SIZE)
+                    .ok_or_else(too_big)?,
+            )
             .map_anon()
             .map_err(|e| Error::Memory(format!("cannot map {len} bytes of DMA memory: {e}")))?;
         let map = MmapRaw::from(map);

@@ -59,7 +59,8 @@ fn buffers_are_aligned_distinct_and_returned_on_drop() {
     assert_eq!(starts.len(), bufs.len());
     let region = pool.regions()[0];
     assert_eq!(region.vaddr % HUGEPAGE_SIZE, 0);
-    assert_eq!(region.len % HUGEPAGE_SIZE, 0);
+    // Ordinary pages: only what the classes need (8 × 4 KiB + 4 × 16 KiB + 2 × 1 MiB), yet aligned to 2 MiB.
+    assert_eq!(region.len, 8 * 4096 + 4 * 16384 + (2 << 20));
     for buf in &bufs {
         let start = buf.as_ptr() as usize;
         assert!(start >= region.vaddr && start + buf.capacity() <= region.vaddr + region.len);
@@ -408,4 +409,25 @@ fn hugepage_status_is_consistent() {
         hugepage_status(12345),
         Err(Error::InvalidArgument(_))
     ));
+}
+
+#[test]
+fn mlock_failure_is_an_error_only_when_required() {
+    let build = |required| {
+        DmaPool::builder()
+            .class(1 << 20, 2)
+            .hugepages(HugepageMode::Off)
+            .require_mlock(required)
+            .build()
+    };
+    let relaxed = build(false).unwrap();
+    match build(true) {
+        Ok(pool) => assert!(pool.is_locked() && relaxed.is_locked()),
+        // Only where mlock fails (an unprivileged user with a small RLIMIT_MEMLOCK).
+        Err(Error::Os { context, .. }) => {
+            assert!(!relaxed.is_locked());
+            assert!(context.contains("mlock"), "{context}");
+        }
+        Err(e) => panic!("unexpected {e}"),
+    }
 }
