@@ -161,6 +161,7 @@ struct JobResult {
     failure: Option<String>,
     job: usize,
     gens: Vec<u64>,
+    qp: Option<TcpQueuePair>,
 }
 
 /// What one run measured, all jobs together.
@@ -216,7 +217,8 @@ fn check_stamp(block: &[u8], lba: u64, gen: u64) -> bool {
 
 /// One queue pair kept at its queue depth from a reactor poller.
 struct Job {
-    qp: TcpQueuePair,
+    /// The queue pair; handed back (with the result) when the job finishes.
+    qp: Option<TcpQueuePair>,
     spec: RunSpec,
     ns: Namespace,
     /// The job's region of the namespace, in I/O-size units: [first, first + count).
@@ -247,6 +249,12 @@ struct Job {
 }
 
 impl Job {
+    fn qp(&mut self) -> &mut TcpQueuePair {
+        self.qp
+            .as_mut()
+            .expect("a job has its queue pair until it finishes")
+    }
+
     fn pick(&mut self) -> Option<(u64, bool)> {
         let read = match self.spec.workload {
             Workload::Randread | Workload::Read => true,
@@ -301,7 +309,7 @@ impl Job {
             tag: u64::from(slot),
         };
         self.inflight[usize::from(slot)] = (now, unit, read);
-        match self.qp.submit(req) {
+        match self.qp().submit(req) {
             Ok(()) => true,
             Err(r) => {
                 self.errors += 1;
@@ -318,6 +326,12 @@ impl Job {
     fn finish(&mut self, failure: Option<String>) {
         if let Some(tx) = self.done.take() {
             let hist = std::mem::replace(&mut self.hist, Histogram::new(1).expect("histogram"));
+            self.bufs.clear();
+            let qp = if failure.is_none() {
+                self.qp.take()
+            } else {
+                None
+            };
             let result = JobResult {
                 reactor: self.reactor,
                 ios: self.ios,
@@ -329,6 +343,7 @@ impl Job {
                 failure,
                 job: self.index,
                 gens: std::mem::take(&mut self.gens),
+                qp,
             };
             // The receiver waits for every job; it is gone only if perf itself is exiting.
             let _ = tx.send(result);
@@ -353,7 +368,7 @@ impl nvpoll::reactor::Poller for Job {
                 }
             }
         }
-        if let Err(e) = self.qp.poll(256) {
+        if let Err(e) = self.qp().poll(256) {
             self.drain_completions(now, measuring);
             self.finish(Some(e.to_string()));
             return PollStatus::Busy;
@@ -361,10 +376,11 @@ impl nvpoll::reactor::Poller for Job {
         let n = self.drain_completions(now, measuring);
         if now < self.measure_end {
             while self.submit_one(now) {}
-        } else if self.qp.outstanding() == 0 {
+        } else if self.qp().outstanding() == 0 {
             self.finish(None);
+            return PollStatus::Busy;
         }
-        if let Err(e) = self.qp.flush() {
+        if let Err(e) = self.qp().flush() {
             self.finish(Some(e.to_string()));
         }
         if n > 0 {
@@ -378,7 +394,7 @@ impl nvpoll::reactor::Poller for Job {
 impl Job {
     fn drain_completions(&mut self, now: Instant, measuring: bool) -> usize {
         let mut n = 0;
-        while let Some(c) = self.qp.pop_completion() {
+        while let Some(c) = self.qp().pop_completion() {
             n += 1;
             let slot = c.tag as u16;
             let (t0, unit, read) = self.inflight[usize::from(slot)];
@@ -432,6 +448,10 @@ struct Session {
     reactors: Reactors,
     /// Verify: the generation last written to each unit, per job, kept across runs.
     gens: Vec<Vec<u64>>,
+    /// Queue pairs kept between runs, by job index.
+    qps: Vec<Option<TcpQueuePair>>,
+    /// The depth every queue pair is created with.
+    qp_depth: u16,
     ctrls: Vec<TcpController>,
     pool: DmaPool,
     quiet: bool,
@@ -462,9 +482,13 @@ impl Session {
                     spec.io_size, ns.block_size
                 ));
             }
-            let qp = ctrl
-                .connect_io_queue(spec.qd)
-                .map_err(|e| format!("creating queue pair {j}: {e}"))?;
+            // Queue pairs are made once, at the deepest queue depth of the session, and reused by every run.
+            let qp = match self.qps.get_mut(j).and_then(Option::take) {
+                Some(qp) => qp,
+                None => ctrl
+                    .connect_io_queue(self.qp_depth)
+                    .map_err(|e| format!("creating queue pair {j}: {e}"))?,
+            };
             let units = ns.capacity_bytes() / spec.io_size;
             let per_job = units / spec.jobs as u64;
             if per_job == 0 {
@@ -482,7 +506,7 @@ impl Session {
             }
             let reactor = j % nreactors;
             let job = Job {
-                qp,
+                qp: Some(qp),
                 spec,
                 ns,
                 first: per_job * j as u64,
@@ -561,6 +585,10 @@ impl Session {
                 self.gens.resize(r.job + 1, Vec::new());
             }
             self.gens[r.job] = std::mem::take(&mut r.gens);
+            if self.qps.len() <= r.job {
+                self.qps.resize_with(r.job + 1, || None);
+            }
+            self.qps[r.job] = r.qp.take();
             hist.add(&r.hist).map_err(|e| e.to_string())?;
             ios += r.ios;
             bytes += r.bytes;
@@ -669,7 +697,8 @@ fn run(args: Args) -> Result<(), String> {
     let embedded = args.trids.is_empty();
     let hostnqn = match args.hostnqn.clone() {
         Some(n) => n,
-        None => nvpoll::trid::default_hostnqn().map_err(|e| format!("host NQN: {e} (give --hostnqn)"))?,
+        None => nvpoll::trid::default_hostnqn()
+            .map_err(|e| format!("host NQN: {e} (give --hostnqn)"))?,
     };
     let hostid = nvpoll::trid::hostid_from_hostnqn(&hostnqn)
         .or_else(|| nvpoll::trid::default_hostid().ok())
@@ -703,9 +732,18 @@ fn run(args: Args) -> Result<(), String> {
             .map(|s| {
                 let trid: TransportId = s.parse().map_err(|e| format!("--trid '{s}': {e}"))?;
                 match trid {
-                    TransportId::Tcp { addr, subnqn: Some(subnqn), .. } => Ok(Target { addr, subnqn }),
-                    TransportId::Tcp { subnqn: None, .. } => Err(format!("--trid '{s}' needs subnqn:NQN")),
-                    other => Err(format!("--trid '{s}': trtype:{} is not supported by perf yet", other.trtype())),
+                    TransportId::Tcp {
+                        addr,
+                        subnqn: Some(subnqn),
+                        ..
+                    } => Ok(Target { addr, subnqn }),
+                    TransportId::Tcp { subnqn: None, .. } => {
+                        Err(format!("--trid '{s}' needs subnqn:NQN"))
+                    }
+                    other => Err(format!(
+                        "--trid '{s}': trtype:{} is not supported by perf yet",
+                        other.trtype()
+                    )),
                 }
             })
             .collect::<Result<_, String>>()?
@@ -748,6 +786,8 @@ fn run(args: Args) -> Result<(), String> {
     let reactors = Reactors::start(&cores).map_err(|e| format!("starting reactors: {e}"))?;
     let mut session = Session {
         gens: Vec::new(),
+        qps: Vec::new(),
+        qp_depth: max_qd as u16,
         reactors,
         ctrls,
         pool,
@@ -819,6 +859,7 @@ fn run(args: Args) -> Result<(), String> {
         let busy: u64 = stats.iter().map(|s| s.busy).sum();
         println!("initiator reactors: {polls} polls, {:.1}% busy; errors {total_errors}, verify mismatches {total_mismatches}", 100.0 * busy as f64 / polls.max(1) as f64);
     }
+    session.qps.clear();
     for c in session.ctrls.drain(..) {
         c.shutdown().map_err(|e| format!("shutdown: {e}"))?;
     }
@@ -833,13 +874,42 @@ fn run(args: Args) -> Result<(), String> {
 /// The embedded target: our NVMe/TCP target on 127.0.0.1, on its own reactors.
 mod embedded_target {
     use super::*;
+    use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig, TargetHandle};
 
     pub struct Embedded {
         pub addr: SocketAddr,
         pub nqn: String,
+        handle: TargetHandle,
+        reactors: Option<Reactors>,
     }
 
-    pub fn start(_cores: &CoreList, _ram: u64) -> Result<Embedded, String> {
-        Err("the embedded target is not built yet: give --trid".into())
+    pub fn start(cores: &CoreList, ram: u64) -> Result<Embedded, String> {
+        let nqn = "nqn.2024-01.io.nvpoll:perf".to_string();
+        let listen: SocketAddr = "127.0.0.1:0".parse().expect("address literal");
+        let config = TargetConfig::new(listen)
+            .subsystem(SubsystemConfig::new(nqn.clone()).namespace(Backing::Ram(ram), 4096));
+        let target = Target::bind(config).map_err(|e| format!("embedded target: {e}"))?;
+        let reactors =
+            Reactors::start(cores).map_err(|e| format!("embedded target reactors: {e}"))?;
+        let handle = target
+            .start(&reactors)
+            .map_err(|e| format!("embedded target: {e}"))?;
+        Ok(Embedded {
+            addr: handle.local_addr(),
+            nqn,
+            handle,
+            reactors: Some(reactors),
+        })
+    }
+
+    impl Drop for Embedded {
+        fn drop(&mut self) {
+            self.handle.stop();
+            if let Some(r) = self.reactors.take() {
+                if let Err(e) = r.stop() {
+                    eprintln!("perf: embedded target reactors: {e}");
+                }
+            }
+        }
     }
 }
