@@ -100,9 +100,10 @@ impl AdminState {
         }
     }
 
-    /// Back to the disabled state: not ready, CC cleared.
+    /// Back to the disabled state: not ready, no fatal status, CC cleared.
     fn reset(&mut self, ctrl: &Controller) {
         self.csts.set_rdy(false);
+        self.csts.set_cfs(false);
         self.cc = Cc(0);
         ctrl.set_ready(false);
     }

@@ -39,8 +39,8 @@ const TX_HIGH_WATER: usize = 4 << 20;
 const C2H_CHUNK: usize = 128 * 1024;
 /// How long a closing connection may take to get its last PDUs (a C2HTermReq) out.
 const DRAIN_TIME: Duration = Duration::from_secs(1);
-/// The most bytes of host-to-controller data a non-I/O command may carry.
-const MAX_ADMIN_DATA: u32 = 64 * 1024;
+/// The most bytes of data fetched with R2T for a command other than an NVM write (Connect: 1 KiB).
+const MAX_ADMIN_DATA: u32 = 4096;
 
 /// What a handler decided for a command.
 #[derive(Debug)]
@@ -614,8 +614,11 @@ impl Session {
             return self.complete(sqe.cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0);
         }
 
-        // Host-to-controller data that is not in the capsule: ask for it first.
-        if dir == 1 && transport && xfer_len > 0 {
+        // Host-to-controller data that is not in the capsule: ask for it first, for the commands that take it
+        // (the others complete without it, with an error or without needing it).
+        let io_write =
+            self.queue.as_ref().is_some_and(|q| q.qid != 0) && sqe.opcode == io_op::WRITE;
+        if dir == 1 && transport && xfer_len > 0 && (io_write || fctype == Some(fabrics::CONNECT)) {
             return self.solicit(sqe, xfer_len);
         }
         if self.phase == Phase::Connect {
