@@ -19,6 +19,7 @@
 
 pub mod api;
 mod error;
+pub mod loadgen;
 pub mod mem;
 pub mod reactor;
 pub mod spec;

@@ -1,0 +1,690 @@
+//! A load generator over any [`QueuePair`]: jobs (one queue pair each) kept at their queue depth by reactor
+//! pollers, latency in an HDR histogram, CPU time per I/O from the reactors' thread clocks, and an optional
+//! verify mode that stamps every written block (LBA, generation, CRC32C) and checks it on every read.
+//!
+//! `examples/perf` and the loopback benchmark are built on it; a storage engine can use it to qualify a
+//! device the same way.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+use crate::api::{IoOp, IoRequest, Namespace, QueuePair};
+use crate::mem::{DmaBuf, DmaPool};
+use crate::reactor::{PollStatus, Poller, ReactorContext, Reactors};
+use crate::Error;
+
+/// The access pattern of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// Random reads.
+    Randread,
+    /// Random writes.
+    Randwrite,
+    /// Sequential reads.
+    Read,
+    /// Sequential writes.
+    Write,
+    /// Random reads and writes, `rwmix` percent reads.
+    Randrw,
+}
+
+impl Workload {
+    /// The name fio uses for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Randread => "randread",
+            Workload::Randwrite => "randwrite",
+            Workload::Read => "read",
+            Workload::Write => "write",
+            Workload::Randrw => "randrw",
+        }
+    }
+}
+
+/// Parses a size such as `512`, `4k`, `128K`, `1m`, `1GiB`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, mult) = match t.trim_end_matches(['b', 'i']).char_indices().last() {
+        Some((i, 'k')) => (&t[..i], 1u64 << 10),
+        Some((i, 'm')) => (&t[..i], 1 << 20),
+        Some((i, 'g')) => (&t[..i], 1 << 30),
+        _ => (t.as_str(), 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (e.g. 512, 4k, 1m, 1g)"))?;
+    n.checked_mul(mult)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("'{s}' is not a usable size"))
+}
+
+/// Parses a duration such as `10s`, `500ms`, `2m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let bad = || format!("'{s}' is not a duration (e.g. 10s, 500ms, 1m)");
+    let (num, unit) = t.split_at(t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len()));
+    let v: f64 = num.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "" | "s" => v,
+        "ms" => v / 1000.0,
+        "us" => v / 1e6,
+        "m" | "min" => v * 60.0,
+        _ => return Err(bad()),
+    };
+    if !(0.0..=86400.0).contains(&secs) {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// The parameters of one measured run.
+#[derive(Clone, Copy, Debug)]
+pub struct RunSpec {
+    /// Queue depth per job.
+    pub qd: u16,
+    /// Number of jobs (queue pairs), spread round-robin over the reactors.
+    pub jobs: usize,
+    /// Bytes per I/O.
+    pub io_size: u64,
+    /// Access pattern.
+    pub workload: Workload,
+    /// Percent reads for [`Workload::Randrw`].
+    pub rwmix: u8,
+    /// Stamp written blocks and check every read.
+    pub verify: bool,
+    /// Unmeasured time before the measurement.
+    pub warmup: Duration,
+    /// Measured time.
+    pub time: Duration,
+}
+
+/// What one job measured.
+struct JobResult<Q> {
+    reactor: usize,
+    ios: u64,
+    bytes: u64,
+    errors: u64,
+    mismatches: u64,
+    hist: Histogram<u64>,
+    cpu: Option<Duration>,
+    failure: Option<String>,
+    job: usize,
+    gens: Vec<u64>,
+    qp: Option<(Q, Namespace)>,
+}
+
+/// What one run measured, all jobs together.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    /// I/Os per second completed successfully in the measured window.
+    pub iops: f64,
+    /// MiB per second.
+    pub mib_s: f64,
+    /// Mean latency in microseconds.
+    pub mean_us: f64,
+    /// Median latency.
+    pub p50_us: f64,
+    /// 99th percentile latency.
+    pub p99_us: f64,
+    /// 99.9th percentile latency.
+    pub p999_us: f64,
+    /// CPU time of the reactors running jobs, per I/O, in microseconds.
+    pub cpu_us_per_io: f64,
+    /// I/Os that failed.
+    pub errors: u64,
+    /// Verify mismatches (blocks that did not read back as written).
+    pub mismatches: u64,
+}
+
+/// Tiny xorshift generator: deterministic per job, no allocation.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+}
+
+/// Verify stamp at the start of every block: LBA, generation, CRC32C of the rest of the block.
+fn stamp(block: &mut [u8], lba: u64, gen: u64) {
+    block[0..8].copy_from_slice(&lba.to_le_bytes());
+    block[8..16].copy_from_slice(&gen.to_le_bytes());
+    for (i, b) in block[20..].iter_mut().enumerate() {
+        *b = (lba as u8).wrapping_add(gen as u8).wrapping_add(i as u8);
+    }
+    let crc = crc32c::crc32c(&block[20..]);
+    block[16..20].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Checks a block read back: `Ok` if it carries the expected LBA and generation and its CRC holds, or if it
+/// was never written (all zero) and `gen` is 0.
+fn check_stamp(block: &[u8], lba: u64, gen: u64) -> bool {
+    if gen == 0 {
+        return block.iter().all(|&b| b == 0);
+    }
+    let l = u64::from_le_bytes(block[0..8].try_into().unwrap());
+    let g = u64::from_le_bytes(block[8..16].try_into().unwrap());
+    let crc = u32::from_le_bytes(block[16..20].try_into().unwrap());
+    l == lba && g == gen && crc == crc32c::crc32c(&block[20..])
+}
+
+/// One queue pair kept at its queue depth from a reactor poller.
+struct Job<Q: QueuePair> {
+    /// The queue pair; handed back (with the result) when the job finishes.
+    qp: Option<Q>,
+    spec: RunSpec,
+    ns: Namespace,
+    /// The job's region of the namespace, in I/O-size units: [first, first + count).
+    first: u64,
+    count: u64,
+    next_seq: u64,
+    rng: Rng,
+    bufs: Vec<DmaBuf>,
+    /// Per outstanding slot: submit time, unit, and whether it was a read.
+    inflight: Vec<(Instant, u64, bool)>,
+    free_slots: Vec<u16>,
+    /// Verify: generation written per unit; busy marks units with an I/O in flight.
+    gens: Vec<u64>,
+    busy: Vec<bool>,
+    measure_start: Instant,
+    measure_end: Instant,
+    hist: Histogram<u64>,
+    ios: u64,
+    errors: u64,
+    mismatches: u64,
+    cpu_start: Option<Duration>,
+    cpu: Option<Duration>,
+    measure_cpu: bool,
+    reactor: usize,
+    index: usize,
+    done: Option<mpsc::Sender<JobResult<Q>>>,
+    progress: Arc<AtomicU64>,
+}
+
+impl<Q: QueuePair> Job<Q> {
+    fn qp(&mut self) -> &mut Q {
+        self.qp
+            .as_mut()
+            .expect("a job has its queue pair until it finishes")
+    }
+
+    fn pick(&mut self) -> Option<(u64, bool)> {
+        let read = match self.spec.workload {
+            Workload::Randread | Workload::Read => true,
+            Workload::Randwrite | Workload::Write => false,
+            Workload::Randrw => self.rng.next() % 100 < u64::from(self.spec.rwmix),
+        };
+        let sequential = matches!(self.spec.workload, Workload::Read | Workload::Write);
+        for _ in 0..16 {
+            let unit = if sequential {
+                let u = self.next_seq % self.count;
+                self.next_seq += 1;
+                u
+            } else {
+                self.rng.next() % self.count
+            };
+            if !self.spec.verify || !self.busy[unit as usize] {
+                return Some((unit, read));
+            }
+        }
+        None
+    }
+
+    fn submit_one(&mut self, now: Instant) -> bool {
+        let Some(slot) = self.free_slots.pop() else {
+            return false;
+        };
+        let Some((unit, read)) = self.pick() else {
+            self.free_slots.push(slot);
+            return false;
+        };
+        let bs = u64::from(self.ns.block_size);
+        let lba = (self.first + unit) * self.spec.io_size / bs;
+        let blocks = (self.spec.io_size / bs) as u32;
+        let mut buf = self.bufs.pop().expect("one buffer per slot");
+        if !read && self.spec.verify {
+            let gen = self.gens[unit as usize] + 1;
+            self.gens[unit as usize] = gen;
+            for (i, block) in buf.as_mut_slice().chunks_mut(bs as usize).enumerate() {
+                stamp(block, lba + i as u64, gen);
+            }
+        }
+        if self.spec.verify {
+            self.busy[unit as usize] = true;
+        }
+        let op = if read { IoOp::Read } else { IoOp::Write };
+        let req = IoRequest {
+            op,
+            nsid: self.ns.nsid,
+            lba,
+            blocks,
+            buf: Some(buf),
+            tag: u64::from(slot),
+        };
+        self.inflight[usize::from(slot)] = (now, unit, read);
+        match self.qp().submit(req) {
+            Ok(()) => true,
+            Err(r) => {
+                self.errors += 1;
+                self.bufs.push(r.request.buf.expect("buffer handed back"));
+                self.free_slots.push(slot);
+                if self.spec.verify {
+                    self.busy[unit as usize] = false;
+                }
+                false
+            }
+        }
+    }
+
+    fn finish(&mut self, failure: Option<String>) {
+        if let Some(tx) = self.done.take() {
+            let hist = std::mem::replace(&mut self.hist, Histogram::new(1).expect("histogram"));
+            self.bufs.clear();
+            let qp = if failure.is_none() {
+                self.qp.take().map(|q| (q, self.ns.clone()))
+            } else {
+                None
+            };
+            let result = JobResult {
+                reactor: self.reactor,
+                ios: self.ios,
+                bytes: self.ios * self.spec.io_size,
+                errors: self.errors,
+                mismatches: self.mismatches,
+                hist,
+                cpu: self.cpu,
+                failure,
+                job: self.index,
+                gens: std::mem::take(&mut self.gens),
+                qp,
+            };
+            // The receiver waits for every job; it is gone only if perf itself is exiting.
+            let _ = tx.send(result);
+        }
+    }
+}
+
+impl<Q: QueuePair> Poller for Job<Q> {
+    fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus {
+        if self.done.is_none() {
+            return PollStatus::Idle;
+        }
+        let now = Instant::now();
+        let measuring = now >= self.measure_start && now < self.measure_end;
+        if self.measure_cpu {
+            if measuring && self.cpu_start.is_none() {
+                self.cpu_start = Some(ctx.cpu_time());
+            }
+            if now >= self.measure_end && self.cpu.is_none() {
+                if let Some(start) = self.cpu_start {
+                    self.cpu = Some(ctx.cpu_time().saturating_sub(start));
+                }
+            }
+        }
+        if let Err(e) = self.qp().poll(256) {
+            self.drain_completions(now, measuring);
+            self.finish(Some(e.to_string()));
+            return PollStatus::Busy;
+        }
+        let n = self.drain_completions(now, measuring);
+        if now < self.measure_end {
+            while self.submit_one(now) {}
+        } else if self.qp().outstanding() == 0 {
+            self.finish(None);
+            return PollStatus::Busy;
+        }
+        if let Err(e) = self.qp().flush() {
+            self.finish(Some(e.to_string()));
+        }
+        if n > 0 {
+            PollStatus::Busy
+        } else {
+            PollStatus::Idle
+        }
+    }
+}
+
+impl<Q: QueuePair> Job<Q> {
+    fn drain_completions(&mut self, now: Instant, measuring: bool) -> usize {
+        let mut n = 0;
+        while let Some(c) = self.qp().pop_completion() {
+            n += 1;
+            let slot = c.tag as u16;
+            let (t0, unit, read) = self.inflight[usize::from(slot)];
+            let buf = c.buf.expect("buffer handed back");
+            match c.result {
+                Ok(()) => {
+                    if self.spec.verify && read {
+                        let bs = self.ns.block_size as usize;
+                        let lba0 = (self.first + unit) * self.spec.io_size / bs as u64;
+                        let gen = self.gens[unit as usize];
+                        for (i, block) in buf.as_slice().chunks(bs).enumerate() {
+                            if !check_stamp(block, lba0 + i as u64, gen) {
+                                self.mismatches += 1;
+                                if self.mismatches <= 3 {
+                                    let l = u64::from_le_bytes(block[0..8].try_into().unwrap());
+                                    let g = u64::from_le_bytes(block[8..16].try_into().unwrap());
+                                    eprintln!(
+                                        "perf: verify mismatch at LBA {}: expected generation {gen}, \
+                                         block says LBA {l} generation {g}",
+                                        lba0 + i as u64
+                                    );
+                                }
+                            }
+                        }
+                    }
+                    if measuring && t0 >= self.measure_start {
+                        let ns = now.duration_since(t0).as_nanos() as u64;
+                        self.hist.saturating_record(ns.max(1));
+                        self.ios += 1;
+                    }
+                }
+                Err(_) => self.errors += 1,
+            }
+            if self.spec.verify {
+                self.busy[unit as usize] = false;
+            }
+            self.bufs.push(buf);
+            self.free_slots.push(slot);
+        }
+        self.progress
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        n
+    }
+}
+
+fn percentile_us(h: &Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1000.0
+}
+
+/// Which part of a run is under way; handed to the `tick` callback of [`LoadGen::run`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Before the measured window.
+    Warmup,
+    /// Inside the measured window.
+    Measuring,
+    /// After it, while the jobs drain their outstanding I/O.
+    Draining,
+}
+
+/// Makes (or hands back) the queue pair of job `index` with the given depth, and names its namespace.
+pub type Connect<'a, Q> = dyn FnMut(usize, u16) -> Result<(Q, Namespace), Error> + 'a;
+
+/// Runs measured runs of jobs on reactors, keeping queue pairs and verify state from one run to the next.
+pub struct LoadGen<Q: QueuePair + Send + 'static> {
+    pool: DmaPool,
+    /// Verify: the generation last written to each unit, per job, kept across runs.
+    gens: Vec<Vec<u64>>,
+    /// Queue pairs (with their namespace) kept between runs, by job index.
+    qps: Vec<Option<(Q, Namespace)>>,
+    /// The depth every queue pair is created with.
+    qp_depth: u16,
+    quiet: bool,
+}
+
+impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
+    /// A load generator whose buffers come from `pool`, whose queue pairs are created `qp_depth` deep (the
+    /// deepest queue depth any run will use), printing a progress line each second unless `quiet`.
+    pub fn new(pool: DmaPool, qp_depth: u16, quiet: bool) -> Self {
+        LoadGen {
+            pool,
+            gens: Vec::new(),
+            qps: Vec::new(),
+            qp_depth,
+            quiet,
+        }
+    }
+
+    /// Drops every queue pair kept for the next run.
+    pub fn release_queue_pairs(&mut self) {
+        self.qps.clear();
+    }
+
+    /// Runs one measured run: `spec.jobs` queue pairs (made by `connect` the first time, reused after) spread
+    /// over `reactors`, started together, and their results gathered. `tick` runs on the calling thread about
+    /// every 100 ms with the current phase (keep-alive for admin queues, sampling a target's CPU time).
+    pub fn run(
+        &mut self,
+        reactors: &Reactors,
+        spec: RunSpec,
+        connect: &mut Connect<'_, Q>,
+        tick: &mut dyn FnMut(Phase) -> Result<(), Error>,
+    ) -> Result<RunResult, Error> {
+        if spec.qd == 0 || spec.qd > self.qp_depth || spec.jobs == 0 || spec.io_size == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a run needs 1 <= qd <= {} (got {}), at least one job and a non-zero I/O size",
+                self.qp_depth, spec.qd
+            )));
+        }
+        let (tx, rx) = mpsc::channel();
+        let progress = Arc::new(AtomicU64::new(0));
+        let start = Instant::now() + Duration::from_millis(50);
+        let measure_start = start + spec.warmup;
+        let measure_end = measure_start + spec.time;
+        let nreactors = reactors.len();
+        let mut cpu_owner = vec![false; nreactors];
+        for j in 0..spec.jobs {
+            // Queue pairs are made once, at the deepest queue depth of the session, and reused by every run.
+            let (qp, ns) = match self.qps.get_mut(j).and_then(Option::take) {
+                Some(pair) => pair,
+                None => connect(j, self.qp_depth)?,
+            };
+            if spec.io_size % u64::from(ns.block_size) != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "the I/O size {} is not a multiple of the block size {}",
+                    spec.io_size, ns.block_size
+                )));
+            }
+            let units = ns.capacity_bytes() / spec.io_size;
+            let per_job = units / spec.jobs as u64;
+            if per_job == 0 {
+                return Err(Error::InvalidArgument(
+                    "the namespace is too small for that many jobs at this I/O size".into(),
+                ));
+            }
+            let mut bufs = Vec::with_capacity(usize::from(spec.qd));
+            for _ in 0..spec.qd {
+                bufs.push(self.pool.alloc(spec.io_size as usize)?);
+            }
+            let reactor = j % nreactors;
+            let job = Job {
+                qp: Some(qp),
+                spec,
+                ns,
+                first: per_job * j as u64,
+                count: per_job,
+                next_seq: 0,
+                rng: Rng(0x9e37_79b9_7f4a_7c15 ^ (j as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9)),
+                bufs,
+                inflight: vec![(start, 0, false); usize::from(spec.qd)],
+                free_slots: (0..spec.qd).collect(),
+                gens: match self.gens.get_mut(j).map(std::mem::take) {
+                    Some(g) if g.len() == per_job as usize => g,
+                    _ => vec![0; if spec.verify { per_job as usize } else { 0 }],
+                },
+                busy: if spec.verify {
+                    vec![false; per_job as usize]
+                } else {
+                    Vec::new()
+                },
+                measure_start,
+                measure_end,
+                hist: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds"),
+                ios: 0,
+                errors: 0,
+                mismatches: 0,
+                cpu_start: None,
+                cpu: None,
+                measure_cpu: !std::mem::replace(&mut cpu_owner[reactor], true),
+                reactor,
+                index: j,
+                done: Some(tx.clone()),
+                progress: progress.clone(),
+            };
+            reactors.send(reactor, move |ctx| {
+                ctx.add_poller(job);
+            })?;
+        }
+        drop(tx);
+        let mut results = Vec::with_capacity(spec.jobs);
+        let mut last = (Instant::now(), 0u64);
+        let deadline = measure_end + Duration::from_secs(30);
+        while results.len() < spec.jobs {
+            let now = Instant::now();
+            let phase = if now < measure_start {
+                Phase::Warmup
+            } else if now < measure_end {
+                Phase::Measuring
+            } else {
+                Phase::Draining
+            };
+            tick(phase)?;
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(r) => results.push(r),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Reactor("a reactor stopped during the run".into()));
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout);
+            }
+            if !self.quiet && last.0.elapsed() >= Duration::from_secs(1) {
+                let n = progress.load(Ordering::Relaxed);
+                let rate = (n - last.1) as f64 / last.0.elapsed().as_secs_f64();
+                let what = if phase == Phase::Warmup {
+                    "warm-up"
+                } else {
+                    "measuring"
+                };
+                eprintln!("  ... {what}: {rate:.0} IOPS");
+                last = (Instant::now(), n);
+            }
+        }
+        tick(Phase::Draining)?;
+        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
+        let (mut ios, mut bytes, mut errors, mut mismatches) = (0, 0, 0, 0);
+        let mut cpu = Duration::ZERO;
+        let mut failures = Vec::new();
+        for r in &mut results {
+            if self.gens.len() <= r.job {
+                self.gens.resize(r.job + 1, Vec::new());
+            }
+            self.gens[r.job] = std::mem::take(&mut r.gens);
+            if self.qps.len() <= r.job {
+                self.qps.resize_with(r.job + 1, || None);
+            }
+            self.qps[r.job] = r.qp.take();
+            hist.add(&r.hist)
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            ios += r.ios;
+            bytes += r.bytes;
+            errors += r.errors;
+            mismatches += r.mismatches;
+            cpu += r.cpu.unwrap_or_default();
+            if let Some(f) = &r.failure {
+                failures.push(format!("job on reactor {}: {f}", r.reactor));
+            }
+        }
+        if !failures.is_empty() {
+            return Err(Error::Transport(failures.join("; ")));
+        }
+        let secs = spec.time.as_secs_f64();
+        Ok(RunResult {
+            iops: ios as f64 / secs,
+            mib_s: bytes as f64 / secs / (1 << 20) as f64,
+            mean_us: hist.mean() / 1000.0,
+            p50_us: percentile_us(&hist, 0.5),
+            p99_us: percentile_us(&hist, 0.99),
+            p999_us: percentile_us(&hist, 0.999),
+            cpu_us_per_io: if ios > 0 {
+                cpu.as_secs_f64() * 1e6 / ios as f64
+            } else {
+                0.0
+            },
+            errors,
+            mismatches,
+        })
+    }
+}
+
+/// The run with the median IOPS.
+pub fn median(mut runs: Vec<RunResult>) -> RunResult {
+    runs.sort_by(|a, b| a.iops.total_cmp(&b.iops));
+    runs[runs.len() / 2].clone()
+}
+
+/// One row of a results table: a workload label, a send mode and the median of its runs.
+pub struct Row {
+    /// What ran, e.g. "qd128 x 2 randread".
+    pub workload: String,
+    /// The send mode.
+    pub mode: &'static str,
+    /// The median run.
+    pub result: RunResult,
+    /// Every run.
+    pub runs: Vec<RunResult>,
+}
+
+/// The rows as a Markdown table.
+pub fn table(rows: &[Row]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| {:<22} | {:<8} | {:>10} | {:>8} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} |",
+        "workload", "mode", "IOPS", "MiB/s", "mean us", "p50 us", "p99 us", "p99.9 us", "CPU us/IO"
+    );
+    let _ = writeln!(
+        s,
+        "|{:-<24}|{:-<10}|{:->12}|{:->10}|{:->11}|{:->11}|{:->11}|{:->11}|{:->11}|",
+        "", "", "", "", "", "", "", "", ""
+    );
+    for r in rows {
+        let x = &r.result;
+        let _ = writeln!(
+            s,
+            "| {:<22} | {:<8} | {:>10.0} | {:>8.1} | {:>9.1} | {:>9.1} | {:>9.1} | {:>9.1} | {:>9.2} |",
+            r.workload, r.mode, x.iops, x.mib_s, x.mean_us, x.p50_us, x.p99_us, x.p999_us, x.cpu_us_per_io
+        );
+    }
+    s
+}
+
+/// The rows (with every run) as one JSON object.
+pub fn json(rows: &[Row], machine: &str) -> String {
+    let run = |x: &RunResult| {
+        format!(
+            "{{\"iops\":{:.1},\"mib_s\":{:.3},\"mean_us\":{:.3},\"p50_us\":{:.3},\"p99_us\":{:.3},\"p999_us\":{:.3},\
+             \"cpu_us_per_io\":{:.4},\"errors\":{},\"mismatches\":{}}}",
+            x.iops, x.mib_s, x.mean_us, x.p50_us, x.p99_us, x.p999_us, x.cpu_us_per_io, x.errors, x.mismatches
+        )
+    };
+    let rows: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let runs: Vec<String> = r.runs.iter().map(run).collect();
+            format!(
+                "{{\"workload\":\"{}\",\"mode\":\"{}\",\"median\":{},\"runs\":[{}]}}",
+                r.workload,
+                r.mode,
+                run(&r.result),
+                runs.join(",")
+            )
+        })
+        .collect();
+    format!(
+        "{{\"machine\":\"{}\",\"rows\":[{}]}}",
+        machine.replace('"', "'"),
+        rows.join(",")
+    )
+}
