@@ -307,3 +307,43 @@ fn many_hostile_clients_at_once_while_a_good_one_works() {
     let c = t.wait_counters("every connection to close", |c| c.closed == c.accepted);
     assert!(c.term_reqs >= 30, "{c}");
 }
+
+#[test]
+fn a_host_that_does_not_read_its_responses() {
+    let t = TestTarget::start(|c| c);
+    let (_admin, cntlid) = RawHost::admin_queue(t.addr, NQN, 0);
+    let (mut q, _) = RawHost::io_queue(t.addr, cntlid, 1, 127, 0, Digests::NONE);
+    // 200 reads of 1 MiB, sent without reading anything back: the target stops taking commands once a few MiB
+    // wait to be sent, and goes on when the host reads.
+    let mut batch = Vec::new();
+    for cid in 0..200u16 {
+        let mut sqe = Sqe::read(1, u64::from(cid) * 2048 % 100_000, 2047);
+        sqe.cid = cid;
+        sqe.set_sgl(&nvpoll::spec::SglDescriptor::transport_data_block(1 << 20));
+        pdu::encode_capsule_cmd(&mut batch, &sqe, &[], Digests::NONE, 0);
+    }
+    let before = t
+        .wait_counters("the connects to be counted", |c| c.commands >= 3)
+        .commands;
+    q.send(&batch);
+    std::thread::sleep(Duration::from_millis(1500));
+    let taken = t.counters().commands - before;
+    assert!(
+        taken < 100,
+        "the target took {taken} of 200 commands from a host that reads nothing"
+    );
+    still_serves(&t);
+    let mut done = 0;
+    let mut bytes = 0usize;
+    while done < 200 {
+        match q.recv() {
+            Some(Resp::C2H { data, .. }) => bytes += data.len(),
+            Some(Resp::Cqe(cqe)) => {
+                assert!(cqe.status().is_success());
+                done += 1;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(bytes, 200 << 20);
+}

@@ -384,3 +384,45 @@ fn keep_alive_from_the_initiator_keeps_the_controller() {
     drop(qp);
     ctrl.shutdown().unwrap();
 }
+
+#[test]
+fn queues_of_one_controller_on_different_reactors() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("skipping: needs two cores");
+        return;
+    }
+    let subsys = SubsystemConfig::new(NQN).namespace(Backing::Ram(NS1_BYTES), 512);
+    let config = TargetConfig::new("127.0.0.1:0".parse().unwrap()).subsystem(subsys);
+    let t = TestTarget::start_on("0,1", config);
+    let mut ctrl = attach(&t, NQN, false, false, pool());
+    let p = ctrl.pool().clone();
+    let mut qps = [
+        ctrl.create_queue_pair(8).unwrap(),
+        ctrl.create_queue_pair(8).unwrap(),
+    ];
+    for (i, qp) in qps.iter_mut().enumerate() {
+        let mut w = p.alloc(65536).unwrap();
+        fill_pattern(w.as_mut_slice(), i as u64);
+        let expect = w.as_slice().to_vec();
+        let lba = 1000 * i as u64;
+        run_one(qp, io(IoOp::Write, 1, lba, 128, Some(w)))
+            .result
+            .unwrap();
+        let c = run_one(
+            qp,
+            io(IoOp::Read, 1, lba, 128, Some(p.alloc(65536).unwrap())),
+        );
+        c.result.unwrap();
+        assert!(c.buf.unwrap().as_slice() == &expect[..]);
+    }
+    // Admin on reactor 0, the I/O queues on 1 and 0: connections go round robin.
+    let accepted = t.events_matching("accepted on reactor");
+    assert_eq!(accepted.len(), 3, "{accepted:?}");
+    assert!(
+        accepted[0].ends_with("reactor 0") && accepted[1].ends_with("reactor 1"),
+        "{accepted:?}"
+    );
+    // The admin queue's controller state is seen from the other reactor: shutting down works.
+    drop(qps);
+    ctrl.shutdown().unwrap();
+}

@@ -26,6 +26,8 @@ const VERSION: Vs = Vs::V1_3;
 const FIRMWARE: &str = env!("CARGO_PKG_VERSION");
 /// Keep-alive timeout a discovery controller uses when the host asks for none (as Linux's target does).
 const DISCOVERY_KATO_MS: u32 = 120_000;
+/// Identify CNS: I/O Command Set Independent Identify Namespace data structure (NVMe 2.0).
+const CNS_CS_INDEPENDENT_NS: u8 = 0x08;
 /// Asynchronous Event Request Limit, 0-based (4 outstanding).
 const AERL: u8 = 3;
 /// The asynchronous events a host may enable: SMART warnings and namespace attribute notices.
@@ -298,6 +300,17 @@ fn identify(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
             ])
             .to_vec(),
             Ok(None) => return Reply::status(Status::INVALID_NAMESPACE.with_dnr()),
+            Err(r) => return r,
+        },
+        // The I/O command set independent namespace structure (Linux asks for it first): shared, ready.
+        CNS_CS_INDEPENDENT_NS => match active_ns(subsys, sqe.nsid) {
+            Ok(Some(_)) => {
+                let mut page = vec![0u8; IDENTIFY_SIZE];
+                page[1] = 1; // NMIC: may be attached to several controllers
+                page[14] = 1; // NSTAT: ready
+                page
+            }
+            Ok(None) => vec![0; IDENTIFY_SIZE],
             Err(r) => return r,
         },
         // The NVM command set's own Identify structures: all limits unreported (zero).

@@ -11,6 +11,17 @@
 //!   with its admin connection, or when its keep-alive timeout passes without a command on any of its queues.
 //! - Namespaces (`subsystem`) are backed by RAM or by a file or block device (`store`).
 //!
+//! What hosts get: NVMe 1.3 controllers with MDTS 1 MiB, 8 KiB of in-capsule data (IOCCSZ 516), 128-entry
+//! queues, SGLs (offset and transport data blocks), header and data digests as asked in ICReq, MAXH2CDATA
+//! 128 KiB, one R2T per write at a time (so any MAXR2T is respected), the C2H success optimization when the host
+//! disables SQ flow control, keep-alive enforcement (traffic based), held Asynchronous Event Requests, and the
+//! Identify, feature and log pages the Linux host reads at connect. Not implemented: TLS (the connection's
+//! byte transport, `crate::conn::Conn`, is where it goes), in-band authentication, reservations, Dataset
+//! Management, ANA; asynchronous events never fire because namespaces never change while the target runs.
+//!
+//! Sending follows nvpoll's split of *queue* and *kick*: handlers only append PDUs to a connection's send
+//! buffer, and the reactor's end-of-iteration flush writes each connection's buffer with one `write`.
+//!
 //! # Example
 //! ```no_run
 //! use nvpoll::reactor::{CoreList, Reactors};
@@ -324,7 +335,7 @@ pub(crate) struct TargetStats {
 pub struct TargetCounters {
     /// TCP connections accepted.
     pub accepted: u64,
-    /// Connections closed (for any reason).
+    /// Connections closed (for any reason, dropped ones included).
     pub closed: u64,
     /// Commands received.
     pub commands: u64,
@@ -610,6 +621,7 @@ impl Poller for ListenerPoller {
             {
                 // The reactor's ring is full or it stopped: the connection is closed (dropped with the message).
                 self.shared.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                self.shared.stats.closed.fetch_add(1, Ordering::Relaxed);
             }
         }
         status
@@ -634,6 +646,7 @@ fn start_session(ctx: &mut ReactorContext, stream: std::net::TcpStream, shared: 
         }
         Err(e) => {
             shared.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            shared.stats.closed.fetch_add(1, Ordering::Relaxed);
             if let Ok(peer) = peer {
                 let reason = format!("could not start a session: {e}");
                 shared.emit(&TargetEvent::Closed {

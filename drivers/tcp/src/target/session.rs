@@ -346,7 +346,11 @@ impl Session {
         let mut busy = self.poll_flushes();
         if self.conn.tx_pending() > TX_HIGH_WATER {
             // The host is not reading its responses: take no more commands until it does.
-            return if busy { Progress::Busy } else { Progress::Idle };
+            if busy {
+                return Progress::Busy;
+            }
+            self.publish_stats();
+            return Progress::Idle;
         }
         match self.conn.fill() {
             Ok(0) => {}
@@ -477,9 +481,14 @@ impl Session {
         Progress::Idle
     }
 
-    /// Decodes and handles every whole PDU in the receive buffer.
+    /// Decodes and handles the whole PDUs in the receive buffer, until the send buffer passes its high-water
+    /// mark (the rest waits for the host to read its responses).
     fn handle_received(&mut self) -> Result<(), Fatal> {
         loop {
+            if self.conn.tx_pending() > TX_HIGH_WATER {
+                // Responses pile up unsent: leave the rest for when the host has read them.
+                return Ok(());
+            }
             let rx = self.conn.rx_data();
             let (pdu, len) = match pdu::decode(rx, &self.decode) {
                 Ok(Decoded::Incomplete { need }) => {
@@ -642,11 +651,11 @@ impl Session {
                     &mut self.stats,
                 )
             } else {
-                let held_aers = self
-                    .slots
-                    .iter()
-                    .filter(|s| matches!(s.state, SlotState::Held))
-                    .count();
+                let held_aers = if queue.qid == 0 {
+                    held_aers(&self.slots)
+                } else {
+                    0
+                };
                 let mut ctx = Ctx {
                     target: &self.target,
                     queue,
@@ -843,11 +852,7 @@ impl Session {
                     .queue
                     .as_mut()
                     .expect("a connected session has a queue");
-                let held_aers = self
-                    .slots
-                    .iter()
-                    .filter(|s| matches!(s.state, SlotState::Held))
-                    .count();
+                let held_aers = held_aers(&self.slots);
                 let xfer_len = buf.len() as u32;
                 let mut ctx = Ctx {
                     target: &self.target,
@@ -1127,6 +1132,14 @@ impl Drop for Session {
             .closed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
+}
+
+/// The Asynchronous Event Requests held in `slots`.
+fn held_aers(slots: &[Slot]) -> usize {
+    slots
+        .iter()
+        .filter(|s| matches!(s.state, SlotState::Held))
+        .count()
 }
 
 /// Routes a command that needs no more data to its handler.

@@ -44,7 +44,12 @@ impl TestTarget {
     }
 
     /// A target with exactly this configuration (its events are recorded in addition to any callback).
-    pub fn start_with(mut config: TargetConfig) -> TestTarget {
+    pub fn start_with(config: TargetConfig) -> TestTarget {
+        Self::start_on("0", config)
+    }
+
+    /// A target on reactors on `cores` (a core list such as "0,1").
+    pub fn start_on(cores: &str, mut config: TargetConfig) -> TestTarget {
         let events = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&events);
         let prev = config.events.take();
@@ -56,7 +61,7 @@ impl TestTarget {
         });
         let target = Target::bind(config).expect("bind the target");
         let addr = target.local_addr();
-        let reactors = Reactors::start(&"0".parse::<CoreList>().unwrap()).expect("reactor");
+        let reactors = Reactors::start(&cores.parse::<CoreList>().unwrap()).expect("reactors");
         let handle = target.start(&reactors).expect("start the target");
         TestTarget {
             addr,
