@@ -14,6 +14,7 @@ use nvpoll::api::Controller;
 use nvpoll::loadgen::{self, LoadGen, Phase, Row, RunSpec, Workload};
 use nvpoll::mem::DmaPool;
 use nvpoll::reactor::{CoreList, Reactors};
+use nvpoll::send::SendMode;
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
 use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig};
 
@@ -68,7 +69,10 @@ fn main() {
     let mut rows = Vec::new();
     let mut target_cpu = Vec::new();
     for workload in [Workload::Randread, Workload::Randwrite] {
-        for qd in [1u16, 128] {
+        for (qd, send_mode) in [1u16, 128]
+            .into_iter()
+            .flat_map(|q| SendMode::ALL.map(|m| (q, m)))
+        {
             let spec = RunSpec {
                 qd,
                 jobs: 1,
@@ -78,6 +82,7 @@ fn main() {
                 verify: false,
                 warmup,
                 time,
+                send_mode,
             };
             let mut results = Vec::new();
             let mut tcpu = Vec::new();
@@ -119,7 +124,7 @@ fn main() {
             target_cpu.push(sorted[sorted.len() / 2]);
             rows.push(Row {
                 workload: format!("qd{qd} x 1 {}", workload.name()),
-                mode: "deferred",
+                mode: send_mode.name(),
                 result: median,
                 runs: results,
             });

@@ -12,6 +12,7 @@ use nvpoll::api::Controller;
 use nvpoll::loadgen::{self, LoadGen, Phase, Row, RunSpec};
 use nvpoll::mem::DmaPool;
 use nvpoll::reactor::{CoreList, Reactors};
+use nvpoll::send::SendMode;
 use nvpoll::trid::TransportId;
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
 
@@ -48,6 +49,10 @@ struct Args {
     /// May be given several times; jobs are spread over them. Without it, the embedded target is used.
     #[arg(long = "trid")]
     trids: Vec<String>,
+    /// When queue pairs send what they posted: inline (from submit), deferred (at the reactor's end-of-poll
+    /// flush), adaptive (inline while idle, deferred under load), or all three side by side.
+    #[arg(long, default_value = "all", value_parser = ["inline", "deferred", "adaptive", "all"])]
+    send_mode: String,
     /// Queue depth per job. May be given several times (the embedded default runs 1 and 128).
     #[arg(long = "qd")]
     qds: Vec<u16>,
@@ -217,9 +222,14 @@ fn run(args: Args) -> Result<(), String> {
         args.runs,
         if args.verify { ", verifying" } else { "" }
     );
+    let modes: Vec<SendMode> = match args.send_mode.as_str() {
+        "all" => SendMode::ALL.to_vec(),
+        m => vec![m.parse().map_err(|e| format!("--send-mode: {e}"))?],
+    };
     let mut rows = Vec::new();
-    for &qd in &qds {
+    for (&qd, &mode) in qds.iter().flat_map(|q| modes.iter().map(move |m| (q, m))) {
         let spec = RunSpec {
+            send_mode: mode,
             qd,
             jobs,
             io_size: args.io_size,
@@ -230,10 +240,11 @@ fn run(args: Args) -> Result<(), String> {
             time: args.time,
         };
         let label = format!("qd{qd} x {jobs} {}", workload.name());
+        let label_mode = format!("{label} {mode}");
         let mut runs = Vec::new();
         for i in 0..args.runs {
             if !quiet {
-                eprintln!("run {}/{}: {label}", i + 1, args.runs);
+                eprintln!("run {}/{}: {label_mode}", i + 1, args.runs);
             }
             let mut connect = |j: usize, depth: u16| {
                 let mut ctrls = ctrls.borrow_mut();
@@ -262,11 +273,9 @@ fn run(args: Args) -> Result<(), String> {
             }
             runs.push(r);
         }
-        // Until per-queue send modes exist (issue 6), every job posts its commands during its poll and writes
-        // them with one flush at the end of it: the deferred mode.
         rows.push(Row {
             workload: label,
-            mode: "deferred",
+            mode: mode.name(),
             result: loadgen::median(runs.clone()),
             runs,
         });

@@ -6,6 +6,7 @@
 //! queue pair itself, so that it may submit again from inside the callback (run to completion, as in SPDK).
 
 use crate::mem::DmaBuf;
+use crate::send::SendMode;
 use crate::spec::{Cqe, Sqe};
 use crate::Error;
 
@@ -82,6 +83,18 @@ pub trait QueuePair {
     /// The most requests this queue pair accepts at once.
     fn depth(&self) -> usize;
 
+    /// Chooses when posted commands leave (see [`crate::send`]). Transports with a single behaviour refuse.
+    fn set_send_mode(&mut self, mode: SendMode) -> Result<(), Error> {
+        Err(Error::InvalidArgument(format!(
+            "this transport cannot switch to the {mode} send mode"
+        )))
+    }
+
+    /// Counters of this queue pair (zero for a transport that keeps none).
+    fn stats(&self) -> QueueStats {
+        QueueStats::default()
+    }
+
     /// Polls (as [`QueuePair::poll`]) and then hands each completion to `f`, which may submit again.
     /// Returns the number of completions handed to `f`.
     fn process_completions<F>(&mut self, max: usize, mut f: F) -> Result<usize, Error>
@@ -96,6 +109,40 @@ pub trait QueuePair {
             n += 1;
         }
         polled.map(|_| n)
+    }
+}
+
+/// Counters of one queue pair, cumulative since it was created. Subtract two samples to get a window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Commands submitted.
+    pub commands: u64,
+    /// PDUs (TCP) or SQEs (PCIe) posted.
+    pub pdus: u64,
+    /// Kicks that sent something: `write`/`sendmsg` calls for TCP, doorbell writes for PCIe.
+    pub writes: u64,
+    /// Receive system calls (TCP) or completion-queue scans that found entries (PCIe).
+    pub reads: u64,
+    /// TLS records sealed (0 without TLS).
+    pub records: u64,
+    /// Plaintext bytes sealed into those records.
+    pub record_bytes: u64,
+    /// End-of-iteration flushes that found something to send.
+    pub flushes: u64,
+}
+
+impl QueueStats {
+    /// `self - earlier`, field by field.
+    pub fn since(&self, earlier: &QueueStats) -> QueueStats {
+        QueueStats {
+            commands: self.commands - earlier.commands,
+            pdus: self.pdus - earlier.pdus,
+            writes: self.writes - earlier.writes,
+            reads: self.reads - earlier.reads,
+            records: self.records - earlier.records,
+            record_bytes: self.record_bytes - earlier.record_bytes,
+            flushes: self.flushes - earlier.flushes,
+        }
     }
 }
 

@@ -22,6 +22,7 @@ mod error;
 pub mod loadgen;
 pub mod mem;
 pub mod reactor;
+pub mod send;
 pub mod spec;
 pub mod trid;
 

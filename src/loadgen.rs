@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use crate::api::{IoOp, IoRequest, Namespace, QueuePair};
+use crate::api::{IoOp, IoRequest, Namespace, QueuePair, QueueStats};
 use crate::mem::{DmaBuf, DmaPool};
 use crate::reactor::{PollStatus, Poller, ReactorContext, Reactors};
+use crate::send::SendMode;
 use crate::Error;
 
 /// The access pattern of a run.
@@ -96,6 +97,8 @@ pub struct RunSpec {
     pub rwmix: u8,
     /// Stamp written blocks and check every read.
     pub verify: bool,
+    /// When each job's queue pair sends what it posted.
+    pub send_mode: SendMode,
     /// Unmeasured time before the measurement.
     pub warmup: Duration,
     /// Measured time.
@@ -111,6 +114,7 @@ struct JobResult<Q> {
     mismatches: u64,
     hist: Histogram<u64>,
     cpu: Option<Duration>,
+    stats: QueueStats,
     failure: Option<String>,
     job: usize,
     gens: Vec<u64>,
@@ -134,6 +138,14 @@ pub struct RunResult {
     pub p999_us: f64,
     /// CPU time of the reactors running jobs, per I/O, in microseconds.
     pub cpu_us_per_io: f64,
+    /// TLS records sent per I/O (0 without TLS).
+    pub records_per_io: f64,
+    /// Plaintext bytes per TLS record (0 without TLS).
+    pub bytes_per_record: f64,
+    /// Send system calls (or doorbells) per I/O.
+    pub writes_per_io: f64,
+    /// Send and receive system calls per I/O (receive polls that found nothing included).
+    pub syscalls_per_io: f64,
     /// I/Os that failed.
     pub errors: u64,
     /// Verify mismatches (blocks that did not read back as written).
@@ -202,6 +214,9 @@ struct Job<Q: QueuePair> {
     errors: u64,
     mismatches: u64,
     cpu_start: Option<Duration>,
+    /// Queue-pair counters at the start of the measured window, and their change over it.
+    stats_start: Option<QueueStats>,
+    stats: Option<QueueStats>,
     cpu: Option<Duration>,
     measure_cpu: bool,
     reactor: usize,
@@ -302,6 +317,7 @@ impl<Q: QueuePair> Job<Q> {
                 mismatches: self.mismatches,
                 hist,
                 cpu: self.cpu,
+                stats: self.stats.unwrap_or_default(),
                 failure,
                 job: self.index,
                 gens: std::mem::take(&mut self.gens),
@@ -320,6 +336,14 @@ impl<Q: QueuePair> Poller for Job<Q> {
         }
         let now = Instant::now();
         let measuring = now >= self.measure_start && now < self.measure_end;
+        if measuring && self.stats_start.is_none() {
+            self.stats_start = Some(self.qp().stats());
+        }
+        if now >= self.measure_end && self.stats.is_none() {
+            if let Some(start) = self.stats_start {
+                self.stats = Some(self.qp().stats().since(&start));
+            }
+        }
         if self.measure_cpu {
             if measuring && self.cpu_start.is_none() {
                 self.cpu_start = Some(ctx.cpu_time());
@@ -342,13 +366,21 @@ impl<Q: QueuePair> Poller for Job<Q> {
             self.finish(None);
             return PollStatus::Busy;
         }
-        if let Err(e) = self.qp().flush() {
-            self.finish(Some(e.to_string()));
-        }
         if n > 0 {
             PollStatus::Busy
         } else {
             PollStatus::Idle
+        }
+    }
+
+    /// The reactor's end-of-iteration flush: what the deferred and adaptive modes left queued goes out here,
+    /// together.
+    fn flush(&mut self, _ctx: &mut ReactorContext) {
+        if self.done.is_none() {
+            return;
+        }
+        if let Err(e) = self.qp().flush() {
+            self.finish(Some(e.to_string()));
         }
     }
 }
@@ -475,10 +507,11 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
         let mut cpu_owner = vec![false; nreactors];
         for j in 0..spec.jobs {
             // Queue pairs are made once, at the deepest queue depth of the session, and reused by every run.
-            let (qp, ns) = match self.qps.get_mut(j).and_then(Option::take) {
+            let (mut qp, ns) = match self.qps.get_mut(j).and_then(Option::take) {
                 Some(pair) => pair,
                 None => connect(j, self.qp_depth)?,
             };
+            qp.set_send_mode(spec.send_mode)?;
             if spec.io_size % u64::from(ns.block_size) != 0 {
                 return Err(Error::InvalidArgument(format!(
                     "the I/O size {} is not a multiple of the block size {}",
@@ -524,6 +557,8 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
                 errors: 0,
                 mismatches: 0,
                 cpu_start: None,
+                stats_start: None,
+                stats: None,
                 cpu: None,
                 measure_cpu: !std::mem::replace(&mut cpu_owner[reactor], true),
                 reactor,
@@ -575,6 +610,7 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
         let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
         let (mut ios, mut bytes, mut errors, mut mismatches) = (0, 0, 0, 0);
         let mut cpu = Duration::ZERO;
+        let mut qs = QueueStats::default();
         let mut failures = Vec::new();
         for r in &mut results {
             if self.gens.len() <= r.job {
@@ -592,6 +628,10 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
             errors += r.errors;
             mismatches += r.mismatches;
             cpu += r.cpu.unwrap_or_default();
+            qs.writes += r.stats.writes;
+            qs.reads += r.stats.reads;
+            qs.records += r.stats.records;
+            qs.record_bytes += r.stats.record_bytes;
             if let Some(f) = &r.failure {
                 failures.push(format!("job on reactor {}: {f}", r.reactor));
             }
@@ -600,7 +640,16 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
             return Err(Error::Transport(failures.join("; ")));
         }
         let secs = spec.time.as_secs_f64();
+        let per_io = |n: u64| if ios > 0 { n as f64 / ios as f64 } else { 0.0 };
         Ok(RunResult {
+            records_per_io: per_io(qs.records),
+            bytes_per_record: if qs.records > 0 {
+                qs.record_bytes as f64 / qs.records as f64
+            } else {
+                0.0
+            },
+            writes_per_io: per_io(qs.writes),
+            syscalls_per_io: per_io(qs.writes + qs.reads),
             iops: ios as f64 / secs,
             mib_s: bytes as f64 / secs / (1 << 20) as f64,
             mean_us: hist.mean() / 1000.0,
@@ -641,20 +690,40 @@ pub fn table(rows: &[Row]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| {:<22} | {:<8} | {:>10} | {:>8} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} |",
-        "workload", "mode", "IOPS", "MiB/s", "mean us", "p50 us", "p99 us", "p99.9 us", "CPU us/IO"
+        "| {:<22} | {:<8} | {:>9} | {:>8} | {:>8} | {:>8} | {:>8} | {:>10} | {:>10} | {:>11} | {:>9} |",
+        "workload",
+        "mode",
+        "IOPS",
+        "mean us",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "records/IO",
+        "writes/IO",
+        "syscalls/IO",
+        "CPU us/IO"
     );
     let _ = writeln!(
         s,
-        "|{:-<24}|{:-<10}|{:->12}|{:->10}|{:->11}|{:->11}|{:->11}|{:->11}|{:->11}|",
-        "", "", "", "", "", "", "", "", ""
+        "|{:-<24}|{:-<10}|{:->11}|{:->10}|{:->10}|{:->10}|{:->10}|{:->12}|{:->12}|{:->13}|{:->11}|",
+        "", "", "", "", "", "", "", "", "", "", ""
     );
     for r in rows {
         let x = &r.result;
         let _ = writeln!(
             s,
-            "| {:<22} | {:<8} | {:>10.0} | {:>8.1} | {:>9.1} | {:>9.1} | {:>9.1} | {:>9.1} | {:>9.2} |",
-            r.workload, r.mode, x.iops, x.mib_s, x.mean_us, x.p50_us, x.p99_us, x.p999_us, x.cpu_us_per_io
+            "| {:<22} | {:<8} | {:>9.0} | {:>8.1} | {:>8.1} | {:>8.1} | {:>8.1} | {:>10.3} | {:>10.3} | {:>11.2} | {:>9.2} |",
+            r.workload,
+            r.mode,
+            x.iops,
+            x.mean_us,
+            x.p50_us,
+            x.p99_us,
+            x.p999_us,
+            x.records_per_io,
+            x.writes_per_io,
+            x.syscalls_per_io,
+            x.cpu_us_per_io
         );
     }
     s
@@ -665,8 +734,21 @@ pub fn json(rows: &[Row], machine: &str) -> String {
     let run = |x: &RunResult| {
         format!(
             "{{\"iops\":{:.1},\"mib_s\":{:.3},\"mean_us\":{:.3},\"p50_us\":{:.3},\"p99_us\":{:.3},\"p999_us\":{:.3},\
-             \"cpu_us_per_io\":{:.4},\"errors\":{},\"mismatches\":{}}}",
-            x.iops, x.mib_s, x.mean_us, x.p50_us, x.p99_us, x.p999_us, x.cpu_us_per_io, x.errors, x.mismatches
+             \"cpu_us_per_io\":{:.4},\"records_per_io\":{:.4},\"bytes_per_record\":{:.1},\"writes_per_io\":{:.4},\
+             \"syscalls_per_io\":{:.4},\"errors\":{},\"mismatches\":{}}}",
+            x.iops,
+            x.mib_s,
+            x.mean_us,
+            x.p50_us,
+            x.p99_us,
+            x.p999_us,
+            x.cpu_us_per_io,
+            x.records_per_io,
+            x.bytes_per_record,
+            x.writes_per_io,
+            x.syscalls_per_io,
+            x.errors,
+            x.mismatches
         )
     };
     let rows: Vec<String> = rows

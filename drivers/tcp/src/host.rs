@@ -9,8 +9,9 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use nvpoll::api::{Completion, IoOp, IoRequest, Namespace, QueuePair, Rejected};
+use nvpoll::api::{Completion, IoOp, IoRequest, Namespace, QueuePair, QueueStats, Rejected};
 use nvpoll::mem::{DmaBuf, DmaPool};
+use nvpoll::send::SendMode;
 use nvpoll::spec::{self, Cqe, IdentifyController, IdentifyNamespace, Sqe};
 
 use crate::queue::{DataDir, HostQueue, QueueParams};
@@ -533,5 +534,23 @@ impl QueuePair for TcpQueuePair {
 
     fn depth(&self) -> usize {
         self.q.depth()
+    }
+
+    fn set_send_mode(&mut self, mode: SendMode) -> nvpoll::Result<()> {
+        self.q.set_send_mode(mode);
+        Ok(())
+    }
+
+    fn stats(&self) -> QueueStats {
+        let c = self.q.conn_stats();
+        QueueStats {
+            commands: self.q.commands(),
+            pdus: c.pdus_tx,
+            writes: c.writes,
+            reads: c.reads,
+            records: 0,
+            record_bytes: 0,
+            flushes: c.flushes,
+        }
     }
 }

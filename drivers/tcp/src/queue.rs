@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use nvpoll::mem::DmaBuf;
+use nvpoll::send::{SendMode, SendPolicy};
 use nvpoll::spec::{Cqe, Sqe, Status};
 
 use crate::conn::Conn;
@@ -214,6 +215,8 @@ pub struct HostQueue {
     done: VecDeque<Done>,
     outstanding: usize,
     failed: Option<String>,
+    policy: SendPolicy,
+    commands: u64,
 }
 
 impl HostQueue {
@@ -309,6 +312,8 @@ impl HostQueue {
             done: VecDeque::with_capacity(depth),
             outstanding: 0,
             failed: None,
+            policy: SendPolicy::default(),
+            commands: 0,
         })
     }
 
@@ -340,6 +345,21 @@ impl HostQueue {
     /// The connection counters.
     pub fn conn_stats(&self) -> crate::conn::ConnStats {
         self.conn.stats
+    }
+
+    /// The send policy (see [`nvpoll::send`]).
+    pub fn set_send_mode(&mut self, mode: SendMode) {
+        self.policy.set_mode(mode);
+    }
+
+    /// The current send mode.
+    pub fn send_mode(&self) -> SendMode {
+        self.policy.mode()
+    }
+
+    /// Commands submitted so far.
+    pub fn commands(&self) -> u64 {
+        self.commands
     }
 
     /// Why the queue failed, if it did.
@@ -405,8 +425,10 @@ impl HostQueue {
             _ => &[],
         };
         let digests = self.digests();
+        let waiting = self.conn.tx_pending();
         pdu::encode_capsule_cmd(self.conn.tx_buf(), &sqe, data, digests, self.neg.cpda);
         self.conn.pdu_queued();
+        let kick = self.policy.kick_now(waiting, self.outstanding);
         let slot = &mut self.slots[usize::from(cid)];
         *slot = Slot {
             busy: true,
@@ -419,6 +441,12 @@ impl HostQueue {
             data_digest_error: false,
         };
         self.outstanding += 1;
+        self.commands += 1;
+        if kick {
+            // The command is accepted either way: a failed write fails the queue, which completes it with
+            // an error through the done list.
+            let _ = self.flush();
+        }
         Ok(())
     }
 
