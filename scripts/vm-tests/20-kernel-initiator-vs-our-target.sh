@@ -11,7 +11,8 @@
 #  4. the kernel writes a random 4 MiB pattern (dd, O_DIRECT), disconnects,
 #     and our initiator reads it back (the vm_check_pattern_from_env test of
 #     drivers/tcp/tests/target_vm.rs) from the same running target;
-#  5. stops the target with SIGINT: it must exit 0 having sent no C2HTermReq.
+#  5. stops the target with SIGINT: it must exit 0 having sent no C2HTermReq
+#     and hit no internal error.
 #
 # Exits non-zero with a message naming the failed step.
 set -uo pipefail
@@ -155,5 +156,6 @@ TPID=
 [ "$rc" = 0 ] || fail "step 5: the target exited with status $rc"
 grep -q "^stats:" "$LOG" || fail "step 5: no stats line"
 grep -q "C2HTermReq 0;" "$LOG" || fail "step 5: the target sent termination requests: $(grep '^stats:' "$LOG")"
+grep -q "internal errors 0" "$LOG" || fail "step 5: the target hit internal errors: $(grep '^stats:' "$LOG")"
 say "$(grep '^stats:' "$LOG")"
 say "all checks passed"

@@ -327,6 +327,7 @@ pub(crate) struct TargetStats {
     pub connects_rejected: AtomicU64,
     pub keep_alive_expired: AtomicU64,
     pub dropped: AtomicU64,
+    pub internal_errors: AtomicU64,
 }
 
 /// A snapshot of a target's counters.
@@ -359,6 +360,8 @@ pub struct TargetCounters {
     pub keep_alive_expired: u64,
     /// Connections dropped because no reactor could take them or a session failed to start.
     pub dropped: u64,
+    /// Connections closed because the target hit a bug (a panic, caught so that the reactor goes on).
+    pub internal_errors: u64,
 }
 
 impl fmt::Display for TargetCounters {
@@ -367,7 +370,8 @@ impl fmt::Display for TargetCounters {
         write!(
             f,
             "connections {} accepted, {} closed, {} dropped; commands {} ({} errors); reads {} ({:.1} MiB); \
-             writes {} ({:.1} MiB); R2T {}; C2HTermReq {}; connects refused {}; keep-alive expiries {}",
+             writes {} ({:.1} MiB); R2T {}; C2HTermReq {}; connects refused {}; keep-alive expiries {}; \
+             internal errors {}",
             self.accepted,
             self.closed,
             self.dropped,
@@ -380,7 +384,8 @@ impl fmt::Display for TargetCounters {
             self.r2ts,
             self.term_reqs,
             self.connects_rejected,
-            self.keep_alive_expired
+            self.keep_alive_expired,
+            self.internal_errors
         )
     }
 }
@@ -437,6 +442,7 @@ impl TargetShared {
             connects_rejected: l(&s.connects_rejected),
             keep_alive_expired: l(&s.keep_alive_expired),
             dropped: l(&s.dropped),
+            internal_errors: l(&s.internal_errors),
         }
     }
 }
@@ -668,6 +674,14 @@ struct SessionPoller {
 }
 
 impl SessionPoller {
+    /// The session panicked (the default hook printed where): count it and close the connection.
+    fn internal_error(&mut self, ctx: &mut ReactorContext) {
+        if let Some(s) = self.session.as_mut() {
+            s.note_internal_error();
+        }
+        self.finish(ctx);
+    }
+
     fn finish(&mut self, ctx: &mut ReactorContext) {
         // Dropping the session closes the socket and releases its queue or controller.
         let _ = catch_unwind(AssertUnwindSafe(|| drop(self.session.take())));
@@ -685,8 +699,12 @@ impl Poller for SessionPoller {
         match catch_unwind(AssertUnwindSafe(|| session.poll())) {
             Ok(Progress::Busy) => PollStatus::Busy,
             Ok(Progress::Idle) => PollStatus::Idle,
-            Ok(Progress::Finished) | Err(_) => {
+            Ok(Progress::Finished) => {
                 self.finish(ctx);
+                PollStatus::Busy
+            }
+            Err(_) => {
+                self.internal_error(ctx);
                 PollStatus::Busy
             }
         }
@@ -697,7 +715,7 @@ impl Poller for SessionPoller {
             return;
         };
         if catch_unwind(AssertUnwindSafe(|| session.flush())).is_err() {
-            self.finish(ctx);
+            self.internal_error(ctx);
         }
     }
 }

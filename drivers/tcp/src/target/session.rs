@@ -332,6 +332,18 @@ impl Session {
         self.peer
     }
 
+    /// Records that the session panicked; it is about to be dropped.
+    pub fn note_internal_error(&mut self) {
+        self.target
+            .stats
+            .internal_errors
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.closing = Some((
+            "internal error (a panic, see stderr)".into(),
+            Instant::now(),
+        ));
+    }
+
     /// Reads and handles whatever the host sent, and checks the timers. Never blocks.
     pub fn poll(&mut self) -> Progress {
         if let Some((_, deadline)) = &self.closing {
@@ -905,8 +917,16 @@ impl Session {
         match reply {
             Reply::Complete { status, dw0, dw1 } => self.complete(sqe.cid, status, dw0, dw1),
             Reply::Data(mut data) => {
-                let len = sqe.sgl().length as usize;
-                data.resize(len, 0);
+                let len = sqe.sgl().length;
+                if len > self.target.limits.max_transfer() {
+                    return self.complete(
+                        sqe.cid,
+                        Status::DATA_SGL_LENGTH_INVALID.with_dnr(),
+                        0,
+                        0,
+                    );
+                }
+                data.resize(len as usize, 0);
                 if !data.is_empty() {
                     self.send_data(sqe.cid, &data);
                 }
