@@ -100,12 +100,6 @@ struct Args {
     ram: u64,
 }
 
-/// One controller to drive.
-struct Target {
-    addr: SocketAddr,
-    subnqn: String,
-}
-
 fn main() {
     let args = Args::parse();
     if let Err(e) = run(args) {
@@ -117,16 +111,8 @@ fn main() {
 fn run(args: Args) -> Result<(), String> {
     let cores = CoreList::parse(&args.cores).map_err(|e| format!("--cores: {e}"))?;
     let embedded = args.trids.is_empty();
-    let hostnqn = match args.hostnqn.clone() {
-        Some(n) => n,
-        None => nvpoll::trid::default_hostnqn()
-            .map_err(|e| format!("host NQN: {e} (give --hostnqn)"))?,
-    };
-    let hostid = nvpoll::trid::hostid_from_hostnqn(&hostnqn)
-        .or_else(|| nvpoll::trid::default_hostid().ok())
-        .unwrap_or_default();
     let mut _target = None;
-    let targets: Vec<Target> = if embedded {
+    let targets: Vec<ConnectOptions> = if embedded {
         let tcores = match &args.target_cores {
             Some(c) => CoreList::parse(c).map_err(|e| format!("--target-cores: {e}"))?,
             None => {
@@ -142,31 +128,20 @@ fn run(args: Args) -> Result<(), String> {
             t.addr,
             args.ram >> 20
         );
-        let tg = Target {
+        let trid = TransportId::Tcp {
             addr: t.addr,
-            subnqn: t.nqn.clone(),
+            subnqn: Some(t.nqn.clone()),
+            hostnqn: None,
         };
         _target = Some(t);
-        vec![tg]
+        vec![ConnectOptions::from_trid(&trid, args.hostnqn.as_deref()).map_err(|e| e.to_string())?]
     } else {
         args.trids
             .iter()
             .map(|s| {
                 let trid: TransportId = s.parse().map_err(|e| format!("--trid '{s}': {e}"))?;
-                match trid {
-                    TransportId::Tcp {
-                        addr,
-                        subnqn: Some(subnqn),
-                        ..
-                    } => Ok(Target { addr, subnqn }),
-                    TransportId::Tcp { subnqn: None, .. } => {
-                        Err(format!("--trid '{s}' needs subnqn:NQN"))
-                    }
-                    other => Err(format!(
-                        "--trid '{s}': trtype:{} is not supported by perf yet",
-                        other.trtype()
-                    )),
-                }
+                ConnectOptions::from_trid(&trid, args.hostnqn.as_deref())
+                    .map_err(|e| format!("--trid '{s}': {e}"))
             })
             .collect::<Result<_, String>>()?
     };
@@ -198,11 +173,10 @@ fn run(args: Args) -> Result<(), String> {
         .build()
         .map_err(|e| format!("DMA pool: {e}"))?;
     let mut ctrls = Vec::new();
-    for t in &targets {
-        let mut o = ConnectOptions::new(t.addr, t.subnqn.clone(), hostnqn.clone());
-        o.hostid = hostid;
+    for o in targets {
+        let addr = o.addr;
         let c = TcpController::connect(o, pool.clone())
-            .map_err(|e| format!("connecting to {}: {e}", t.addr))?;
+            .map_err(|e| format!("connecting to {addr}: {e}"))?;
         ctrls.push(c);
     }
     let ctrls = std::cell::RefCell::new(ctrls);

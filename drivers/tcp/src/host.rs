@@ -46,6 +46,39 @@ pub struct ConnectOptions {
 }
 
 impl ConnectOptions {
+    /// Options for a `trtype:tcp` transport ID, with the defaults of [`ConnectOptions::new`]. The host NQN is
+    /// `hostnqn` if given, else the transport ID's `hostnqn:`, else this machine's (see
+    /// [`nvpoll::trid::default_hostnqn`]); the host ID comes from the host NQN's UUID or `/etc/nvme/hostid`.
+    pub fn from_trid(
+        trid: &nvpoll::trid::TransportId,
+        hostnqn: Option<&str>,
+    ) -> Result<ConnectOptions, Error> {
+        let nvpoll::trid::TransportId::Tcp {
+            addr,
+            subnqn,
+            hostnqn: trid_hostnqn,
+        } = trid
+        else {
+            return Err(Error::InvalidArgument(format!(
+                "trtype:{} is not NVMe/TCP",
+                trid.trtype()
+            )));
+        };
+        let subnqn = subnqn
+            .clone()
+            .ok_or_else(|| Error::InvalidArgument("the transport ID needs subnqn:NQN".into()))?;
+        let hostnqn = match hostnqn.map(str::to_string).or_else(|| trid_hostnqn.clone()) {
+            Some(n) => n,
+            None => nvpoll::trid::default_hostnqn()
+                .map_err(|e| Error::io("reading the host NQN (give one)", e))?,
+        };
+        let mut o = ConnectOptions::new(*addr, subnqn, hostnqn);
+        o.hostid = nvpoll::trid::hostid_from_hostnqn(&o.hostnqn)
+            .or_else(|| nvpoll::trid::default_hostid().ok())
+            .unwrap_or_default();
+        Ok(o)
+    }
+
     /// Options with defaults: no digests, KATO 10 s, 5 s per step, admin depth 32, 1 MiB transfers.
     pub fn new(addr: SocketAddr, subnqn: impl Into<String>, hostnqn: impl Into<String>) -> Self {
         ConnectOptions {
