@@ -1,0 +1,796 @@
+//! The controller: bring-up, the admin queue, I/O queue creation, health checks, reset and shutdown.
+//!
+//! Bring-up follows the NVMe Base specification's initialization sequence:
+//! 1. read CAP and VS; check the NVM command set and 4 KiB pages are supported;
+//! 2. disable the controller (CC.EN = 0) and wait for CSTS.RDY = 0 within CAP.TO;
+//! 3. program the admin queues (AQA, ASQ, ACQ) in DMA memory;
+//! 4. enable (CC.EN = 1 with 64-byte SQEs, 16-byte CQEs, 4 KiB pages) and wait for CSTS.RDY = 1;
+//! 5. Identify Controller (MDTS limits the transfer size), Set Features Number of Queues, Identify of the
+//!    active namespaces.
+//!
+//! I/O queues are created on demand with interrupts disabled (polled), sized within CAP.MQES, with doorbells
+//! at the CAP.DSTRD stride. [`PcieController::poll_admin`] is the controller's health check: CSTS.CFS, a
+//! queue pair's command timeout, or a failed admin command makes it reset the controller; every outstanding
+//! command then completes with an error, and the old queue pairs refuse new work (create new ones).
+//! Dropping the controller shuts it down (CC.SHN) and unmaps its DMA memory.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nvpoll::api::{Controller, Namespace};
+use nvpoll::mem::{DmaBuf, DmaPool, HugepageMode};
+use nvpoll::spec::{
+    self, cns, feature, reg, Aqa, Cap, Cc, Cqe, Csts, IdentifyController, IdentifyNamespace, Sqe,
+    Vs,
+};
+use nvpoll::trid::PciAddress;
+
+use crate::qpair::{Failure, NsInfo, Queue, QueueLayout};
+use crate::vfio::VfioDevice;
+use crate::{Device, Error, PcieQueuePair, QueueOptions};
+
+pub(crate) const STATE_RUNNING: u8 = 0;
+pub(crate) const STATE_REMOVED: u8 = 1;
+pub(crate) const STATE_DETACHED: u8 = 2;
+
+/// A queue pair's memory, handed back to the controller when the queue pair is dropped.
+pub(crate) struct Retired {
+    pub qid: u16,
+    pub epoch: u64,
+    pub pool: DmaPool,
+    /// Buffers of commands that were still outstanding.
+    pub held: Vec<DmaBuf>,
+}
+
+/// What the controller shares with its queue pairs (which live on other threads).
+pub(crate) struct Shared {
+    /// Bumped by every reset, removal and shutdown: a queue pair created in an older epoch is dead.
+    pub epoch: AtomicU64,
+    /// `STATE_*`: why the epoch last changed.
+    pub state: AtomicU8,
+    /// Set by a queue pair whose commands timed out.
+    pub reset_requested: AtomicBool,
+    /// Queue pairs dropped since the controller last looked.
+    pub retired: Mutex<Vec<Retired>>,
+}
+
+/// Options for attaching a controller.
+#[derive(Clone, Debug)]
+pub struct PcieOptions {
+    /// Admin queue depth (commands; the queues get one slot more).
+    pub admin_depth: u16,
+    /// I/O queues to ask for (Set Features Number of Queues).
+    pub io_queues: u16,
+    /// Largest transfer per command we issue (further limited by MDTS).
+    pub max_transfer: u32,
+    /// Time allowed for each admin command.
+    pub admin_timeout: Duration,
+    /// An I/O queue pair whose outstanding commands make no progress for this long fails with a timeout and
+    /// asks the controller for a reset.
+    pub io_timeout: Duration,
+    /// Time allowed for shutdown (CSTS.SHST to report complete).
+    pub shutdown_timeout: Duration,
+    /// Whether the driver's own memory (queues, PRP lists) comes from hugepages.
+    pub hugepages: HugepageMode,
+}
+
+impl Default for PcieOptions {
+    fn default() -> Self {
+        PcieOptions {
+            admin_depth: 31,
+            io_queues: 64,
+            max_transfer: 2 << 20,
+            admin_timeout: Duration::from_secs(10),
+            io_timeout: Duration::from_secs(30),
+            shutdown_timeout: Duration::from_secs(10),
+            hugepages: HugepageMode::Prefer,
+        }
+    }
+}
+
+/// Controller-level counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtrlStats {
+    /// Admin commands run.
+    pub admin_commands: u64,
+    /// Controller resets after bring-up.
+    pub resets: u64,
+    /// I/O queue pairs created.
+    pub queues_created: u64,
+    /// I/O queue pairs deleted on the device after being dropped.
+    pub queues_deleted: u64,
+}
+
+const ADMIN_TAG: u64 = u64::MAX;
+
+/// The epoch of a retired queue that could not be deleted: its memory waits for a reset.
+const STUCK: u64 = u64::MAX;
+
+/// An NVMe controller driven from user space over PCIe.
+pub struct PcieController<D: Device = VfioDevice> {
+    dev: Arc<D>,
+    admin: Queue<D>,
+    /// Memory of the admin queue and of Identify buffers.
+    admin_pool: DmaPool,
+    /// The caller's pool for data buffers.
+    pool: DmaPool,
+    shared: Arc<Shared>,
+    opts: PcieOptions,
+    cap: Cap,
+    vs: Vs,
+    id: IdentifyController,
+    namespaces: Vec<Namespace>,
+    max_transfer: u32,
+    io_queues_granted: u16,
+    /// Queue IDs in use, by index (index 0 is the admin queue).
+    qids: Vec<bool>,
+    stats: CtrlStats,
+    shut_down: bool,
+}
+
+impl<D: Device> fmt::Debug for PcieController<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PcieController")
+            .field("device", &self.dev.name())
+            .field("model", &self.id.model)
+            .field("vs", &self.vs.to_string())
+            .field("max_transfer", &self.max_transfer)
+            .field("io_queues_granted", &self.io_queues_granted)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl PcieController<VfioDevice> {
+    /// Opens the controller at `bdf` (bound to vfio-pci) through VFIO, maps `pool` for DMA (the data
+    /// buffers of I/O must come from it), and brings the controller up.
+    pub fn open(
+        bdf: PciAddress,
+        pool: DmaPool,
+        opts: PcieOptions,
+    ) -> Result<PcieController<VfioDevice>, Error> {
+        let dev = VfioDevice::open(bdf)?;
+        PcieController::attach(Arc::new(dev), pool, opts)
+    }
+}
+
+/// Waits until `done(CSTS)` or the deadline; CSTS all ones means the device is gone.
+fn wait_csts<D: Device>(
+    dev: &D,
+    timeout: Duration,
+    what: &'static str,
+    mut done: impl FnMut(Csts) -> bool,
+) -> Result<Csts, Error> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let raw = dev.read32(reg::CSTS as usize);
+        if raw == u32::MAX {
+            return Err(Error::Removed);
+        }
+        let csts = Csts(raw);
+        if done(csts) {
+            return Ok(csts);
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout(what));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+impl<D: Device> PcieController<D> {
+    /// Brings up the controller behind `dev`: maps `pool` for DMA, resets and enables the controller, and
+    /// identifies it and its namespaces.
+    pub fn attach(
+        dev: Arc<D>,
+        pool: DmaPool,
+        opts: PcieOptions,
+    ) -> Result<PcieController<D>, Error> {
+        if opts.admin_depth == 0 || opts.admin_depth >= Aqa::MAX_ENTRIES {
+            return Err(Error::InvalidArgument(format!(
+                "admin depth {} is outside 1..{}",
+                opts.admin_depth,
+                Aqa::MAX_ENTRIES
+            )));
+        }
+        let cap = Cap(dev.read64(reg::CAP as usize));
+        if cap.0 == u64::MAX {
+            return Err(Error::Removed);
+        }
+        let vs = Vs(dev.read32(reg::VS as usize));
+        if cap.css() & Cap::CSS_NVM == 0 {
+            return Err(Error::Unsupported(format!(
+                "{} does not support the NVM command set (CAP.CSS {:#x})",
+                dev.name(),
+                cap.css()
+            )));
+        }
+        if cap.min_page_size() > prp_page() {
+            return Err(Error::Unsupported(format!(
+                "{} needs pages of at least {} bytes; the driver uses 4 KiB",
+                dev.name(),
+                cap.min_page_size()
+            )));
+        }
+        dev.map_dma(&pool)?;
+        let layout = QueueLayout::new(opts.admin_depth, 2 << 20, 0);
+        let admin_pool = layout
+            .pool_classes(DmaPool::builder())
+            .class(4096, 4)
+            .hugepages(opts.hugepages)
+            .build()
+            .map_err(Error::Memory);
+        let admin_pool = match admin_pool {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = dev.unmap_dma(&pool);
+                return Err(e);
+            }
+        };
+        if let Err(e) = dev.map_dma(&admin_pool) {
+            let _ = dev.unmap_dma(&pool);
+            return Err(e);
+        }
+        let admin = Queue::new(
+            Arc::clone(&dev),
+            &admin_pool,
+            0,
+            layout,
+            cap.dstrd(),
+            opts.admin_timeout,
+        )?;
+        let mut ctrl = PcieController {
+            dev,
+            admin,
+            admin_pool,
+            pool,
+            shared: Arc::new(Shared {
+                epoch: AtomicU64::new(0),
+                state: AtomicU8::new(STATE_RUNNING),
+                reset_requested: AtomicBool::new(false),
+                retired: Mutex::new(Vec::new()),
+            }),
+            opts,
+            cap,
+            vs,
+            id: IdentifyController::default(),
+            namespaces: Vec::new(),
+            max_transfer: 0,
+            io_queues_granted: 0,
+            qids: vec![true],
+            stats: CtrlStats::default(),
+            shut_down: false,
+        };
+        // On error, Drop unmaps what was mapped (and skips the shutdown of a controller never enabled).
+        ctrl.bring_up()?;
+        Ok(ctrl)
+    }
+
+    /// Disable, program the admin queue, enable, identify.
+    fn bring_up(&mut self) -> Result<(), Error> {
+        self.disable()?;
+        let aqa = Aqa::new(self.admin.entries(), self.admin.entries());
+        self.dev.write32(reg::AQA as usize, aqa.0);
+        self.dev.write64(reg::ASQ as usize, self.admin.sq_iova());
+        self.dev.write64(reg::ACQ as usize, self.admin.cq_iova());
+        let mut cc = Cc(0);
+        cc.set_css(Cc::CSS_NVM);
+        cc.set_mps(0);
+        cc.set_ams(0);
+        cc.set_iosqes(6);
+        cc.set_iocqes(4);
+        cc.set_en(true);
+        self.dev.write32(reg::CC as usize, cc.0);
+        let csts = wait_csts(
+            &*self.dev,
+            self.ready_timeout(),
+            "CSTS.RDY = 1 after CC.EN = 1",
+            |c| c.rdy() || c.cfs(),
+        )?;
+        if csts.cfs() {
+            return Err(Error::Fatal);
+        }
+        self.identify_all()
+    }
+
+    fn ready_timeout(&self) -> Duration {
+        self.cap.timeout().max(Duration::from_millis(500))
+    }
+
+    /// CC.EN = 0 and CSTS.RDY = 0 (a reset of the controller; clears CSTS.CFS).
+    fn disable(&mut self) -> Result<(), Error> {
+        let cc = Cc(self.dev.read32(reg::CC as usize));
+        let csts = self.dev.read32(reg::CSTS as usize);
+        if csts == u32::MAX {
+            return Err(Error::Removed);
+        }
+        if cc.en() && !Csts(csts).rdy() && !Csts(csts).cfs() {
+            // The specification asks the host to let an enable finish before disabling.
+            let _ = wait_csts(&*self.dev, self.ready_timeout(), "CSTS.RDY = 1", |c| {
+                c.rdy() || c.cfs()
+            });
+        }
+        let mut off = cc;
+        off.set_en(false);
+        off.set_shn(Cc::SHN_NONE);
+        self.dev.write32(reg::CC as usize, off.0);
+        wait_csts(
+            &*self.dev,
+            self.ready_timeout(),
+            "CSTS.RDY = 0 after CC.EN = 0",
+            |c| !c.rdy(),
+        )?;
+        Ok(())
+    }
+
+    fn identify_all(&mut self) -> Result<(), Error> {
+        let page = self.identify_page(cns::CONTROLLER, 0)?;
+        self.id = IdentifyController::parse(&page)
+            .map_err(|e| Error::Protocol(format!("Identify Controller: {e}")))?;
+        let mut max = self.opts.max_transfer;
+        if let Some(limit) = self.id.max_transfer_bytes(self.cap.min_page_size()) {
+            max = max.min(limit.min(u64::from(u32::MAX)) as u32);
+        }
+        self.max_transfer = max.max(prp_page() as u32);
+        let want = self.opts.io_queues.max(1);
+        let cqe = self.admin_run(
+            Sqe::set_features(feature::NUMBER_OF_QUEUES, feature::num_queues(want, want)),
+            None,
+            0,
+            "Set Features (Number of Queues)",
+        )?;
+        let (nsq, ncq) = feature::num_queues_granted(cqe.dw0);
+        self.io_queues_granted = nsq.min(ncq).min(u32::from(want)) as u16;
+        self.qids = vec![false; usize::from(self.io_queues_granted) + 1];
+        self.qids[0] = true;
+        self.namespaces = self.scan_namespaces()?;
+        Ok(())
+    }
+
+    fn identify_page(&mut self, cns: u8, nsid: u32) -> Result<Vec<u8>, Error> {
+        let buf = self.admin_pool.alloc(4096).map_err(Error::Memory)?;
+        let (_, buf) = self.admin_run_buf(Sqe::identify(cns, nsid), Some(buf), 4096, "Identify")?;
+        Ok(buf.map(|b| b.as_slice().to_vec()).unwrap_or_default())
+    }
+
+    fn scan_namespaces(&mut self) -> Result<Vec<Namespace>, Error> {
+        let list = self.identify_page(cns::ACTIVE_NS_LIST, 0)?;
+        let mut out = Vec::new();
+        for nsid in spec::decode_ns_list(&list) {
+            let page = self.identify_page(cns::NAMESPACE, nsid)?;
+            let ns = IdentifyNamespace::parse(&page)
+                .map_err(|e| Error::Protocol(format!("Identify Namespace {nsid}: {e}")))?;
+            if ns.nsze == 0 {
+                continue;
+            }
+            let Some(block_size) = ns.block_size() else {
+                return Err(Error::Protocol(format!(
+                    "namespace {nsid} reports an invalid LBA format"
+                )));
+            };
+            out.push(Namespace {
+                nsid,
+                block_size,
+                blocks: ns.nsze,
+            });
+        }
+        Ok(out)
+    }
+
+    fn admin_run(
+        &mut self,
+        sqe: Sqe,
+        buf: Option<DmaBuf>,
+        len: u32,
+        what: &'static str,
+    ) -> Result<Cqe, Error> {
+        self.admin_run_buf(sqe, buf, len, what).map(|(c, _)| c)
+    }
+
+    /// Runs one admin command to completion; a non-success status is an [`Error::Command`].
+    fn admin_run_buf(
+        &mut self,
+        sqe: Sqe,
+        buf: Option<DmaBuf>,
+        len: u32,
+        what: &'static str,
+    ) -> Result<(Cqe, Option<DmaBuf>), Error> {
+        let (cqe, buf) = self.admin_raw(sqe, buf, len)?;
+        if cqe.status().is_success() {
+            Ok((cqe, buf))
+        } else {
+            Err(Error::Command {
+                what,
+                status: cqe.status(),
+            })
+        }
+    }
+
+    /// Runs one admin command to completion and returns its completion, whatever the status.
+    fn admin_raw(
+        &mut self,
+        sqe: Sqe,
+        buf: Option<DmaBuf>,
+        len: u32,
+    ) -> Result<(Cqe, Option<DmaBuf>), Error> {
+        if let Some(f) = self.admin.failure() {
+            return Err(f.clone().into_error());
+        }
+        self.stats.admin_commands += 1;
+        self.admin
+            .submit(sqe, buf, len, ADMIN_TAG)
+            .map_err(|(e, _)| e)?;
+        self.admin.flush();
+        let deadline = Instant::now() + self.opts.admin_timeout;
+        loop {
+            self.admin.reap(usize::MAX);
+            if let Some(d) = self.admin.take_done(ADMIN_TAG) {
+                return match d.result {
+                    Ok(cqe) => Ok((cqe, d.buf)),
+                    Err(f) => Err(f.into_error()),
+                };
+            }
+            if let Some(f) = self.admin.failure() {
+                return Err(f.clone().into_error());
+            }
+            if Instant::now() >= deadline {
+                let why = self.admin.diagnose();
+                self.admin.fail(why.clone());
+                // Drop the failed command's completion; the caller gets the error.
+                let _ = self.admin.take_done(ADMIN_TAG);
+                return Err(match why {
+                    Failure::Timeout => Error::Timeout("an admin command completion"),
+                    other => other.into_error(),
+                });
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// The Capabilities register.
+    pub fn cap(&self) -> Cap {
+        self.cap
+    }
+
+    /// The Version register.
+    pub fn vs(&self) -> Vs {
+        self.vs
+    }
+
+    /// How many I/O queues the controller granted.
+    pub fn io_queues_granted(&self) -> u16 {
+        self.io_queues_granted
+    }
+
+    /// The pool data buffers come from.
+    pub fn pool(&self) -> &DmaPool {
+        &self.pool
+    }
+
+    /// The device under the controller.
+    pub fn device(&self) -> &Arc<D> {
+        &self.dev
+    }
+
+    /// Controller-level counters.
+    pub fn stats(&self) -> CtrlStats {
+        self.stats
+    }
+
+    /// The admin queue's counters.
+    pub fn admin_stats(&self) -> crate::QueueStats {
+        self.admin.stats
+    }
+
+    /// Looks up an active namespace.
+    pub fn namespace(&self, nsid: u32) -> Option<&Namespace> {
+        self.namespaces.iter().find(|n| n.nsid == nsid)
+    }
+
+    /// Creates an I/O queue pair with the given options (see [`QueueOptions`]).
+    pub fn create_queue_pair_with(&mut self, qo: QueueOptions) -> Result<PcieQueuePair<D>, Error> {
+        self.ensure_running()?;
+        self.process_retired(false);
+        let mqes = u32::from(self.cap.mqes());
+        if qo.depth < 1 || u32::from(qo.depth) > mqes {
+            return Err(Error::InvalidArgument(format!(
+                "queue depth {} is outside 1..={mqes} (CAP.MQES allows queues of {} entries, one of which \
+                 stays empty)",
+                qo.depth,
+                mqes + 1
+            )));
+        }
+        if qo.prp_list_offset % 8 != 0 || u64::from(qo.prp_list_offset) >= prp_page() {
+            return Err(Error::InvalidArgument(format!(
+                "PRP list offset {} is not a multiple of 8 below 4096",
+                qo.prp_list_offset
+            )));
+        }
+        let Some(qid) = self.qids.iter().position(|used| !used) else {
+            return Err(Error::InvalidArgument(format!(
+                "the controller granted {} I/O queues; all are in use",
+                self.io_queues_granted
+            )));
+        };
+        let qid = qid as u16;
+        let layout = QueueLayout::new(qo.depth, self.max_transfer, usize::from(qo.prp_list_offset));
+        let pool = layout
+            .pool_classes(DmaPool::builder())
+            .hugepages(self.opts.hugepages)
+            .build()
+            .map_err(Error::Memory)?;
+        self.dev.map_dma(&pool)?;
+        let q = match Queue::new(
+            Arc::clone(&self.dev),
+            &pool,
+            qid,
+            layout,
+            self.cap.dstrd(),
+            self.opts.io_timeout,
+        ) {
+            Ok(q) => q,
+            Err(e) => {
+                let _ = self.dev.unmap_dma(&pool);
+                return Err(e);
+            }
+        };
+        let size = q.entries() - 1;
+        let created = self
+            .admin_run(
+                Sqe::create_io_cq(qid, size, q.cq_iova(), None),
+                None,
+                0,
+                "Create I/O Completion Queue",
+            )
+            .and_then(|_| {
+                let r = self.admin_run(
+                    Sqe::create_io_sq(qid, size, q.sq_iova(), qid),
+                    None,
+                    0,
+                    "Create I/O Submission Queue",
+                );
+                if r.is_err() {
+                    let _ = self.admin_run(
+                        Sqe::delete_io_cq(qid),
+                        None,
+                        0,
+                        "Delete I/O Completion Queue",
+                    );
+                }
+                r
+            });
+        if let Err(e) = created {
+            drop(q);
+            let _ = self.dev.unmap_dma(&pool);
+            return Err(e);
+        }
+        self.qids[usize::from(qid)] = true;
+        self.stats.queues_created += 1;
+        let namespaces = self
+            .namespaces
+            .iter()
+            .map(|n| NsInfo {
+                nsid: n.nsid,
+                block_shift: n.block_size.trailing_zeros(),
+                blocks: n.blocks,
+            })
+            .collect();
+        Ok(PcieQueuePair::new(
+            q,
+            &qo,
+            self.max_transfer,
+            self.shared.epoch.load(Ordering::Acquire),
+            Arc::clone(&self.shared),
+            namespaces,
+            pool,
+        ))
+    }
+
+    fn ensure_running(&self) -> Result<(), Error> {
+        match self.shared.state.load(Ordering::Acquire) {
+            STATE_REMOVED => Err(Error::Removed),
+            STATE_DETACHED => Err(Error::Dead("the controller was shut down".into())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Deletes the queues of dropped queue pairs on the device and frees their memory. With `device_forgot`
+    /// (after a reset) nothing is deleted: the device no longer knows any I/O queue.
+    fn process_retired(&mut self, device_forgot: bool) {
+        let retired = std::mem::take(
+            &mut *self
+                .shared
+                .retired
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        let epoch = self.shared.epoch.load(Ordering::Acquire);
+        let running = self.shared.state.load(Ordering::Acquire) == STATE_RUNNING;
+        let mut keep = Vec::new();
+        for r in retired {
+            if !device_forgot && running && r.epoch == STUCK {
+                keep.push(r);
+                continue;
+            }
+            if !device_forgot && running && r.epoch == epoch {
+                let sq = self.admin_run(
+                    Sqe::delete_io_sq(r.qid),
+                    None,
+                    0,
+                    "Delete I/O Submission Queue",
+                );
+                let cq = self.admin_run(
+                    Sqe::delete_io_cq(r.qid),
+                    None,
+                    0,
+                    "Delete I/O Completion Queue",
+                );
+                if sq.is_err() || cq.is_err() {
+                    // The queue may still be live on the device: keep its memory until a reset.
+                    self.shared.reset_requested.store(true, Ordering::Release);
+                    keep.push(Retired { epoch: STUCK, ..r });
+                    continue;
+                }
+                self.qids[usize::from(r.qid)] = false;
+                self.stats.queues_deleted += 1;
+            }
+            let _ = self.dev.unmap_dma(&r.pool);
+            drop(r.held);
+        }
+        if !keep.is_empty() {
+            self.shared
+                .retired
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(keep);
+        }
+    }
+
+    /// The health check, for a timed poller: looks at CSTS, and resets the controller when it reports a
+    /// fatal status, when a queue pair's commands timed out, or when the admin queue failed. Also deletes the
+    /// queues of dropped queue pairs. Returns `Ok(true)` when it reset the controller (the old queue pairs
+    /// are then dead: create new ones), and [`Error::Removed`] once the device is gone.
+    pub fn poll_admin(&mut self) -> Result<bool, Error> {
+        self.ensure_running()?;
+        let csts = self.dev.read32(reg::CSTS as usize);
+        if csts == u32::MAX {
+            self.mark(STATE_REMOVED);
+            self.admin.fail(Failure::Removed);
+            return Err(Error::Removed);
+        }
+        let requested = self.shared.reset_requested.swap(false, Ordering::AcqRel);
+        if Csts(csts).cfs() || requested || self.admin.failure().is_some() {
+            self.reset()?;
+            return Ok(true);
+        }
+        self.process_retired(false);
+        Ok(false)
+    }
+
+    fn mark(&self, state: u8) {
+        self.shared.state.store(state, Ordering::Release);
+        self.shared.epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Resets the controller (CC.EN 1 -> 0 -> 1) and brings it up again. Every queue pair created before
+    /// fails its outstanding commands with [`nvpoll::Error::Aborted`] and refuses new ones; create new queue
+    /// pairs afterwards.
+    pub fn reset(&mut self) -> Result<(), Error> {
+        self.ensure_running()?;
+        self.mark(STATE_RUNNING);
+        self.admin.fail(Failure::Reset);
+        while self.admin.pop_done().is_some() {}
+        let r = self.disable();
+        if let Err(Error::Removed) = r {
+            self.mark(STATE_REMOVED);
+            return Err(Error::Removed);
+        }
+        r?;
+        self.stats.resets += 1;
+        // The device has forgotten every I/O queue: free the memory of dropped queue pairs.
+        self.process_retired(true);
+        self.admin.reinit();
+        self.bring_up()
+    }
+
+    /// Shuts the controller down (CC.SHN normal, waiting for CSTS.SHST complete) and unmaps its DMA memory.
+    /// Queue pairs still alive fail their outstanding commands with [`nvpoll::Error::Aborted`].
+    pub fn shutdown(mut self) -> Result<(), Error> {
+        self.shutdown_inner()
+    }
+
+    fn shutdown_inner(&mut self) -> Result<(), Error> {
+        if self.shut_down {
+            return Ok(());
+        }
+        self.shut_down = true;
+        let was = self.shared.state.load(Ordering::Acquire);
+        let csts = self.dev.read32(reg::CSTS as usize);
+        let healthy = was == STATE_RUNNING && csts != u32::MAX && !Csts(csts).cfs();
+        if healthy && self.admin.failure().is_none() {
+            self.process_retired(false);
+        }
+        self.mark(STATE_DETACHED);
+        let mut result = Ok(());
+        if healthy {
+            let mut cc = Cc(self.dev.read32(reg::CC as usize));
+            if cc.en() {
+                cc.set_shn(Cc::SHN_NORMAL);
+                self.dev.write32(reg::CC as usize, cc.0);
+                result = wait_csts(
+                    &*self.dev,
+                    self.opts.shutdown_timeout,
+                    "CSTS.SHST = shutdown complete",
+                    |c| c.shst() == Csts::SHST_COMPLETE,
+                )
+                .map(|_| ());
+            }
+        }
+        // Memory of dropped queue pairs, then the driver's and the caller's pools.
+        for r in std::mem::take(
+            &mut *self
+                .shared
+                .retired
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        ) {
+            let _ = self.dev.unmap_dma(&r.pool);
+        }
+        let _ = self.dev.unmap_dma(&self.admin_pool);
+        let _ = self.dev.unmap_dma(&self.pool);
+        result
+    }
+}
+
+impl Failure {
+    pub(crate) fn into_error(self) -> Error {
+        match self {
+            Failure::Reset => Error::Dead("the controller was reset".into()),
+            Failure::Detached => Error::Dead("the controller was shut down".into()),
+            Failure::Fatal => Error::Fatal,
+            Failure::Removed => Error::Removed,
+            Failure::Timeout => Error::Timeout("a command completion"),
+            Failure::Protocol(s) => Error::Protocol(s),
+        }
+    }
+}
+
+fn prp_page() -> u64 {
+    crate::prp::PAGE_SIZE
+}
+
+impl<D: Device> Drop for PcieController<D> {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown_inner() {
+            eprintln!("nvpoll-pcie: warning: shutdown of {}: {e}", self.dev.name());
+        }
+    }
+}
+
+impl<D: Device> Controller for PcieController<D> {
+    type QueuePair = PcieQueuePair<D>;
+
+    fn identify(&self) -> &IdentifyController {
+        &self.id
+    }
+
+    fn namespaces(&self) -> &[Namespace] {
+        &self.namespaces
+    }
+
+    fn max_transfer(&self) -> Option<u32> {
+        Some(self.max_transfer)
+    }
+
+    fn admin(&mut self, cmd: Sqe, buf: Option<DmaBuf>) -> nvpoll::Result<(Cqe, Option<DmaBuf>)> {
+        self.ensure_running()?;
+        let len = buf.as_ref().map_or(0, |b| b.len() as u32);
+        Ok(self.admin_raw(cmd, buf, len)?)
+    }
+
+    fn create_queue_pair(&mut self, depth: u16) -> nvpoll::Result<PcieQueuePair<D>> {
+        Ok(self.create_queue_pair_with(QueueOptions::new(depth))?)
+    }
+}

@@ -1,0 +1,194 @@
+//! The error type of the PCIe driver.
+//!
+//! Every VFIO ioctl that can fail has its own variant carrying the OS error, so that a failure names the exact
+//! step (as rust-vmm's `vfio-ioctls` does). Controller-level failures say what the controller did wrong.
+
+use std::io;
+
+use nvpoll::spec::Status;
+
+/// Everything that can go wrong in the PCIe driver and its setup tool.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Opening `/dev/vfio/vfio` failed.
+    #[error("opening the VFIO container {path}: {source} (is the vfio-pci module loaded? `modprobe vfio-pci`)")]
+    OpenContainer {
+        /// The path opened.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `VFIO_GET_API_VERSION` failed or returned a version other than the one this driver speaks.
+    #[error("VFIO_GET_API_VERSION: {0}")]
+    ApiVersion(#[source] io::Error),
+    /// `VFIO_CHECK_EXTENSION(VFIO_TYPE1v2_IOMMU)` failed or said no.
+    #[error("VFIO_CHECK_EXTENSION(TYPE1v2): {0} (the kernel needs vfio_iommu_type1 and an enabled IOMMU: intel_iommu=on or amd_iommu=on on the kernel command line)")]
+    CheckExtension(#[source] io::Error),
+    /// Opening `/dev/vfio/N` failed.
+    #[error("opening the VFIO group {path}: {source}")]
+    OpenGroup {
+        /// The path opened.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `VFIO_GROUP_GET_STATUS` failed.
+    #[error("VFIO_GROUP_GET_STATUS: {0}")]
+    GroupStatus(#[source] io::Error),
+    /// The group is not viable: some device in it is bound to a driver other than vfio-pci.
+    #[error(
+        "IOMMU group {group} is not viable: every device in it must be bound to vfio-pci (or to no driver), \
+         but {}; bind them with `nvpoll-setup bind BDF` or unbind them",
+        others.join(", ")
+    )]
+    GroupNotViable {
+        /// The group number.
+        group: u32,
+        /// The devices of the group that block it, as "BDF (driver X)".
+        others: Vec<String>,
+    },
+    /// `VFIO_GROUP_SET_CONTAINER` failed.
+    #[error("VFIO_GROUP_SET_CONTAINER: {0}")]
+    SetContainer(#[source] io::Error),
+    /// `VFIO_SET_IOMMU(VFIO_TYPE1v2_IOMMU)` failed.
+    #[error("VFIO_SET_IOMMU(TYPE1v2): {0}")]
+    SetIommu(#[source] io::Error),
+    /// `VFIO_IOMMU_GET_INFO` failed, or its answer could not be read.
+    #[error("VFIO_IOMMU_GET_INFO: {0}")]
+    IommuInfo(#[source] io::Error),
+    /// `VFIO_GROUP_GET_DEVICE_FD` failed.
+    #[error("VFIO_GROUP_GET_DEVICE_FD({bdf}): {source} (is the device bound to vfio-pci, and not open elsewhere?)")]
+    DeviceFd {
+        /// The device.
+        bdf: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `VFIO_DEVICE_GET_INFO` failed.
+    #[error("VFIO_DEVICE_GET_INFO: {0}")]
+    DeviceInfo(#[source] io::Error),
+    /// `VFIO_DEVICE_GET_REGION_INFO` failed.
+    #[error("VFIO_DEVICE_GET_REGION_INFO(region {index}): {source}")]
+    RegionInfo {
+        /// The region index.
+        index: u32,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Mapping BAR0 into the process failed, or BAR0 cannot be mapped.
+    #[error("mapping BAR0: {0}")]
+    MapBar(#[source] io::Error),
+    /// Reading or writing PCI configuration space through the device fd failed.
+    #[error("PCI config space at {offset:#x}: {source}")]
+    Config {
+        /// Offset in configuration space.
+        offset: u64,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `VFIO_IOMMU_MAP_DMA` failed.
+    #[error("VFIO_IOMMU_MAP_DMA of {len:#x} bytes at IOVA {iova:#x}: {source} (out of locked memory? see `ulimit -l` and hugepages.md)")]
+    MapDma {
+        /// The IOVA asked for.
+        iova: u64,
+        /// The length.
+        len: u64,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `VFIO_IOMMU_UNMAP_DMA` failed.
+    #[error("VFIO_IOMMU_UNMAP_DMA of {len:#x} bytes at IOVA {iova:#x}: {source}")]
+    UnmapDma {
+        /// The IOVA.
+        iova: u64,
+        /// The length.
+        len: u64,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// No IOVA range the IOMMU allows can hold a DMA region (or the IOMMU's page sizes do not fit it).
+    #[error("the IOMMU cannot map {len:#x} bytes of DMA memory: {why}")]
+    NoIova {
+        /// The region's length.
+        len: u64,
+        /// Why.
+        why: String,
+    },
+    /// Reading sysfs (or another file the driver or tool needs) failed.
+    #[error("{path}: {source}")]
+    Sysfs {
+        /// The path.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The device is not an NVMe controller the driver can run (wrong class, no memory BAR, unsupported
+    /// capabilities).
+    #[error("unsupported device: {0}")]
+    Unsupported(String),
+    /// The controller reported a fatal status (CSTS.CFS).
+    #[error("the controller reports a fatal status (CSTS.CFS)")]
+    Fatal,
+    /// Registers read as all ones: the device is gone (hot removal, or a surprise link down).
+    #[error("the controller is gone (its registers read as all ones: removed?)")]
+    Removed,
+    /// Something did not happen in time.
+    #[error("timed out waiting for {0}")]
+    Timeout(&'static str),
+    /// A command completed with an error status where the driver needed success.
+    #[error("{what} failed with NVMe status {status}")]
+    Command {
+        /// Which command.
+        what: &'static str,
+        /// Its status.
+        status: Status,
+    },
+    /// The controller answered something that breaks the specification (an unknown command ID, a bad
+    /// Identify page, ...).
+    #[error("controller protocol violation: {0}")]
+    Protocol(String),
+    /// The queue pair or controller cannot take commands any more (reset, failed, detached).
+    #[error("{0}")]
+    Dead(String),
+    /// The caller asked for something invalid.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The queue is full.
+    #[error("queue full")]
+    QueueFull,
+    /// DMA memory could not be had.
+    #[error("DMA memory: {0}")]
+    Memory(#[source] nvpoll::Error),
+}
+
+impl Error {
+    /// A sysfs (or other file) error for `path`.
+    pub fn sysfs(path: impl Into<String>, source: io::Error) -> Error {
+        Error::Sysfs {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+impl From<Error> for nvpoll::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Command { status, .. } => nvpoll::Error::Nvme(status),
+            Error::Timeout(_) => nvpoll::Error::Timeout,
+            Error::InvalidArgument(s) => nvpoll::Error::InvalidArgument(s),
+            Error::QueueFull => nvpoll::Error::QueueFull,
+            Error::Memory(e) => e,
+            other => nvpoll::Error::Transport(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,418 @@
+//! Memory the driver shares with the device: the controller's registers (BAR0) and DMA memory (queues, PRP
+//! lists), accessed only through volatile loads and stores.
+//!
+//! - [`Bar`]: a mapped register window. Registers are read and written with plain, aligned 32-bit volatile
+//!   accesses (a 64-bit register is two of them, low dword first): wide or vector MMIO is fragile under
+//!   emulation, and the NVMe specification allows 32-bit accesses to every register.
+//! - [`SharedMem`]: a [`DmaBuf`] that the device reads or writes behind the compiler's back (submission and
+//!   completion queues, PRP lists). Each access is volatile, so a completion written by the device is seen by
+//!   the next poll and an entry the driver posts is in memory before the doorbell that announces it.
+//! - [`HostMemory`]: the device's side of DMA, for the memory-backed controller stand-in
+//!   ([`crate::fake`]): it reads and writes host memory by IOVA, like a device behind an IOMMU.
+//!
+//! Together with `vfio.rs` this module holds all the `unsafe` code of the crate.
+#![allow(unsafe_code)]
+
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, Ordering};
+
+use nvpoll::mem::{DmaBuf, DmaPool, DmaRegion};
+use nvpoll::spec::{Cqe, Sqe, CQE_SIZE, SQE_SIZE};
+
+/// A mapped register window (BAR0 of an NVMe controller), unmapped on drop.
+#[derive(Debug)]
+pub struct Bar {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the window is device memory that any thread may access with volatile loads and stores; `Bar` holds
+// no thread-local state, and every access is a single aligned 32-bit load or store.
+unsafe impl Send for Bar {}
+// SAFETY: as above; shared access only ever performs volatile loads and stores of whole registers.
+unsafe impl Sync for Bar {}
+
+impl Bar {
+    /// Takes ownership of a mapping of `len` bytes at `base`, which [`Drop`] unmaps with `munmap`.
+    ///
+    /// # Safety
+    /// `base..base + len` must be a live, readable and writable shared mapping made with `mmap` that nothing
+    /// else unmaps, and no Rust reference may point into it.
+    pub(crate) unsafe fn from_mmap(base: NonNull<u8>, len: usize) -> Bar {
+        Bar { base, len }
+    }
+
+    /// Size of the window in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the window is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Panics unless a 32-bit register at `offset` lies in the window and is aligned.
+    #[inline(always)]
+    fn check(&self, offset: usize) {
+        assert!(
+            offset % 4 == 0 && offset + 4 <= self.len,
+            "register offset {offset:#x} outside BAR0 ({:#x} bytes) or unaligned",
+            self.len
+        );
+    }
+
+    /// Reads the 32-bit register at `offset`.
+    #[inline]
+    pub fn read32(&self, offset: usize) -> u32 {
+        self.check(offset);
+        // SAFETY: `check` keeps the aligned 4-byte access inside the live mapping (see `from_mmap`).
+        unsafe { self.base.as_ptr().add(offset).cast::<u32>().read_volatile() }
+    }
+
+    /// Writes the 32-bit register at `offset`.
+    #[inline]
+    pub fn write32(&self, offset: usize, value: u32) {
+        self.check(offset);
+        // SAFETY: as in `read32`.
+        unsafe {
+            self.base
+                .as_ptr()
+                .add(offset)
+                .cast::<u32>()
+                .write_volatile(value)
+        }
+    }
+}
+
+impl Drop for Bar {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was made by mmap with this address and length and is unmapped only here.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A DMA buffer shared with the device, accessed only with volatile loads and stores.
+///
+/// It owns the [`DmaBuf`], so the memory stays valid (and is never borrowed as a Rust slice) for as long as
+/// the device may use it.
+pub struct SharedMem {
+    ptr: NonNull<u8>,
+    len: usize,
+    iova: u64,
+    /// Keeps the memory alive; never dereferenced while `SharedMem` exists.
+    _buf: DmaBuf,
+}
+
+// SAFETY: `SharedMem` owns its buffer exclusively (the DmaBuf is Send) and holds only a pointer into it.
+unsafe impl Send for SharedMem {}
+
+impl std::fmt::Debug for SharedMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedMem")
+            .field("iova", &format_args!("{:#x}", self.iova))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl SharedMem {
+    /// Takes over `buf` (its visible window), zeroing it.
+    pub fn new(mut buf: DmaBuf) -> SharedMem {
+        buf.as_mut_slice().fill(0);
+        let len = buf.len();
+        let iova = buf.iova();
+        let ptr =
+            NonNull::new(buf.as_mut_slice().as_mut_ptr()).expect("slice pointers are non-null");
+        SharedMem {
+            ptr,
+            len,
+            iova,
+            _buf: buf,
+        }
+    }
+
+    /// The IOVA of the first byte.
+    #[inline]
+    pub fn iova(&self) -> u64 {
+        self.iova
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[inline(always)]
+    fn at<T>(&self, offset: usize) -> *mut T {
+        let size = std::mem::size_of::<T>();
+        assert!(
+            offset % std::mem::align_of::<T>() == 0 && offset + size <= self.len,
+            "shared memory access of {size} bytes at {offset:#x} outside {:#x} bytes or unaligned",
+            self.len
+        );
+        // SAFETY: the assertion keeps the pointer inside the buffer.
+        unsafe { self.ptr.as_ptr().add(offset).cast() }
+    }
+
+    /// Zeroes the whole buffer.
+    pub fn zero(&mut self) {
+        // SAFETY: the range is exactly the buffer, which this value owns; no reference to it exists.
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr(), 0, self.len) };
+        fence(Ordering::Release);
+    }
+
+    /// Writes a 64-bit little-endian value at `offset` (8-byte aligned), e.g. a PRP list entry.
+    #[inline]
+    pub fn write_u64(&mut self, offset: usize, value: u64) {
+        let p = self.at::<u64>(offset);
+        // SAFETY: `at` checked bounds and alignment; the buffer is owned and not borrowed.
+        unsafe { p.write_volatile(value.to_le()) }
+    }
+
+    /// Reads a 64-bit little-endian value at `offset` (8-byte aligned).
+    #[inline]
+    pub fn read_u64(&self, offset: usize) -> u64 {
+        let p = self.at::<u64>(offset);
+        // SAFETY: as in `write_u64`.
+        u64::from_le(unsafe { p.read_volatile() })
+    }
+
+    /// Writes a submission queue entry into slot `index`.
+    #[inline]
+    pub fn write_sqe(&mut self, index: usize, sqe: &Sqe) {
+        let p = self.at::<[u64; SQE_SIZE / 8]>(index * SQE_SIZE);
+        let words = sqe_words(sqe);
+        // SAFETY: `at` checked bounds and alignment; the buffer is owned and not borrowed.
+        unsafe { p.write_volatile(words) }
+    }
+
+    /// Reads the completion queue entry in slot `index` if its phase tag equals `phase`: the dword holding the
+    /// phase is read first, and the rest only after it (with an acquire fence between).
+    #[inline]
+    pub fn read_cqe(&self, index: usize, phase: bool) -> Option<Cqe> {
+        let base = index * CQE_SIZE;
+        let p = self.at::<[u32; CQE_SIZE / 4]>(base).cast::<u32>();
+        // SAFETY: `at` checked that the 16-byte entry lies in the buffer, 4-byte aligned.
+        let dw3 = u32::from_le(unsafe { p.add(3).read_volatile() });
+        if (dw3 >> 16) & 1 != u32::from(phase) {
+            return None;
+        }
+        fence(Ordering::Acquire);
+        // SAFETY: as above.
+        let (dw0, dw1, dw2) = unsafe {
+            (
+                u32::from_le(p.read_volatile()),
+                u32::from_le(p.add(1).read_volatile()),
+                u32::from_le(p.add(2).read_volatile()),
+            )
+        };
+        Some(Cqe {
+            dw0,
+            dw1,
+            sqhd: dw2 as u16,
+            sqid: (dw2 >> 16) as u16,
+            cid: dw3 as u16,
+            status_phase: (dw3 >> 16) as u16,
+        })
+    }
+
+    /// Copies `out.len()` bytes from `offset` into `out`.
+    pub fn read_bytes(&self, offset: usize, out: &mut [u8]) {
+        assert!(
+            offset + out.len() <= self.len,
+            "read past the shared buffer"
+        );
+        // SAFETY: the range lies in the owned buffer; `out` is a distinct Rust allocation.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+    }
+}
+
+/// The SQE as the eight little-endian quadwords of its wire form.
+#[inline(always)]
+fn sqe_words(sqe: &Sqe) -> [u64; SQE_SIZE / 8] {
+    let dw = |lo: u32, hi: u32| u64::from(lo) | u64::from(hi) << 32;
+    let dw0 = u32::from(sqe.opcode) | u32::from(sqe.flags) << 8 | u32::from(sqe.cid) << 16;
+    [
+        dw(dw0, sqe.nsid).to_le(),
+        dw(sqe.cdw2, sqe.cdw3).to_le(),
+        sqe.mptr.to_le(),
+        sqe.dptr1.to_le(),
+        sqe.dptr2.to_le(),
+        dw(sqe.cdw10, sqe.cdw11).to_le(),
+        dw(sqe.cdw12, sqe.cdw13).to_le(),
+        dw(sqe.cdw14, sqe.cdw15).to_le(),
+    ]
+}
+
+/// Orders the stores to shared memory before a following doorbell write (a release fence).
+#[inline(always)]
+pub fn wmb() {
+    fence(Ordering::Release);
+}
+
+/// The device's side of DMA for the memory-backed controller stand-in: reads and writes host memory by IOVA,
+/// through the regions of the pools mapped into it, as a device behind an IOMMU does.
+///
+/// It follows the same contract as a real device: the driver hands it only IOVAs of memory it does not borrow
+/// while the command runs (queue memory, PRP lists, the buffer of an in-flight command). An IOVA outside every
+/// mapped region is refused, as an IOMMU would fault it.
+#[derive(Debug, Default)]
+pub struct HostMemory {
+    regions: Vec<(DmaRegion, DmaPool)>,
+}
+
+impl HostMemory {
+    /// An empty view: nothing is mapped.
+    pub fn new() -> HostMemory {
+        HostMemory::default()
+    }
+
+    /// Maps every region of `pool` (at the IOVA the pool reports); keeps the pool alive until removed.
+    pub fn add(&mut self, pool: &DmaPool) {
+        for r in pool.regions() {
+            self.regions.push((r, pool.clone()));
+        }
+    }
+
+    /// Unmaps the regions of `pool`. Returns how many were mapped.
+    pub fn remove(&mut self, pool: &DmaPool) -> usize {
+        let gone = pool.regions();
+        let before = self.regions.len();
+        self.regions.retain(|(r, _)| !gone.contains(r));
+        before - self.regions.len()
+    }
+
+    /// Whether `iova..iova + len` lies in one mapped region.
+    pub fn contains(&self, iova: u64, len: usize) -> bool {
+        self.translate(iova, len).is_some()
+    }
+
+    fn translate(&self, iova: u64, len: usize) -> Option<*mut u8> {
+        let (r, _) = self.regions.iter().find(|(r, _)| {
+            iova >= r.iova
+                && iova
+                    .checked_add(len as u64)
+                    .is_some_and(|end| end <= r.iova + r.len as u64)
+        })?;
+        Some((r.vaddr + (iova - r.iova) as usize) as *mut u8)
+    }
+
+    /// Device read: copies `out.len()` bytes at `iova` into `out`. Returns `false` (copying nothing) when the
+    /// range is not mapped.
+    pub fn read(&self, iova: u64, out: &mut [u8]) -> bool {
+        let Some(p) = self.translate(iova, out.len()) else {
+            return false;
+        };
+        // SAFETY: `translate` found the range inside a region of a live pool (kept alive by the clone we hold);
+        // by this type's contract no Rust reference borrows it while the device accesses it.
+        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
+        true
+    }
+
+    /// Device write: copies `data` to `iova`. Returns `false` (copying nothing) when the range is not mapped.
+    pub fn write(&self, iova: u64, data: &[u8]) -> bool {
+        let Some(p) = self.translate(iova, data.len()) else {
+            return false;
+        };
+        // SAFETY: as in `read`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvpoll::mem::HugepageMode;
+
+    fn pool() -> DmaPool {
+        DmaPool::builder()
+            .class(4096, 4)
+            .hugepages(HugepageMode::Off)
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn sqe_words_match_the_wire_form() {
+        let sqe = Sqe {
+            opcode: 0x02,
+            flags: 0x40,
+            cid: 0x1234,
+            nsid: 7,
+            cdw2: 2,
+            cdw3: 3,
+            mptr: 0x1111,
+            dptr1: 0xdead_beef_0000,
+            dptr2: 0x2000,
+            cdw10: 10,
+            cdw11: 11,
+            cdw12: 12,
+            cdw13: 13,
+            cdw14: 14,
+            cdw15: 15,
+        };
+        let words = sqe_words(&sqe);
+        let bytes: Vec<u8> = words
+            .iter()
+            .flat_map(|w| u64::from_le(*w).to_le_bytes())
+            .collect();
+        assert_eq!(bytes, sqe.to_bytes());
+    }
+
+    #[test]
+    fn shared_mem_and_host_memory_agree() {
+        let pool = pool();
+        let mut mem = SharedMem::new(pool.alloc(4096).unwrap());
+        let mut host = HostMemory::new();
+        let sqe = Sqe::read(1, 0x1234, 7);
+        mem.write_sqe(2, &sqe);
+        let mut b = [0u8; 64];
+        assert!(
+            !host.read(mem.iova() + 128, &mut b),
+            "nothing is mapped yet"
+        );
+        host.add(&pool);
+        assert!(host.read(mem.iova() + 128, &mut b));
+        assert_eq!(Sqe::from_bytes(&b), Some(sqe));
+
+        let mut cqe = Cqe {
+            dw0: 5,
+            cid: 9,
+            sqhd: 3,
+            sqid: 1,
+            ..Default::default()
+        };
+        cqe.set_status(nvpoll::spec::Status::SUCCESS, true);
+        assert_eq!(mem.read_cqe(1, true), None);
+        assert!(host.write(mem.iova() + 16, &cqe.to_bytes()));
+        assert_eq!(mem.read_cqe(1, false), None, "wrong phase");
+        assert_eq!(mem.read_cqe(1, true), Some(cqe));
+
+        mem.write_u64(4088, 0xabcd);
+        assert_eq!(mem.read_u64(4088), 0xabcd);
+        assert!(!host.contains(mem.iova() + 4090, 4096 * 4));
+        assert_eq!(host.remove(&pool), 1);
+        assert!(!host.contains(mem.iova(), 1));
+    }
+
+    #[test]
+    #[should_panic(expected = "outside")]
+    fn shared_mem_is_bounds_checked() {
+        let pool = pool();
+        let mem = SharedMem::new(pool.alloc(4096).unwrap());
+        mem.read_u64(4096);
+    }
+}

@@ -1,0 +1,695 @@
+//! The legacy VFIO container/group API: everything the driver asks of the kernel to own a PCI function.
+//!
+//! [`VfioDevice::open`] does the whole sequence for one NVMe controller:
+//! 1. finds the device's IOMMU group in sysfs and opens `/dev/vfio/vfio` (the container) and `/dev/vfio/N`;
+//! 2. checks the API version, that the type-1 v2 IOMMU is there, and that the group is viable (all its
+//!    devices bound to vfio-pci), naming the devices that block it if not;
+//! 3. attaches the group to the container and selects `VFIO_TYPE1v2_IOMMU`, then reads the IOMMU's page sizes
+//!    and allowed IOVA ranges (`VFIO_IOMMU_GET_INFO` with the IOVA-range capability);
+//! 4. gets the device fd, checks it is an NVMe controller, maps BAR0, and turns on memory space and bus
+//!    mastering in the PCI command register (vfio-pci leaves bus mastering off).
+//!
+//! DMA memory is mapped with [`VfioDevice::map_pool`]: IOVA = virtual address, as SPDK and libvfn do, unless
+//! the IOMMU's ranges exclude that address; then an IOVA is picked from an allowed range.
+//!
+//! Together with `mmio.rs` this module holds all the `unsafe` code of the crate: the ioctls and the BAR mmap.
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::ptr::NonNull;
+use std::sync::Mutex;
+
+use nvpoll::mem::DmaPool;
+use nvpoll::trid::PciAddress;
+use vfio_bindings::bindings::vfio as sys;
+
+use crate::mmio::Bar;
+use crate::sysfs::{Sysfs, NVME_CLASS};
+use crate::Error;
+
+/// `_IO(VFIO_TYPE, VFIO_BASE + n)`: every VFIO ioctl is encoded without size or direction.
+const fn vfio_io(n: u32) -> libc::c_ulong {
+    ((sys::VFIO_TYPE as libc::c_ulong) << 8) | (sys::VFIO_BASE + n) as libc::c_ulong
+}
+
+const VFIO_GET_API_VERSION: libc::c_ulong = vfio_io(0);
+const VFIO_CHECK_EXTENSION: libc::c_ulong = vfio_io(1);
+const VFIO_SET_IOMMU: libc::c_ulong = vfio_io(2);
+const VFIO_GROUP_GET_STATUS: libc::c_ulong = vfio_io(3);
+const VFIO_GROUP_SET_CONTAINER: libc::c_ulong = vfio_io(4);
+const VFIO_GROUP_GET_DEVICE_FD: libc::c_ulong = vfio_io(6);
+const VFIO_DEVICE_GET_INFO: libc::c_ulong = vfio_io(7);
+const VFIO_DEVICE_GET_REGION_INFO: libc::c_ulong = vfio_io(8);
+const VFIO_IOMMU_GET_INFO: libc::c_ulong = vfio_io(12);
+const VFIO_IOMMU_MAP_DMA: libc::c_ulong = vfio_io(13);
+const VFIO_IOMMU_UNMAP_DMA: libc::c_ulong = vfio_io(14);
+
+/// PCI configuration space: the command register and its bits.
+const PCI_COMMAND: u64 = 0x04;
+const PCI_COMMAND_MEMORY: u16 = 1 << 1;
+const PCI_COMMAND_MASTER: u16 = 1 << 2;
+/// PCI configuration space: revision ID and class code (dword at 0x08, class in bits 31:8).
+const PCI_CLASS_REVISION: u64 = 0x08;
+
+/// Runs an ioctl whose argument is a pointer to `arg`, returning its non-negative result.
+///
+/// # Safety
+/// `request` must be an ioctl that reads and writes at most `size_of::<T>()` bytes at its argument (or the
+/// `argsz` the argument itself declares, which must not exceed the allocation `arg` points into).
+unsafe fn ioctl_ptr<T>(fd: &File, request: libc::c_ulong, arg: *mut T) -> io::Result<i32> {
+    // SAFETY: the caller guarantees `arg` matches what `request` accesses; `fd` is an open file.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), request as _, arg) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+/// Runs an ioctl whose argument is a plain integer, returning its non-negative result.
+fn ioctl_val(fd: &File, request: libc::c_ulong, arg: libc::c_ulong) -> io::Result<i32> {
+    // SAFETY: only called with VFIO ioctls that take an integer argument (API version, extension check,
+    // IOMMU type), which read no memory of ours.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), request as _, arg) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+/// What the type-1 IOMMU supports: page sizes and the IOVA ranges DMA may use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IommuInfo {
+    /// Bit mask of supported IOMMU page sizes (e.g. 4K|2M|1G).
+    pub page_sizes: u64,
+    /// Allowed IOVA ranges, inclusive `(start, end)`; empty when the kernel does not report them (then every
+    /// IOVA is allowed).
+    pub ranges: Vec<(u64, u64)>,
+}
+
+impl IommuInfo {
+    /// The smallest IOMMU page size.
+    pub fn min_page_size(&self) -> u64 {
+        if self.page_sizes == 0 {
+            4096
+        } else {
+            1 << self.page_sizes.trailing_zeros()
+        }
+    }
+
+    /// Whether `iova..iova + len` lies within one allowed range.
+    pub fn allows(&self, iova: u64, len: u64) -> bool {
+        let Some(last) = len.checked_sub(1).and_then(|l| iova.checked_add(l)) else {
+            return false;
+        };
+        self.ranges.is_empty() || self.ranges.iter().any(|&(s, e)| iova >= s && last <= e)
+    }
+
+    /// Picks the IOVA for `len` bytes at virtual address `vaddr`: the address itself when allowed (IOVA =
+    /// VA), else the lowest address aligned to `align` in an allowed range that overlaps none of `taken`
+    /// (`(iova, len)` pairs).
+    pub fn choose(
+        &self,
+        vaddr: u64,
+        len: u64,
+        align: u64,
+        taken: &[(u64, u64)],
+    ) -> Result<u64, Error> {
+        let pg = self.min_page_size();
+        if vaddr % pg != 0 || len % pg != 0 || len == 0 {
+            return Err(Error::NoIova {
+                len,
+                why: format!(
+                    "the region at {vaddr:#x} is not aligned to the IOMMU's smallest page of {pg:#x} bytes"
+                ),
+            });
+        }
+        let overlaps = |iova: u64| taken.iter().any(|&(t, tl)| iova < t + tl && t < iova + len);
+        if self.allows(vaddr, len) && !overlaps(vaddr) {
+            return Ok(vaddr);
+        }
+        let align = align.max(pg);
+        for &(start, end) in &self.ranges {
+            let mut iova = start.next_multiple_of(align).max(align);
+            while iova.checked_add(len - 1).is_some_and(|last| last <= end) {
+                match taken
+                    .iter()
+                    .find(|&&(t, tl)| iova < t + tl && t < iova + len)
+                {
+                    None => return Ok(iova),
+                    Some(&(t, tl)) => iova = (t + tl).next_multiple_of(align),
+                }
+            }
+        }
+        Err(Error::NoIova {
+            len,
+            why: format!("no allowed IOVA range has room (ranges {:x?})", self.ranges),
+        })
+    }
+}
+
+/// Parses the capability chain of a `VFIO_IOMMU_GET_INFO` answer (`buf` is the whole answer).
+fn parse_iommu_info(buf: &[u8]) -> IommuInfo {
+    let u32_at = |o: usize| {
+        buf.get(o..o + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+    };
+    let u64_at = |o: usize| {
+        buf.get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    };
+    let flags = u32_at(4).unwrap_or(0);
+    let page_sizes = if flags & sys::VFIO_IOMMU_INFO_PGSIZES != 0 {
+        u64_at(8).unwrap_or(0)
+    } else {
+        0
+    };
+    let mut ranges = Vec::new();
+    let mut off = if flags & sys::VFIO_IOMMU_INFO_CAPS != 0 {
+        u32_at(16).unwrap_or(0) as usize
+    } else {
+        0
+    };
+    // Each capability: id (u16), version (u16), next (u32, offset from the start of the buffer; 0 ends).
+    let mut hops = 0;
+    while off != 0 && hops < 64 {
+        hops += 1;
+        let Some(head) = u32_at(off) else { break };
+        let id = head & 0xffff;
+        if id == sys::VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE {
+            let n = u32_at(off + 8).unwrap_or(0) as usize;
+            for i in 0..n.min(1024) {
+                let o = off + 16 + 16 * i;
+                if let (Some(s), Some(e)) = (u64_at(o), u64_at(o + 8)) {
+                    ranges.push((s, e));
+                }
+            }
+        }
+        off = u32_at(off + 4).unwrap_or(0) as usize;
+    }
+    IommuInfo { page_sizes, ranges }
+}
+
+/// One DMA mapping made in the container.
+#[derive(Debug)]
+struct Mapping {
+    vaddr: usize,
+    iova: u64,
+    len: u64,
+    /// How many `map_pool` calls share it.
+    refs: u32,
+    /// Keeps the memory alive while the IOMMU maps it.
+    _pool: DmaPool,
+}
+
+/// A PCI function owned through VFIO: container, group, device fd, BAR0 and DMA mappings.
+///
+/// Dropping it unmaps every DMA mapping still there, unmaps BAR0 and closes the fds (which detaches the group
+/// from the container).
+#[derive(Debug)]
+pub struct VfioDevice {
+    bdf: PciAddress,
+    group: u32,
+    iommu: IommuInfo,
+    bar: Bar,
+    mappings: Mutex<Vec<Mapping>>,
+    // Field order is drop order: the device fd closes before the group, the group before the container.
+    device: File,
+    config_offset: u64,
+    _group_file: File,
+    container: File,
+}
+
+fn region_info(device: &File, index: u32) -> Result<sys::vfio_region_info, Error> {
+    let mut info = sys::vfio_region_info {
+        argsz: std::mem::size_of::<sys::vfio_region_info>() as u32,
+        index,
+        ..Default::default()
+    };
+    // SAFETY: VFIO_DEVICE_GET_REGION_INFO reads and writes at most `argsz` bytes of the struct, which is
+    // exactly its size.
+    unsafe { ioctl_ptr(device, VFIO_DEVICE_GET_REGION_INFO, &mut info) }
+        .map_err(|source| Error::RegionInfo { index, source })?;
+    Ok(info)
+}
+
+impl VfioDevice {
+    /// Opens `bdf` (bound to vfio-pci) as described in the module documentation, looking it up in the real
+    /// sysfs.
+    pub fn open(bdf: PciAddress) -> Result<VfioDevice, Error> {
+        VfioDevice::open_in(&Sysfs::new(), bdf)
+    }
+
+    /// As [`VfioDevice::open`], with sysfs looked up through `sysfs`.
+    pub fn open_in(sysfs: &Sysfs, bdf: PciAddress) -> Result<VfioDevice, Error> {
+        let group = match sysfs.iommu_group(bdf)? {
+            Some(g) => g,
+            None => {
+                return Err(Error::Unsupported(format!(
+                    "{bdf} has no IOMMU group: the IOMMU is off. Turn it on with intel_iommu=on (Intel) or \
+                     amd_iommu=on (AMD) on the kernel command line, and check that VT-d/AMD-Vi is enabled \
+                     in the firmware"
+                )))
+            }
+        };
+        match sysfs.driver(bdf) {
+            Some(d) if d == "vfio-pci" => {}
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "{bdf} is bound to {}, not vfio-pci: run `nvpoll-setup bind {bdf}` first",
+                    other.unwrap_or_else(|| "no driver".into())
+                )))
+            }
+        }
+        let open = |path: &str| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(path)
+        };
+        let cpath = "/dev/vfio/vfio";
+        let container = open(cpath).map_err(|source| Error::OpenContainer {
+            path: cpath.into(),
+            source,
+        })?;
+        let version = ioctl_val(&container, VFIO_GET_API_VERSION, 0).map_err(Error::ApiVersion)?;
+        if version != sys::VFIO_API_VERSION as i32 {
+            return Err(Error::ApiVersion(io::Error::other(format!(
+                "the kernel speaks VFIO API {version}, this driver {}",
+                sys::VFIO_API_VERSION
+            ))));
+        }
+        let ext = ioctl_val(
+            &container,
+            VFIO_CHECK_EXTENSION,
+            sys::VFIO_TYPE1v2_IOMMU as libc::c_ulong,
+        )
+        .map_err(Error::CheckExtension)?;
+        if ext <= 0 {
+            return Err(Error::CheckExtension(io::Error::other(
+                "the type-1 v2 IOMMU is not supported",
+            )));
+        }
+
+        let gpath = format!("/dev/vfio/{group}");
+        let group_file = open(&gpath).map_err(|source| Error::OpenGroup {
+            path: gpath.clone(),
+            source,
+        })?;
+        let mut status = sys::vfio_group_status {
+            argsz: std::mem::size_of::<sys::vfio_group_status>() as u32,
+            flags: 0,
+        };
+        // SAFETY: VFIO_GROUP_GET_STATUS writes a `vfio_group_status`, exactly `argsz` bytes.
+        unsafe { ioctl_ptr(&group_file, VFIO_GROUP_GET_STATUS, &mut status) }
+            .map_err(Error::GroupStatus)?;
+        if status.flags & sys::VFIO_GROUP_FLAGS_VIABLE == 0 {
+            return Err(Error::GroupNotViable {
+                group,
+                others: sysfs.group_blockers(group),
+            });
+        }
+        let mut cfd: i32 = container.as_raw_fd();
+        // SAFETY: VFIO_GROUP_SET_CONTAINER reads one int (the container fd) at its argument.
+        unsafe { ioctl_ptr(&group_file, VFIO_GROUP_SET_CONTAINER, &mut cfd) }
+            .map_err(Error::SetContainer)?;
+        ioctl_val(
+            &container,
+            VFIO_SET_IOMMU,
+            sys::VFIO_TYPE1v2_IOMMU as libc::c_ulong,
+        )
+        .map_err(Error::SetIommu)?;
+        let iommu = iommu_info(&container)?;
+
+        let name = CString::new(bdf.to_string()).expect("a PCI address has no NUL");
+        // SAFETY: VFIO_GROUP_GET_DEVICE_FD reads a NUL-terminated string at its argument.
+        let dfd = unsafe {
+            ioctl_ptr(
+                &group_file,
+                VFIO_GROUP_GET_DEVICE_FD,
+                name.as_ptr().cast_mut(),
+            )
+        }
+        .map_err(|source| Error::DeviceFd {
+            bdf: bdf.to_string(),
+            source,
+        })?;
+        // SAFETY: the ioctl returned a new fd that nothing else owns.
+        let device = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(dfd) };
+
+        let mut dinfo = sys::vfio_device_info {
+            argsz: std::mem::size_of::<sys::vfio_device_info>() as u32,
+            ..Default::default()
+        };
+        // SAFETY: VFIO_DEVICE_GET_INFO writes at most `argsz` bytes of a `vfio_device_info`.
+        unsafe { ioctl_ptr(&device, VFIO_DEVICE_GET_INFO, &mut dinfo) }
+            .map_err(Error::DeviceInfo)?;
+        if dinfo.flags & sys::VFIO_DEVICE_FLAGS_PCI == 0
+            || dinfo.num_regions <= sys::VFIO_PCI_CONFIG_REGION_INDEX
+        {
+            return Err(Error::Unsupported(format!(
+                "{bdf} is not a PCI device to VFIO"
+            )));
+        }
+        let config = region_info(&device, sys::VFIO_PCI_CONFIG_REGION_INDEX)?;
+        let config_offset = config.offset;
+        let read_config = |offset: u64, buf: &mut [u8]| {
+            device
+                .read_exact_at(buf, config_offset + offset)
+                .map_err(|source| Error::Config { offset, source })
+        };
+        let mut class = [0u8; 4];
+        read_config(PCI_CLASS_REVISION, &mut class)?;
+        let class = u32::from_le_bytes(class) >> 8;
+        if class != NVME_CLASS {
+            return Err(Error::Unsupported(format!(
+                "{bdf} has PCI class {class:06x}, not an NVMe controller ({NVME_CLASS:06x})"
+            )));
+        }
+
+        let bar0 = region_info(&device, sys::VFIO_PCI_BAR0_REGION_INDEX)?;
+        if bar0.flags & sys::VFIO_REGION_INFO_FLAG_MMAP == 0 || bar0.size < 0x2000 {
+            return Err(Error::MapBar(io::Error::other(format!(
+                "BAR0 of {bdf} is not mappable (flags {:#x}, {} bytes)",
+                bar0.flags, bar0.size
+            ))));
+        }
+        let len = bar0.size as usize;
+        // SAFETY: a fresh shared mapping of the device fd at the offset VFIO gave for BAR0; the kernel picks
+        // the address, so nothing else lives there.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                device.as_raw_fd(),
+                bar0.offset as libc::off_t,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(Error::MapBar(io::Error::last_os_error()));
+        }
+        let base = NonNull::new(base.cast::<u8>())
+            .ok_or_else(|| Error::MapBar(io::Error::other("null mapping")))?;
+        // SAFETY: `base..base + len` is the live shared mapping just made, owned by nothing else.
+        let bar = unsafe { Bar::from_mmap(base, len) };
+
+        let dev = VfioDevice {
+            bdf,
+            group,
+            iommu,
+            bar,
+            mappings: Mutex::new(Vec::new()),
+            device,
+            config_offset,
+            _group_file: group_file,
+            container,
+        };
+        dev.enable_bus_master()?;
+        Ok(dev)
+    }
+
+    /// Turns on memory space decoding and bus mastering (PCI_COMMAND bits 1 and 2).
+    fn enable_bus_master(&self) -> Result<(), Error> {
+        let mut cmd = [0u8; 2];
+        self.device
+            .read_exact_at(&mut cmd, self.config_offset + PCI_COMMAND)
+            .map_err(|source| Error::Config {
+                offset: PCI_COMMAND,
+                source,
+            })?;
+        let value = u16::from_le_bytes(cmd) | PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER;
+        self.device
+            .write_all_at(&value.to_le_bytes(), self.config_offset + PCI_COMMAND)
+            .map_err(|source| Error::Config {
+                offset: PCI_COMMAND,
+                source,
+            })
+    }
+
+    /// Reads the PCI command register.
+    pub fn pci_command(&self) -> Result<u16, Error> {
+        let mut cmd = [0u8; 2];
+        self.device
+            .read_exact_at(&mut cmd, self.config_offset + PCI_COMMAND)
+            .map_err(|source| Error::Config {
+                offset: PCI_COMMAND,
+                source,
+            })?;
+        Ok(u16::from_le_bytes(cmd))
+    }
+
+    /// The device's PCI address.
+    pub fn bdf(&self) -> PciAddress {
+        self.bdf
+    }
+
+    /// The IOMMU group.
+    pub fn group(&self) -> u32 {
+        self.group
+    }
+
+    /// What the IOMMU supports.
+    pub fn iommu(&self) -> &IommuInfo {
+        &self.iommu
+    }
+
+    /// BAR0.
+    pub fn bar(&self) -> &Bar {
+        &self.bar
+    }
+
+    /// Maps every region of `pool` for DMA (read and write) and sets the pool's IOVAs. Mapping a pool that
+    /// is already mapped only counts a reference.
+    pub fn map_pool(&self, pool: &DmaPool) -> Result<(), Error> {
+        let mut maps = self.mappings.lock().unwrap_or_else(|e| e.into_inner());
+        // The pool's callback speaks nvpoll::Error; keep ours to return it unchanged.
+        let mut failure: Option<Error> = None;
+        let mut fail = |e: Error| {
+            let msg = e.to_string();
+            failure = Some(e);
+            nvpoll::Error::Memory(msg)
+        };
+        let r = pool.map_iova(|region| {
+            if let Some(m) = maps.iter_mut().find(|m| m.vaddr == region.vaddr) {
+                m.refs += 1;
+                return Ok(m.iova);
+            }
+            let taken: Vec<(u64, u64)> = maps.iter().map(|m| (m.iova, m.len)).collect();
+            let len = region.len as u64;
+            let iova = self
+                .iommu
+                .choose(
+                    region.vaddr as u64,
+                    len,
+                    nvpoll::mem::HUGEPAGE_SIZE as u64,
+                    &taken,
+                )
+                .map_err(&mut fail)?;
+            let mut map = sys::vfio_iommu_type1_dma_map {
+                argsz: std::mem::size_of::<sys::vfio_iommu_type1_dma_map>() as u32,
+                flags: sys::VFIO_DMA_MAP_FLAG_READ | sys::VFIO_DMA_MAP_FLAG_WRITE,
+                vaddr: region.vaddr as u64,
+                iova,
+                size: len,
+            };
+            // SAFETY: VFIO_IOMMU_MAP_DMA reads a `vfio_iommu_type1_dma_map` of `argsz` bytes. The memory it
+            // pins belongs to `pool`, which the mapping record keeps alive until it is unmapped.
+            unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_MAP_DMA, &mut map) }
+                .map_err(|source| Error::MapDma { iova, len, source })
+                .map_err(&mut fail)?;
+            maps.push(Mapping {
+                vaddr: region.vaddr,
+                iova,
+                len,
+                refs: 1,
+                _pool: pool.clone(),
+            });
+            Ok(iova)
+        });
+        match (r, failure) {
+            (Ok(()), _) => Ok(()),
+            (Err(_), Some(e)) => Err(e),
+            (Err(e), None) => Err(Error::Memory(e)),
+        }
+    }
+
+    /// Drops one reference to the mappings of `pool`'s regions, unmapping those that reach zero.
+    pub fn unmap_pool(&self, pool: &DmaPool) -> Result<(), Error> {
+        let mut maps = self.mappings.lock().unwrap_or_else(|e| e.into_inner());
+        let mut result = Ok(());
+        for region in pool.regions() {
+            let Some(i) = maps.iter().position(|m| m.vaddr == region.vaddr) else {
+                continue;
+            };
+            maps[i].refs -= 1;
+            if maps[i].refs == 0 {
+                let m = maps.swap_remove(i);
+                if let Err(e) = self.unmap(m.iova, m.len) {
+                    result = Err(e);
+                }
+            }
+        }
+        result
+    }
+
+    fn unmap(&self, iova: u64, len: u64) -> Result<(), Error> {
+        let mut unmap = sys::vfio_iommu_type1_dma_unmap {
+            argsz: std::mem::size_of::<sys::vfio_iommu_type1_dma_unmap>() as u32,
+            flags: 0,
+            iova,
+            size: len,
+            data: Default::default(),
+        };
+        // SAFETY: VFIO_IOMMU_UNMAP_DMA reads and writes a `vfio_iommu_type1_dma_unmap` of `argsz` bytes (no
+        // dirty bitmap is asked for, so nothing past the fixed fields).
+        unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_UNMAP_DMA, &mut unmap) }
+            .map_err(|source| Error::UnmapDma { iova, len, source })?;
+        Ok(())
+    }
+
+    /// The IOVA ranges mapped now, `(iova, len)`.
+    pub fn mapped(&self) -> Vec<(u64, u64)> {
+        let maps = self.mappings.lock().unwrap_or_else(|e| e.into_inner());
+        maps.iter().map(|m| (m.iova, m.len)).collect()
+    }
+}
+
+impl Drop for VfioDevice {
+    fn drop(&mut self) {
+        let maps = std::mem::take(self.mappings.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for m in maps {
+            if let Err(e) = self.unmap(m.iova, m.len) {
+                eprintln!("nvpoll-pcie: warning: {e}");
+            }
+        }
+    }
+}
+
+/// `VFIO_IOMMU_GET_INFO`, asked twice when the capability chain does not fit the first buffer.
+fn iommu_info(container: &File) -> Result<IommuInfo, Error> {
+    let mut argsz = std::mem::size_of::<sys::vfio_iommu_type1_info>();
+    for _ in 0..2 {
+        // u64 storage keeps the buffer aligned for the struct.
+        let mut buf = vec![0u64; argsz.div_ceil(8)];
+        let bytes = buf.len() * 8;
+        let head = buf.as_mut_ptr().cast::<sys::vfio_iommu_type1_info>();
+        // SAFETY: the buffer holds at least one `vfio_iommu_type1_info` and is 8-byte aligned.
+        unsafe { (*head).argsz = argsz as u32 };
+        // SAFETY: the kernel writes at most `argsz` bytes, which the buffer holds.
+        unsafe { ioctl_ptr(container, VFIO_IOMMU_GET_INFO, head) }.map_err(Error::IommuInfo)?;
+        // SAFETY: as above; the kernel filled the header.
+        let (want, flags) = unsafe { ((*head).argsz as usize, (*head).flags) };
+        if want > argsz && flags & sys::VFIO_IOMMU_INFO_CAPS != 0 {
+            argsz = want;
+            continue;
+        }
+        let raw: Vec<u8> = buf
+            .iter()
+            .flat_map(|w| w.to_ne_bytes())
+            .take(bytes)
+            .collect();
+        return Ok(parse_iommu_info(&raw[..argsz.min(bytes)]));
+    }
+    Err(Error::IommuInfo(io::Error::other(
+        "the IOMMU info kept growing between two calls",
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ioctl_numbers() {
+        // From <linux/vfio.h>: _IO(';', 100 + n).
+        assert_eq!(VFIO_GET_API_VERSION, 0x3b64);
+        assert_eq!(VFIO_SET_IOMMU, 0x3b66);
+        assert_eq!(VFIO_GROUP_GET_DEVICE_FD, 0x3b6a);
+        assert_eq!(VFIO_IOMMU_GET_INFO, 0x3b70);
+        assert_eq!(VFIO_IOMMU_MAP_DMA, 0x3b71);
+        assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3b72);
+    }
+
+    #[test]
+    fn iommu_info_capability_chain() {
+        // Header (24 bytes), then a migration capability (id 2) that points at an IOVA-range one (id 1).
+        let mut b = vec![0u8; 24];
+        b[0..4].copy_from_slice(&(24u32 + 32 + 48).to_le_bytes());
+        b[4..8].copy_from_slice(
+            &(sys::VFIO_IOMMU_INFO_PGSIZES | sys::VFIO_IOMMU_INFO_CAPS).to_le_bytes(),
+        );
+        b[8..16].copy_from_slice(&0x4020_1000u64.to_le_bytes());
+        b[16..20].copy_from_slice(&24u32.to_le_bytes());
+        let mut mig = vec![0u8; 32];
+        mig[0..2].copy_from_slice(&2u16.to_le_bytes());
+        mig[4..8].copy_from_slice(&56u32.to_le_bytes());
+        b.extend(mig);
+        let mut r = vec![0u8; 48];
+        r[0..2].copy_from_slice(&1u16.to_le_bytes());
+        r[8..12].copy_from_slice(&2u32.to_le_bytes());
+        r[16..24].copy_from_slice(&0u64.to_le_bytes());
+        r[24..32].copy_from_slice(&0xfedf_ffffu64.to_le_bytes());
+        r[32..40].copy_from_slice(&0xfef0_0000u64.to_le_bytes());
+        r[40..48].copy_from_slice(&0xffff_ffff_ffffu64.to_le_bytes());
+        b.extend(r);
+        let info = parse_iommu_info(&b);
+        assert_eq!(info.page_sizes, 0x4020_1000);
+        assert_eq!(info.min_page_size(), 4096);
+        assert_eq!(
+            info.ranges,
+            vec![(0, 0xfedf_ffff), (0xfef0_0000, 0xffff_ffff_ffff)]
+        );
+        // A truncated chain stops without panicking.
+        let cut = parse_iommu_info(&b[..60]);
+        assert!(cut.ranges.is_empty());
+    }
+
+    #[test]
+    fn iova_choice() {
+        let info = IommuInfo {
+            page_sizes: 0x4020_1000,
+            ranges: vec![(0, 0xfedf_ffff), (0xfef0_0000, 0xffff_ffff_ffff)],
+        };
+        let mb2 = 2 << 20;
+        // IOVA = VA where allowed.
+        assert_eq!(
+            info.choose(0x7f00_0000_0000, mb2, mb2, &[]).unwrap(),
+            0x7f00_0000_0000
+        );
+        // A VA inside the MSI hole, or beyond 48 bits, gets an IOVA from the first range.
+        assert_eq!(info.choose(0xfee0_0000, mb2, mb2, &[]).unwrap(), mb2);
+        assert_eq!(
+            info.choose(1 << 50, mb2, mb2, &[(mb2, mb2)]).unwrap(),
+            2 * mb2
+        );
+        // Overlap with an existing mapping moves it too.
+        assert_eq!(
+            info.choose(0x4000_0000, mb2, mb2, &[(0x4000_0000, 4096)])
+                .unwrap(),
+            mb2
+        );
+        assert!(info.choose(0x1001, 4096, mb2, &[]).is_err());
+        let tiny = IommuInfo {
+            page_sizes: 4096,
+            ranges: vec![(0, 0xfff)],
+        };
+        assert!(matches!(
+            tiny.choose(1 << 40, mb2, mb2, &[]),
+            Err(Error::NoIova { .. })
+        ));
+        let open = IommuInfo {
+            page_sizes: 0,
+            ranges: vec![],
+        };
+        assert!(open.allows(u64::MAX - 4095, 4096));
+        assert!(!open.allows(u64::MAX, 2));
+    }
+}
