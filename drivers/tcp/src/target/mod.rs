@@ -537,12 +537,17 @@ impl Target {
         reactors
             .send(0, move |ctx| {
                 let id = Rc::new(Cell::new(None));
-                let pid = ctx.add_poller(ListenerPoller {
-                    listener,
-                    shared,
-                    next: 0,
-                    id: Rc::clone(&id),
-                });
+                // Accepting is not latency-critical: polling the listener every iteration would cost one
+                // accept4() system call per poll of the busiest reactor, as much as the I/O sockets' reads.
+                let pid = ctx.add_timed_poller(
+                    LISTEN_POLL_PERIOD,
+                    ListenerPoller {
+                        listener,
+                        shared,
+                        next: 0,
+                        id: Rc::clone(&id),
+                    },
+                );
                 id.set(Some(pid));
             })
             .map_err(|e| {
@@ -590,6 +595,9 @@ struct ListenerPoller {
     next: usize,
     id: Rc<Cell<Option<PollerId>>>,
 }
+
+/// How often the listener looks for new connections.
+const LISTEN_POLL_PERIOD: Duration = Duration::from_millis(1);
 
 /// Connections accepted per poll at most, so that a connect storm does not starve the other pollers.
 const ACCEPT_BATCH: usize = 16;
