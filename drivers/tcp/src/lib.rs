@@ -7,5 +7,6 @@ pub mod host;
 pub mod pdu;
 pub mod queue;
 pub mod target;
+pub mod tls;
 
 pub use error::Error;

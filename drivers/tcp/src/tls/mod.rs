@@ -1,0 +1,91 @@
+//! TLS 1.3 with external PSKs, as NVMe/TCP uses it (NVMe/TCP 1.1 §3.6): sans-IO client and server
+//! handshakes, the record layer, and the NVMe PSK interchange format, identities and derivation.
+//!
+//! Nothing here touches a socket. The caller moves bytes:
+//!
+//! 1. [`Handshake::client`] returns the ClientHello to send; [`Handshake::server`] waits for one.
+//! 2. Feed received bytes to [`Handshake::read`]; send what it appends to `out`; drop the
+//!    [`Progress::consumed`] bytes from the receive buffer and keep the rest. Repeat until
+//!    [`Progress::done`]. On error the fatal alert is already in `out`: send it and close.
+//! 3. [`Handshake::into_session`], then [`Session::seal`] plaintext (PDUs, gathered from several slices)
+//!    into records and [`Session::open`] received records into a plaintext reassembly buffer, starting
+//!    with the bytes the handshake did not consume.
+//!
+//! What is supported: TLS_AES_128_GCM_SHA256 and TLS_AES_256_GCM_SHA384 (the suite follows the PSK's
+//! hash), psk_dhe_ke over x25519 or secp256r1 with HelloRetryRequest, psk_ke only where both sides enable
+//! it, the "ext binder" of an external PSK, middlebox-compatibility ChangeCipherSpec, KeyUpdate both ways,
+//! NewSessionTicket absorbed by the client. The server never sends tickets, never accepts 0-RTT data, and
+//! never offers certificates. A handshake deadline is the caller's: [`Handshake::state`] says where it
+//! stands.
+//!
+//! Key material is zeroized on drop and never printed (Debug says `<redacted>`).
+//!
+//! # Example
+//!
+//! ```
+//! use nvpoll_tcp::tls::{
+//!     ClientConfig, ConfiguredKey, Derivation, Handshake, IdentityVersion, ServerConfig,
+//! };
+//!
+//! let key = ConfiguredKey::parse("NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:")?;
+//! let (identity, psk) = key.derive(
+//!     IdentityVersion::V0,
+//!     "nqn.psk-test-host",
+//!     "nqn.psk-test-subsys",
+//!     Derivation::Rfc8446,
+//! );
+//! assert_eq!(identity, "NVMe0R01 nqn.psk-test-host nqn.psk-test-subsys");
+//!
+//! // The two ends, with a Vec standing in for each direction of the TCP connection.
+//! let (mut client, mut to_server) = Handshake::client(ClientConfig::new(identity.clone(), psk.clone()))?;
+//! let mut server = Handshake::server(ServerConfig::with_psk(identity, psk));
+//! let mut to_client = Vec::new();
+//!
+//! while !(client.is_done() && server.is_done()) {
+//!     // What a socket loop does on readable: read, feed, drop what was consumed, send the output.
+//!     let p = server.read(&to_server, &mut to_client)?;
+//!     to_server.drain(..p.consumed);
+//!     let p = client.read(&to_client, &mut to_server)?;
+//!     to_client.drain(..p.consumed);
+//! }
+//! let mut client = client.into_session()?;
+//! let mut server = server.into_session()?;
+//! assert_eq!(server.psk_identity(), b"NVMe0R01 nqn.psk-test-host nqn.psk-test-subsys");
+//!
+//! // A PDU header and its data, gathered into records of at most 16 KiB.
+//! let header = [4u8; 24];
+//! let data = vec![0x5a; 20000];
+//! let records = client.seal(&[&header, &data], &mut to_server)?;
+//! assert_eq!(records, 2);
+//!
+//! // The receive side decrypts whole records into a reassembly buffer.
+//! let mut plain = Vec::new();
+//! let consumed = server.open(&to_server, &mut plain)?;
+//! to_server.drain(..consumed);
+//! assert_eq!(plain.len(), 24 + 20000);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![forbid(unsafe_code)]
+
+mod client;
+mod error;
+mod handshake;
+mod keys;
+mod kx;
+mod msgs;
+mod record;
+mod schedule;
+mod server;
+mod session;
+
+pub use client::ClientConfig;
+pub use error::{AlertDescription, TlsError};
+pub use handshake::{Handshake, HandshakeState, Negotiated, Progress, Role};
+pub use keys::{
+    ConfiguredKey, Derivation, IdentityVersion, KeyError, KeyHmac, ParsedIdentity, Psk, RetainedKey,
+};
+pub use kx::Group;
+pub use record::{CipherSuite, MAX_CIPHERTEXT, MAX_PLAINTEXT, RECORD_OVERHEAD};
+pub use schedule::HashAlg;
+pub use server::{PskLookup, ServerConfig};
+pub use session::{Session, SessionStats};

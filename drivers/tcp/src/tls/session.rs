@@ -1,0 +1,371 @@
+//! An established TLS 1.3 session: application data in records of at most 16 KiB, post-handshake
+//! messages (NewSessionTicket absorbed, KeyUpdate honoured), close_notify, and fatal alerts.
+//!
+//! Invariants:
+//! - once [`Session::open`] has failed it fails forever, and no plaintext from the failing call is left in
+//!   the caller's buffer;
+//! - a KeyUpdate we owe the peer goes out before our next application data record;
+//! - nothing is read after the peer's close_notify.
+#![forbid(unsafe_code)]
+
+use std::fmt;
+
+use super::error::{AlertDescription, TlsError};
+use super::handshake::{alert_error, Negotiated, Role};
+use super::msgs::{check_new_session_ticket, decode_key_update, ht, next_message};
+use super::record::{
+    ct, header, Traffic, HEADER_LEN, MAX_CIPHERTEXT, MAX_PLAINTEXT, RECORD_OVERHEAD,
+};
+use super::{CipherSuite, Group};
+
+/// Counters of one session, cheap enough to keep always.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    /// Application data records sealed.
+    pub records_sealed: u64,
+    /// Application data records opened.
+    pub records_opened: u64,
+    /// Plaintext bytes sealed.
+    pub bytes_sealed: u64,
+    /// Plaintext bytes opened.
+    pub bytes_opened: u64,
+    /// KeyUpdates received.
+    pub key_updates_received: u64,
+    /// KeyUpdates sent.
+    pub key_updates_sent: u64,
+    /// NewSessionTickets received and ignored.
+    pub tickets_ignored: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum KeyUpdate {
+    None,
+    /// Send KeyUpdate(update_not_requested), then switch our keys.
+    Owed,
+    /// Send KeyUpdate(update_requested), then switch our keys.
+    Requesting,
+}
+
+/// An established session. Sans-IO: [`Session::seal`] appends records to send, [`Session::open`] takes
+/// received bytes and appends their plaintext.
+pub struct Session {
+    read: Traffic,
+    write: Traffic,
+    negotiated: Negotiated,
+    role: Role,
+    hs_buf: Vec<u8>,
+    key_update: KeyUpdate,
+    /// A fatal alert not yet handed out by `write_pending`.
+    alert: Option<AlertDescription>,
+    failed: Option<TlsError>,
+    peer_closed: bool,
+    we_closed: bool,
+    stats: SessionStats,
+}
+
+impl Session {
+    pub(crate) fn new(
+        role: Role,
+        negotiated: Negotiated,
+        read: Traffic,
+        write: Traffic,
+    ) -> Session {
+        Session {
+            read,
+            write,
+            negotiated,
+            role,
+            hs_buf: Vec::new(),
+            key_update: KeyUpdate::None,
+            alert: None,
+            failed: None,
+            peer_closed: false,
+            we_closed: false,
+            stats: SessionStats::default(),
+        }
+    }
+
+    /// Encrypts the concatenation of `plaintext` into records of at most 16384 plaintext bytes (one AEAD
+    /// call each) appended to `out`, preceded by any KeyUpdate owed. Returns the number of application
+    /// data records written (0 for empty input). A record whose bytes come from one slice is encrypted
+    /// straight from it; one that spans slices is gathered into `out` and encrypted in place.
+    pub fn seal(&mut self, plaintext: &[&[u8]], out: &mut Vec<u8>) -> Result<usize, TlsError> {
+        self.check_writable()?;
+        self.write_key_update(out)?;
+        let total: usize = plaintext.iter().map(|p| p.len()).sum();
+        if total == 0 {
+            return Ok(0);
+        }
+        let records = total.div_ceil(MAX_PLAINTEXT);
+        out.reserve(total + records * RECORD_OVERHEAD);
+        let (mut idx, mut off) = (0, 0);
+        let mut left = total;
+        while left > 0 {
+            while plaintext[idx].len() == off {
+                idx += 1;
+                off = 0;
+            }
+            let n = left.min(MAX_PLAINTEXT);
+            let part = &plaintext[idx][off..];
+            if part.len() >= n {
+                self.write.seal(ct::APPLICATION_DATA, &part[..n], out)?;
+                off += n;
+            } else {
+                self.write
+                    .seal_gather(plaintext, &mut idx, &mut off, n, out)?;
+            }
+            left -= n;
+        }
+        self.stats.records_sealed += records as u64;
+        self.stats.bytes_sealed += total as u64;
+        Ok(records)
+    }
+
+    /// Decrypts every whole record at the start of `input`, appending application data to `plaintext`
+    /// (records are not PDUs: the caller reassembles), and returns the bytes consumed; a partial record is
+    /// left for the next call. Handles NewSessionTicket (ignored, client only) and KeyUpdate (a reply is
+    /// queued if asked: see [`Session::write_pending`]).
+    ///
+    /// After the peer's close_notify: returns what came before it, and [`TlsError::Closed`] from then on
+    /// (at once if nothing came before it in this call). On any other error the call appends no plaintext,
+    /// the session is dead, and a fatal alert waits in [`Session::write_pending`].
+    pub fn open(&mut self, input: &[u8], plaintext: &mut Vec<u8>) -> Result<usize, TlsError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.peer_closed {
+            return Err(TlsError::Closed);
+        }
+        let start = plaintext.len();
+        let mut pos = 0;
+        match self.open_records(input, &mut pos, plaintext) {
+            Ok(()) if self.peer_closed && plaintext.len() == start => Err(TlsError::Closed),
+            Ok(()) => Ok(pos),
+            Err(e) => {
+                plaintext.truncate(start);
+                self.alert = e.alert();
+                self.failed = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    fn open_records(
+        &mut self,
+        input: &[u8],
+        pos: &mut usize,
+        plaintext: &mut Vec<u8>,
+    ) -> Result<(), TlsError> {
+        while !self.peer_closed {
+            let Some((typ, len)) = header(&input[*pos..]) else {
+                break;
+            };
+            if typ != ct::APPLICATION_DATA {
+                return Err(TlsError::UnexpectedMessage(
+                    "unprotected record after the handshake",
+                ));
+            }
+            if len > MAX_CIPHERTEXT {
+                return Err(TlsError::RecordOverflow);
+            }
+            if input.len() - *pos < HEADER_LEN + len {
+                break;
+            }
+            let record = &input[*pos..*pos + HEADER_LEN + len];
+            let before = plaintext.len();
+            let inner = self.read.open(record, plaintext)?;
+            *pos += HEADER_LEN + len;
+            match inner {
+                ct::APPLICATION_DATA => {
+                    if !self.hs_buf.is_empty() {
+                        return Err(TlsError::UnexpectedMessage(
+                            "application data inside a handshake message",
+                        ));
+                    }
+                    self.stats.records_opened += 1;
+                    self.stats.bytes_opened += (plaintext.len() - before) as u64;
+                }
+                ct::HANDSHAKE => {
+                    if plaintext.len() == before {
+                        return Err(TlsError::Decode("empty handshake record"));
+                    }
+                    self.hs_buf.extend_from_slice(&plaintext[before..]);
+                    plaintext.truncate(before);
+                    self.post_handshake()?;
+                }
+                ct::ALERT => {
+                    let body = plaintext[before..].to_vec();
+                    plaintext.truncate(before);
+                    match alert_error(&body) {
+                        TlsError::PeerAlert(AlertDescription::CloseNotify) => {
+                            self.peer_closed = true
+                        }
+                        TlsError::PeerAlert(AlertDescription::UserCanceled) => {}
+                        e => return Err(e),
+                    }
+                }
+                _ => {
+                    plaintext.truncate(before);
+                    return Err(TlsError::UnexpectedMessage("unknown inner content type"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn post_handshake(&mut self) -> Result<(), TlsError> {
+        while let Some((typ, len)) = next_message(&self.hs_buf)? {
+            let msg: Vec<u8> = self.hs_buf.drain(..len).collect();
+            match typ {
+                ht::NEW_SESSION_TICKET if self.role == Role::Client => {
+                    check_new_session_ticket(&msg)?;
+                    self.stats.tickets_ignored += 1;
+                }
+                ht::KEY_UPDATE => {
+                    let requested = decode_key_update(&msg)?;
+                    // The new key starts with the next record: nothing may follow in this one.
+                    if !self.hs_buf.is_empty() {
+                        return Err(TlsError::UnexpectedMessage(
+                            "KeyUpdate not at the end of its record",
+                        ));
+                    }
+                    self.read.update();
+                    self.stats.key_updates_received += 1;
+                    if requested && self.key_update == KeyUpdate::None {
+                        self.key_update = KeyUpdate::Owed;
+                    }
+                }
+                _ => {
+                    return Err(TlsError::UnexpectedMessage(
+                        "handshake message after the handshake",
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_writable(&self) -> Result<(), TlsError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.we_closed {
+            return Err(TlsError::InvalidUse("session closed by us"));
+        }
+        Ok(())
+    }
+
+    fn write_key_update(&mut self, out: &mut Vec<u8>) -> Result<bool, TlsError> {
+        let requested = match self.key_update {
+            KeyUpdate::None => return Ok(false),
+            KeyUpdate::Owed => 0,
+            KeyUpdate::Requesting => 1,
+        };
+        self.write
+            .seal(ct::HANDSHAKE, &[ht::KEY_UPDATE, 0, 0, 1, requested], out)?;
+        self.write.update();
+        self.key_update = KeyUpdate::None;
+        self.stats.key_updates_sent += 1;
+        Ok(true)
+    }
+
+    /// Appends what the session owes the peer without application data: a KeyUpdate reply, or after a
+    /// failure of [`Session::open`] the fatal alert (once). Returns whether anything was appended. Call it
+    /// after `open` when the connection may stay idle for long.
+    pub fn write_pending(&mut self, out: &mut Vec<u8>) -> Result<bool, TlsError> {
+        if self.failed.is_some() {
+            let Some(alert) = self.alert.take() else {
+                return Ok(false);
+            };
+            self.write.seal(ct::ALERT, &[2, alert.code()], out)?;
+            return Ok(true);
+        }
+        if self.we_closed {
+            return Ok(false);
+        }
+        self.write_key_update(out)
+    }
+
+    /// Whether [`Session::write_pending`] has something to write.
+    pub fn has_pending(&self) -> bool {
+        if self.failed.is_some() {
+            self.alert.is_some()
+        } else {
+            !self.we_closed && self.key_update != KeyUpdate::None
+        }
+    }
+
+    /// Updates our sending keys now (KeyUpdate), asking the peer to update its own if `request_peer`.
+    pub fn update_keys(&mut self, request_peer: bool, out: &mut Vec<u8>) -> Result<(), TlsError> {
+        self.check_writable()?;
+        self.key_update = if request_peer {
+            KeyUpdate::Requesting
+        } else {
+            KeyUpdate::Owed
+        };
+        self.write_key_update(out).map(|_| ())
+    }
+
+    /// Sends close_notify: nothing more can be sealed. The peer may still send until its own
+    /// close_notify.
+    pub fn close(&mut self, out: &mut Vec<u8>) -> Result<(), TlsError> {
+        self.check_writable()?;
+        self.write_key_update(out)?;
+        self.write.seal(ct::ALERT, &[1, 0], out)?;
+        self.we_closed = true;
+        Ok(())
+    }
+
+    /// Whether the peer sent close_notify.
+    pub fn is_peer_closed(&self) -> bool {
+        self.peer_closed
+    }
+
+    /// The error that ended the session, if any.
+    pub fn error(&self) -> Option<&TlsError> {
+        self.failed.as_ref()
+    }
+
+    /// Client or server.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The cipher suite.
+    pub fn cipher_suite(&self) -> CipherSuite {
+        self.negotiated.suite
+    }
+
+    /// The (EC)DHE group, None for psk_ke.
+    pub fn group(&self) -> Option<Group> {
+        self.negotiated.group
+    }
+
+    /// The PSK identity the client used (on a target: which host this is).
+    pub fn psk_identity(&self) -> &[u8] {
+        &self.negotiated.identity
+    }
+
+    /// Everything the handshake agreed on.
+    pub fn negotiated(&self) -> &Negotiated {
+        &self.negotiated
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &SessionStats {
+        &self.stats
+    }
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("role", &self.role)
+            .field("negotiated", &self.negotiated)
+            .field("peer_closed", &self.peer_closed)
+            .field("we_closed", &self.we_closed)
+            .field("failed", &self.failed)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
