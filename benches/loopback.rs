@@ -84,6 +84,7 @@ fn main() {
                 time,
                 send_mode,
             };
+            target.set_send_mode(send_mode);
             let mut results = Vec::new();
             let mut tcpu = Vec::new();
             for _ in 0..runs {

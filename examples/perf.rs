@@ -50,7 +50,8 @@ struct Args {
     #[arg(long = "trid")]
     trids: Vec<String>,
     /// When queue pairs send what they posted: inline (from submit), deferred (at the reactor's end-of-poll
-    /// flush), adaptive (inline while idle, deferred under load), or all three side by side.
+    /// flush), adaptive (inline while idle, deferred under load), or all three side by side. The embedded
+    /// target answers in the same mode.
     #[arg(long, default_value = "all", value_parser = ["inline", "deferred", "adaptive", "all"])]
     send_mode: String,
     /// Queue depth per job. May be given several times (the embedded default runs 1 and 128).
@@ -111,7 +112,7 @@ fn main() {
 fn run(args: Args) -> Result<(), String> {
     let cores = CoreList::parse(&args.cores).map_err(|e| format!("--cores: {e}"))?;
     let embedded = args.trids.is_empty();
-    let mut _target = None;
+    let mut embedded_target = None;
     let targets: Vec<ConnectOptions> = if embedded {
         let tcores = match &args.target_cores {
             Some(c) => CoreList::parse(c).map_err(|e| format!("--target-cores: {e}"))?,
@@ -133,7 +134,7 @@ fn run(args: Args) -> Result<(), String> {
             subnqn: Some(t.nqn.clone()),
             hostnqn: None,
         };
-        _target = Some(t);
+        embedded_target = Some(t);
         vec![ConnectOptions::from_trid(&trid, args.hostnqn.as_deref()).map_err(|e| e.to_string())?]
     } else {
         args.trids
@@ -213,6 +214,9 @@ fn run(args: Args) -> Result<(), String> {
             warmup: args.warmup,
             time: args.time,
         };
+        if let Some(t) = &embedded_target {
+            t.set_send_mode(mode);
+        }
         let label = format!("qd{qd} x {jobs} {}", workload.name());
         let label_mode = format!("{label} {mode}");
         let mut runs = Vec::new();
@@ -317,6 +321,13 @@ mod embedded_target {
             handle,
             reactors: Some(reactors),
         })
+    }
+
+    impl Embedded {
+        /// Makes the target answer with the same send mode as the initiator's run.
+        pub fn set_send_mode(&self, mode: SendMode) {
+            self.handle.set_send_mode(mode);
+        }
     }
 
     impl Drop for Embedded {

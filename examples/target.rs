@@ -25,6 +25,11 @@ use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig, TargetE
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Args {
+    /// When responses leave: inline (as each is made), deferred (at the reactor's end-of-iteration flush, all
+    /// together) or adaptive (inline while the connection has nothing else to answer).
+    #[arg(long, default_value = "deferred")]
+    send_mode: nvpoll::send::SendMode,
+
     /// Address and port to listen on.
     #[arg(long, default_value = "127.0.0.1:4420")]
     listen: SocketAddr,
@@ -155,6 +160,7 @@ fn run(args: Args) -> Result<(), String> {
             e => println!("{e}"),
         });
     config.queue_entries = args.queue_size;
+    config.send_mode = args.send_mode;
     config.max_io_queues = args.io_queues;
 
     let target = Target::bind(config).map_err(|e| e.to_string())?;

@@ -55,11 +55,12 @@ use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvpoll::reactor::{PollStatus, Poller, PollerId, ReactorContext, Reactors};
+use nvpoll::send::SendMode;
 
 use crate::pdu::Digests;
 use crate::Error;
@@ -196,6 +197,9 @@ pub struct TargetConfig {
     pub connect_timeout: Duration,
     /// Who hears about connections.
     pub events: Option<EventHook>,
+    /// When responses leave (see [`nvpoll::send`]): inline as each is made, at the end-of-iteration flush, or
+    /// adaptive (inline while the connection has nothing else to answer). Deferred by default.
+    pub send_mode: SendMode,
 }
 
 impl fmt::Debug for TargetConfig {
@@ -226,6 +230,7 @@ impl TargetConfig {
             max_io_queues: 64,
             connect_timeout: Duration::from_secs(10),
             events: None,
+            send_mode: SendMode::Deferred,
         }
     }
 
@@ -400,9 +405,32 @@ pub(crate) struct TargetShared {
     epoch: Instant,
     stop: AtomicBool,
     events: Option<EventHook>,
+    /// The send mode every session applies, switchable while the target runs.
+    send_mode: AtomicU8,
+}
+
+fn mode_to_u8(m: SendMode) -> u8 {
+    match m {
+        SendMode::Inline => 0,
+        SendMode::Deferred => 1,
+        SendMode::Adaptive => 2,
+    }
+}
+
+fn mode_from_u8(v: u8) -> SendMode {
+    match v {
+        0 => SendMode::Inline,
+        2 => SendMode::Adaptive,
+        _ => SendMode::Deferred,
+    }
 }
 
 impl TargetShared {
+    /// The send mode sessions apply now.
+    pub fn send_mode(&self) -> SendMode {
+        mode_from_u8(self.send_mode.load(Ordering::Relaxed))
+    }
+
     /// The subsystem named `nqn`.
     pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
         self.subsystems.iter().find(|s| s.nqn == nqn).cloned()
@@ -491,6 +519,7 @@ impl Target {
             epoch: Instant::now(),
             stop: AtomicBool::new(false),
             events: config.events,
+            send_mode: AtomicU8::new(mode_to_u8(config.send_mode)),
         });
         Ok(Target { shared, listener })
     }
@@ -580,6 +609,13 @@ impl TargetHandle {
     /// The counters as they are now (sessions publish theirs when idle, so a busy one may lag a little).
     pub fn counters(&self) -> TargetCounters {
         self.shared.counters()
+    }
+
+    /// Switches every connection's send mode; each session applies it at its next poll.
+    pub fn set_send_mode(&self, mode: SendMode) {
+        self.shared
+            .send_mode
+            .store(mode_to_u8(mode), Ordering::Relaxed);
     }
 
     /// Stops accepting and closes every connection, on each reactor's next poll.

@@ -21,6 +21,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nvpoll::send::SendPolicy;
 use nvpoll::spec::{fabrics, io as io_op, Cqe, SglType, Sqe, Status};
 
 use super::admin::{self, AdminState};
@@ -267,6 +268,8 @@ pub(crate) struct Session {
     digests: Digests,
     hpda: u8,
     decode: pdu::DecodeConfig,
+    /// When responses leave; refreshed from the target's setting at every poll.
+    policy: SendPolicy,
     queue: Option<Queue>,
     slots: Vec<Slot>,
     busy_slots: usize,
@@ -315,6 +318,7 @@ impl Session {
             digests: Digests::NONE,
             hpda: 0,
             decode: pdu::DecodeConfig::new(pdu::Direction::ToController, Digests::NONE, 0),
+            policy: SendPolicy::new(target.send_mode()),
             queue: None,
             slots: Vec::new(),
             busy_slots: 0,
@@ -355,6 +359,7 @@ impl Session {
             self.close(None, why);
             return Progress::Busy;
         }
+        self.policy.set_mode(self.target.send_mode());
         let mut busy = self.poll_flushes();
         if self.conn.tx_pending() > TX_HIGH_WATER {
             // The host is not reading its responses: take no more commands until it does.
@@ -522,10 +527,26 @@ impl Session {
                     }
                 },
             };
+            let waiting = self.conn.tx_pending();
             self.on_pdu(pdu)?;
             self.conn.consume(len);
             if self.closing.is_some() {
                 return Ok(());
+            }
+            // Send mode: inline writes each PDU's responses at once when nothing was waiting; adaptive does so
+            // only when nothing else was received either (an idle connection); deferred leaves everything to
+            // the end-of-iteration flush.
+            if self.conn.tx_pending() > waiting {
+                let more = if self.conn.rx_data().is_empty() {
+                    0
+                } else {
+                    usize::MAX
+                };
+                if self.policy.kick_now(waiting, more) {
+                    if let Err(e) = self.conn.flush() {
+                        return Err(Fatal::close(format!("send failed: {e}")));
+                    }
+                }
             }
         }
     }
