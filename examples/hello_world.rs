@@ -6,13 +6,15 @@ use clap::Parser;
 use nvpoll::api::{Completion, Controller, IoOp, IoRequest, QueuePair};
 use nvpoll::mem::DmaPool;
 use nvpoll::trid::TransportId;
-use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
+use nvpoll_pcie::{PcieController, PcieOptions};
+use nvpoll_tcp::host::{ConnectOptions, TcpController};
 
 /// Write "Hello world!" and a pattern to LBA 0 of the first namespace, read it back and compare.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// Transport ID, e.g. 'trtype:tcp traddr:127.0.0.1 trsvcid:4420 subnqn:NQN'.
+    /// Transport ID, e.g. 'trtype:tcp traddr:127.0.0.1 trsvcid:4420 subnqn:NQN' or
+    /// 'trtype:pcie traddr:0000:01:00.0' (a controller bound to vfio-pci: see `nvpoll-setup bind`).
     #[arg(long)]
     trid: String,
     /// Host NQN (default: /etc/nvme/hostnqn, or one derived from the machine's UUID).
@@ -30,7 +32,7 @@ fn main() {
     }
 }
 
-fn wait(qp: &mut TcpQueuePair) -> Result<Completion, String> {
+fn wait<Q: QueuePair>(qp: &mut Q) -> Result<Completion, String> {
     qp.flush().map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -46,6 +48,16 @@ fn wait(qp: &mut TcpQueuePair) -> Result<Completion, String> {
 
 fn run(args: Args) -> Result<(), String> {
     let trid: TransportId = args.trid.parse().map_err(|e| format!("--trid: {e}"))?;
+    if let TransportId::Pcie { bdf } = &trid {
+        let pool = DmaPool::builder()
+            .class(4096, 64)
+            .build()
+            .map_err(|e| format!("DMA pool: {e}"))?;
+        let mut ctrl = PcieController::open(*bdf, pool.clone(), PcieOptions::default())
+            .map_err(|e| format!("opening {bdf}: {e}"))?;
+        write_read(&mut ctrl, &pool, args.lba)?;
+        return ctrl.shutdown().map_err(|e| format!("shutdown: {e}"));
+    }
     let TransportId::Tcp {
         addr,
         subnqn,
@@ -74,6 +86,12 @@ fn run(args: Args) -> Result<(), String> {
         .unwrap_or_default();
     let mut ctrl = TcpController::connect(opts, pool.clone())
         .map_err(|e| format!("connecting to {addr}: {e}"))?;
+    write_read(&mut ctrl, &pool, args.lba)?;
+    ctrl.shutdown().map_err(|e| format!("shutdown: {e}"))
+}
+
+/// Writes the message and a pattern at `lba` of the first namespace, reads it back and compares.
+fn write_read<C: Controller>(ctrl: &mut C, pool: &DmaPool, lba: u64) -> Result<(), String> {
     let ns = ctrl
         .namespaces()
         .first()
@@ -98,7 +116,7 @@ fn run(args: Args) -> Result<(), String> {
     let req = IoRequest {
         op: IoOp::Write,
         nsid: ns.nsid,
-        lba: args.lba,
+        lba,
         blocks,
         buf: Some(w),
         tag: 1,
@@ -109,7 +127,7 @@ fn run(args: Args) -> Result<(), String> {
     let req = IoRequest {
         op: IoOp::Read,
         nsid: ns.nsid,
-        lba: args.lba,
+        lba,
         blocks,
         buf: Some(r),
         tag: 2,
@@ -121,14 +139,13 @@ fn run(args: Args) -> Result<(), String> {
     if got.as_slice() != &expect[..] {
         return Err(format!(
             "data read back from LBA {} differs from what was written",
-            args.lba
+            lba
         ));
     }
     print!("{}", String::from_utf8_lossy(&got.as_slice()[..msg.len()]));
     println!(
         "hello_world: wrote and read back {len} bytes at LBA {} of namespace {}: OK",
-        args.lba, ns.nsid
+        lba, ns.nsid
     );
-    drop(qp);
-    ctrl.shutdown().map_err(|e| format!("shutdown: {e}"))
+    Ok(())
 }

@@ -4,13 +4,15 @@ use clap::Parser;
 use nvpoll::api::Controller;
 use nvpoll::mem::DmaPool;
 use nvpoll::trid::TransportId;
+use nvpoll_pcie::{PcieController, PcieOptions};
 use nvpoll_tcp::host::{ConnectOptions, TcpController};
 
 /// Print the controller and namespace summary of an NVMe controller.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// Transport ID, e.g. 'trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:NQN'.
+    /// Transport ID, e.g. 'trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:NQN' or
+    /// 'trtype:pcie traddr:0000:01:00.0' (a controller bound to vfio-pci: see `nvpoll-setup bind`).
     #[arg(long)]
     trid: String,
     /// Host NQN (default: /etc/nvme/hostnqn, or one derived from the machine's UUID).
@@ -33,6 +35,9 @@ fn main() {
 
 fn run(args: Args) -> Result<(), String> {
     let trid: TransportId = args.trid.parse().map_err(|e| format!("--trid: {e}"))?;
+    if let TransportId::Pcie { bdf } = &trid {
+        return identify_pcie(&trid, *bdf);
+    }
     let TransportId::Tcp {
         addr,
         subnqn,
@@ -93,6 +98,57 @@ fn run(args: Args) -> Result<(), String> {
     println!("subnqn    : {}", id.subnqn);
     println!("mqes      : {}", u32::from(ctrl.cap().mqes()) + 1);
     println!("io queues : {} granted", ctrl.io_queues_allowed());
+    for ns in ctrl.namespaces() {
+        println!(
+            "namespace {}: {} blocks of {} bytes = {} MiB",
+            ns.nsid,
+            ns.blocks,
+            ns.block_size,
+            ns.capacity_bytes() >> 20
+        );
+    }
+    ctrl.shutdown().map_err(|e| format!("shutdown: {e}"))
+}
+
+/// The PCIe branch: open the controller through VFIO and print what it identified as.
+fn identify_pcie(trid: &TransportId, bdf: nvpoll::trid::PciAddress) -> Result<(), String> {
+    let pool = DmaPool::builder()
+        .class(4096, 16)
+        .build()
+        .map_err(|e| format!("DMA pool: {e}"))?;
+    let ctrl = PcieController::open(bdf, pool, PcieOptions::default())
+        .map_err(|e| format!("opening {bdf}: {e}"))?;
+    let id = ctrl.identify();
+    println!("NVMe Identify Controller ({trid}):");
+    println!("vid       : {:#06x}", id.vid);
+    println!("ssvid     : {:#06x}", id.ssvid);
+    println!("sn        : {}", id.serial);
+    println!("mn        : {}", id.model);
+    println!("fr        : {}", id.firmware);
+    println!("ver       : {} (VS register {})", id.ver, ctrl.vs());
+    println!("cntlid    : {:#x}", id.cntlid);
+    println!(
+        "mdts      : {}{}",
+        id.mdts,
+        if id.mdts == 0 { " (no limit)" } else { "" }
+    );
+    println!(
+        "max xfer  : {} bytes (used by nvpoll)",
+        ctrl.max_transfer().unwrap_or(0)
+    );
+    println!("nn        : {}", id.nn);
+    println!("oncs      : {:#x}", id.oncs);
+    println!("sgls      : {:#x}", id.sgls);
+    println!("mqes      : {}", ctrl.cap().max_queue_entries());
+    println!("dstrd     : {}", ctrl.cap().dstrd());
+    println!("io queues : {} granted", ctrl.io_queues_granted());
+    let dev = ctrl.device();
+    println!(
+        "vfio      : group {}, BAR0 {} KiB, IOMMU page sizes {:#x}",
+        dev.group(),
+        dev.bar().len() >> 10,
+        dev.iommu().page_sizes
+    );
     for ns in ctrl.namespaces() {
         println!(
             "namespace {}: {} blocks of {} bytes = {} MiB",
