@@ -7,6 +7,13 @@
 //!
 //! The buffers are sized once at connect time; nothing on the I/O path allocates unless a peer sends a PDU
 //! larger than the receive buffer, which only happens when the caller raised the limit.
+//!
+//! With TLS ([`Conn::tls_client_handshake`], or a server [`Handshake`] driven by [`Conn::tls_step`]), the
+//! buffers above stay plaintext: [`Conn::flush`] seals everything queued since the last flush into as few
+//! records of at most 16 KiB as it takes (so the send mode decides how much a record carries: one PDU when
+//! kicked inline, a whole batch when deferred), and [`Conn::fill`] decrypts whole records into the receive
+//! buffer, where PDUs may span records. While the socket pushes back, nothing new is sealed: the plaintext
+//! waits and goes out in bigger records once the wire drains.
 #![forbid(unsafe_code)]
 
 use std::io::{self, Read, Write};
@@ -15,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
+use crate::tls::{Handshake, Session};
 use crate::Error;
 
 /// Counters of one connection; cheap to copy and print.
@@ -34,7 +42,25 @@ pub struct ConnStats {
     pub bytes_rx: u64,
     /// Flushes that found something to send.
     pub flushes: u64,
+    /// TLS records sealed (application data).
+    pub records: u64,
+    /// Plaintext bytes sealed into those records.
+    pub record_bytes: u64,
 }
+
+/// The TLS side of a connection: the session and the ciphertext buffers.
+#[derive(Debug)]
+struct TlsWire {
+    session: Session,
+    /// Sealed records not yet written.
+    out: Vec<u8>,
+    out_sent: usize,
+    /// Received ciphertext not yet opened (a partial record at most, after each fill).
+    inb: Vec<u8>,
+}
+
+/// Ciphertext read per `read` call with TLS.
+const TLS_READ: usize = 64 * 1024;
 
 /// A connected, non-blocking TCP socket with its buffers.
 #[derive(Debug)]
@@ -46,6 +72,7 @@ pub struct Conn {
     rx_start: usize,
     rx_end: usize,
     closed: bool,
+    tls: Option<Box<TlsWire>>,
     /// Counters.
     pub stats: ConnStats,
 }
@@ -113,6 +140,7 @@ impl Conn {
             rx_start: 0,
             rx_end: 0,
             closed: false,
+            tls: None,
             stats: ConnStats::default(),
         }
     }
@@ -132,28 +160,35 @@ impl Conn {
         self.stats.pdus_tx += 1;
     }
 
-    /// Bytes waiting in the send buffer.
+    /// Bytes waiting to leave: plaintext not yet sent (or sealed) plus sealed records not yet written.
     pub fn tx_pending(&self) -> usize {
-        self.tx.len() - self.tx_sent
+        self.tx.len() - self.tx_sent + self.tls.as_ref().map_or(0, |t| t.out.len() - t.out_sent)
     }
 
-    /// Writes as much of the send buffer as the socket takes. Returns `true` when the buffer is empty.
+    /// Whether the connection runs TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The TLS session, once the handshake is done.
+    pub fn tls_session(&self) -> Option<&Session> {
+        self.tls.as_ref().map(|t| &t.session)
+    }
+
+    /// Writes as much of the send buffer as the socket takes (with TLS: seals it into records first). Returns
+    /// `true` when nothing is left to send.
     pub fn flush(&mut self) -> Result<bool, Error> {
-        if self.tx_pending() == 0 {
+        if self.tx_pending() == 0 && !self.tls.as_ref().is_some_and(|t| t.session.has_pending()) {
             return Ok(true);
         }
         self.stats.flushes += 1;
+        if self.tls.is_some() {
+            return self.flush_tls();
+        }
         while self.tx_sent < self.tx.len() {
-            self.stats.writes += 1;
-            match self.stream.write(&self.tx[self.tx_sent..]) {
-                Ok(0) => return Err(Error::Closed),
-                Ok(n) => {
-                    self.tx_sent += n;
-                    self.stats.bytes_tx += n as u64;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io("send", e)),
+            match write_some(&mut self.stream, &self.tx[self.tx_sent..], &mut self.stats)? {
+                Some(n) => self.tx_sent += n,
+                None => return Ok(false),
             }
         }
         self.tx.clear();
@@ -161,39 +196,126 @@ impl Conn {
         Ok(true)
     }
 
-    /// Reads what the socket has into the receive buffer (one `read` call). Returns the number of bytes read;
-    /// 0 means nothing was available. A peer that closed gives [`Error::Closed`].
+    fn flush_tls(&mut self) -> Result<bool, Error> {
+        let tls = self.tls.as_mut().expect("TLS connection");
+        loop {
+            // Drain sealed records first; seal more only once the wire is empty, so that plaintext queued
+            // behind a slow peer leaves in full records.
+            while tls.out_sent < tls.out.len() {
+                match write_some(&mut self.stream, &tls.out[tls.out_sent..], &mut self.stats)? {
+                    Some(n) => tls.out_sent += n,
+                    None => return Ok(false),
+                }
+            }
+            tls.out.clear();
+            tls.out_sent = 0;
+            tls.session.write_pending(&mut tls.out)?;
+            if self.tx_sent < self.tx.len() {
+                let plain = &self.tx[self.tx_sent..];
+                let records = tls.session.seal(&[plain], &mut tls.out)?;
+                self.stats.records += records as u64;
+                self.stats.record_bytes += plain.len() as u64;
+                self.tx.clear();
+                self.tx_sent = 0;
+            }
+            if tls.out.is_empty() {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Reads what the socket has into the receive buffer (one `read` call; with TLS, whole records are
+    /// decrypted into it). Returns the number of bytes read from the socket; 0 means nothing was available.
+    /// A peer that closed (or sent close_notify) gives [`Error::Closed`].
     pub fn fill(&mut self) -> Result<usize, Error> {
         if self.closed {
             return Err(Error::Closed);
         }
+        if self.tls.is_some() {
+            return self.fill_tls();
+        }
+        self.make_rx_room();
+        let n = read_some(
+            &mut self.stream,
+            &mut self.rx[self.rx_end..],
+            &mut self.stats,
+            &mut self.closed,
+        )?;
+        self.rx_end += n;
+        Ok(n)
+    }
+
+    /// Makes room at the end of the plaintext receive buffer: compacts, or grows when a PDU larger than the
+    /// buffer is being received (only when the caller allowed such PDUs).
+    fn make_rx_room(&mut self) {
         if self.rx_end == self.rx.len() {
             if self.rx_start > 0 {
                 self.rx.copy_within(self.rx_start..self.rx_end, 0);
                 self.rx_end -= self.rx_start;
                 self.rx_start = 0;
             } else {
-                // A PDU larger than the buffer: grow (only when the caller allowed such PDUs).
                 let n = self.rx.len() * 2;
                 self.rx.resize(n, 0);
             }
         }
-        self.stats.reads += 1;
-        loop {
-            match self.stream.read(&mut self.rx[self.rx_end..]) {
-                Ok(0) => {
+    }
+
+    fn fill_tls(&mut self) -> Result<usize, Error> {
+        let tls = self.tls.as_mut().expect("TLS connection");
+        let have = tls.inb.len();
+        tls.inb.resize(have + TLS_READ, 0);
+        let r = read_some(
+            &mut self.stream,
+            &mut tls.inb[have..],
+            &mut self.stats,
+            &mut self.closed,
+        );
+        let n = *r.as_ref().unwrap_or(&0);
+        tls.inb.truncate(have + n);
+        // Records received before a close are still opened; the close is reported after them.
+        let read_error = r.err();
+        if !tls.inb.is_empty() {
+            // Open into the plaintext buffer: keep it a Vec whose length is the end of valid data.
+            if self.rx_start > 0 && self.rx_start == self.rx_end {
+                self.rx_start = 0;
+                self.rx_end = 0;
+            } else if self.rx_start > self.rx.len() / 2 {
+                self.rx.copy_within(self.rx_start..self.rx_end, 0);
+                self.rx_end -= self.rx_start;
+                self.rx_start = 0;
+            }
+            self.rx.truncate(self.rx_end);
+            let opened = tls.session.open(&tls.inb, &mut self.rx);
+            self.rx_end = self.rx.len();
+            match opened {
+                Ok(used) => {
+                    tls.inb.drain(..used);
+                }
+                Err(crate::tls::TlsError::Closed) => {
                     self.closed = true;
                     return Err(Error::Closed);
                 }
-                Ok(n) => {
-                    self.rx_end += n;
-                    self.stats.bytes_rx += n as u64;
-                    return Ok(n);
+                Err(e) => {
+                    // The fatal alert is owed to the peer: best effort, the connection is over anyway.
+                    let _ = tls.session.write_pending(&mut tls.out);
+                    let _ = write_some(&mut self.stream, &tls.out[tls.out_sent..], &mut self.stats);
+                    self.closed = true;
+                    return Err(e.into());
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io("recv", e)),
             }
+            if tls.session.has_pending() && read_error.is_none() {
+                // A KeyUpdate reply is owed.
+                self.flush()?;
+            }
+        }
+        match read_error {
+            Some(e) if self.rx_end > self.rx_start => {
+                // Hand out what arrived first; the next fill reports the close.
+                let _ = e;
+                Ok(n)
+            }
+            Some(e) => Err(e),
+            None => Ok(n),
         }
     }
 
@@ -210,13 +332,160 @@ impl Conn {
         if self.rx_start == self.rx_end {
             self.rx_start = 0;
             self.rx_end = 0;
+            if self.tls.is_some() {
+                self.rx.clear();
+            }
         }
     }
 
     /// Makes sure the receive buffer can hold a PDU of `len` bytes.
     pub fn reserve_rx(&mut self, len: usize) {
-        if self.rx.len() < len {
+        if self.tls.is_some() {
+            // Plaintext is appended by decryption: reserve capacity (from the start of the valid data).
+            let want = self.rx_start + len;
+            if self.rx.capacity() < want {
+                self.rx.reserve(want - self.rx.len());
+            }
+        } else if self.rx.len() < len {
             self.rx.resize(len, 0);
+        }
+    }
+
+    /// Runs the client side of a TLS handshake to completion (before ICReq), polling the socket until
+    /// `timeout`. Afterwards every PDU travels in records.
+    pub fn tls_client_handshake(
+        &mut self,
+        cfg: crate::tls::ClientConfig,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let (mut hs, first) = Handshake::client(cfg)?;
+        let deadline = Instant::now() + timeout;
+        let mut out = first;
+        let mut inb: Vec<u8> = Vec::with_capacity(TLS_READ);
+        let mut sent = 0;
+        loop {
+            while sent < out.len() {
+                match write_some(&mut self.stream, &out[sent..], &mut self.stats)? {
+                    Some(n) => sent += n,
+                    None => break,
+                }
+            }
+            if sent == out.len() {
+                out.clear();
+                sent = 0;
+            }
+            if hs.is_done() && out.is_empty() {
+                break;
+            }
+            if !hs.is_done() {
+                let have = inb.len();
+                inb.resize(have + TLS_READ, 0);
+                let r = read_some(
+                    &mut self.stream,
+                    &mut inb[have..],
+                    &mut self.stats,
+                    &mut self.closed,
+                );
+                inb.truncate(have + *r.as_ref().unwrap_or(&0));
+                r?;
+                let p = hs.read(&inb, &mut out);
+                match p {
+                    Ok(p) => {
+                        inb.drain(..p.consumed);
+                    }
+                    Err(e) => {
+                        // The fatal alert is in `out`: best effort, then fail.
+                        let _ = write_some(&mut self.stream, &out[sent..], &mut self.stats);
+                        return Err(e.into());
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout("TLS handshake"));
+            }
+            std::thread::yield_now();
+        }
+        let session = hs.into_session()?;
+        self.install_tls(session, inb);
+        Ok(())
+    }
+
+    /// One non-blocking step of a handshake on this connection (the server side on a reactor): reads what the
+    /// socket has, feeds it to `hs`, writes what it answers. Returns `true` once the handshake is done and the
+    /// session is installed (then drop `hs`). `inb` carries received bytes between steps.
+    pub fn tls_step(
+        &mut self,
+        hs: &mut Option<Handshake>,
+        inb: &mut Vec<u8>,
+    ) -> Result<bool, Error> {
+        let h = hs.as_mut().expect("a handshake in progress");
+        if h.is_done() {
+            // Only the last of our flight is left to write.
+            if !self.flush()? {
+                return Ok(false);
+            }
+            let session = hs.take().expect("checked above").into_session()?;
+            self.install_tls(session, std::mem::take(inb));
+            return Ok(true);
+        }
+        let have = inb.len();
+        inb.resize(have + TLS_READ, 0);
+        let r = read_some(
+            &mut self.stream,
+            &mut inb[have..],
+            &mut self.stats,
+            &mut self.closed,
+        );
+        inb.truncate(have + *r.as_ref().unwrap_or(&0));
+        r?;
+        let result = h.read(inb, &mut self.tx);
+        // Handshake messages and alerts go out in the clear buffer's place, before any TLS state exists.
+        let flushed = self.flush();
+        match result {
+            Ok(p) => {
+                inb.drain(..p.consumed);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if !flushed? {
+            return Ok(false);
+        }
+        if h.is_done() {
+            let session = hs.take().expect("checked above").into_session()?;
+            let rest = std::mem::take(inb);
+            self.install_tls(session, rest);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn install_tls(&mut self, session: Session, leftover: Vec<u8>) {
+        let mut inb = leftover;
+        inb.reserve(TLS_READ);
+        self.tls = Some(Box::new(TlsWire {
+            session,
+            out: Vec::with_capacity(TX_INITIAL + 4096),
+            out_sent: 0,
+            inb,
+        }));
+        // The plaintext receive buffer becomes a Vec whose length is the end of the valid data.
+        let cap = self.rx.len();
+        self.rx.clear();
+        self.rx.reserve(cap);
+        self.rx_start = 0;
+        self.rx_end = 0;
+        // Records that arrived with the handshake's last flight stay in `inb` and are opened at the next fill.
+    }
+
+    /// Peeks at the first byte the peer sent, without consuming it (to tell a TLS ClientHello, 0x16, from a
+    /// plain ICReq, 0x00). `None` while nothing has arrived.
+    pub fn peek_first_byte(&mut self) -> Result<Option<u8>, Error> {
+        let mut b = [0u8; 1];
+        match self.stream.peek(&mut b) {
+            Ok(0) => Err(Error::Closed),
+            Ok(_) => Ok(Some(b[0])),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(Error::io("peek", e)),
         }
     }
 
@@ -224,5 +493,51 @@ impl Conn {
     pub fn shutdown(&mut self) {
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
         self.closed = true;
+    }
+}
+
+/// One `write` of `buf`. `Ok(Some(n))` for bytes written, `Ok(None)` when the socket would block.
+fn write_some(
+    stream: &mut TcpStream,
+    buf: &[u8],
+    stats: &mut ConnStats,
+) -> Result<Option<usize>, Error> {
+    loop {
+        stats.writes += 1;
+        match stream.write(buf) {
+            Ok(0) => return Err(Error::Closed),
+            Ok(n) => {
+                stats.bytes_tx += n as u64;
+                return Ok(Some(n));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io("send", e)),
+        }
+    }
+}
+
+/// One `read` into `buf`: the bytes read (0 when nothing was available); a closed peer sets `closed`.
+fn read_some(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    stats: &mut ConnStats,
+    closed: &mut bool,
+) -> Result<usize, Error> {
+    stats.reads += 1;
+    loop {
+        match stream.read(buf) {
+            Ok(0) => {
+                *closed = true;
+                return Err(Error::Closed);
+            }
+            Ok(n) => {
+                stats.bytes_rx += n as u64;
+                return Ok(n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io("recv", e)),
+        }
     }
 }

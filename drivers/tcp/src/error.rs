@@ -41,6 +41,9 @@ pub enum Error {
         /// Its status.
         status: Status,
     },
+    /// The TLS handshake or a record failed (wrong PSK, unknown identity, bad record MAC, ...).
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
     /// Something did not happen in time.
     #[error("timed out waiting for {0}")]
     Timeout(&'static str),

@@ -43,6 +43,9 @@ pub struct ConnectOptions {
     pub admin_depth: u16,
     /// Largest transfer per command we are willing to issue (further limited by MDTS).
     pub max_transfer: u32,
+    /// TLS 1.3 with an external PSK on every queue (admin and I/O), before ICReq; see
+    /// [`ConnectOptions::with_tls_key`].
+    pub tls: Option<crate::tls::ClientConfig>,
 }
 
 impl ConnectOptions {
@@ -92,7 +95,25 @@ impl ConnectOptions {
             timeout: Duration::from_secs(5),
             admin_depth: 32,
             max_transfer: DEFAULT_MAX_TRANSFER,
+            tls: None,
         }
+    }
+
+    /// Turns on TLS with a configured PSK (`NVMeTLSkey-1:...`): the identity and TLS PSK are derived for this
+    /// host and subsystem (RFC 8446 derivation), and every queue uses the same identity.
+    pub fn with_tls_key(
+        mut self,
+        key: &crate::tls::ConfiguredKey,
+        version: crate::tls::IdentityVersion,
+    ) -> Self {
+        let (identity, psk) = key.derive(
+            version,
+            &self.hostnqn,
+            &self.subnqn,
+            crate::tls::Derivation::Rfc8446,
+        );
+        self.tls = Some(crate::tls::ClientConfig::new(identity, psk));
+        self
     }
 }
 
@@ -130,6 +151,7 @@ fn connect_queue(
         data_digest: opts.data_digest,
         max_transfer,
         connect_timeout: opts.timeout,
+        tls: opts.tls.clone(),
     })
 }
 

@@ -44,8 +44,10 @@ pub struct QueueParams {
     pub data_digest: bool,
     /// Largest transfer of one command in bytes.
     pub max_transfer: u32,
-    /// Time allowed for TCP connect and ICReq/ICResp.
+    /// Time allowed for TCP connect, the TLS handshake and ICReq/ICResp.
     pub connect_timeout: Duration,
+    /// TLS 1.3 with a PSK before ICReq, when set.
+    pub tls: Option<crate::tls::ClientConfig>,
 }
 
 /// What a finished command hands back.
@@ -229,6 +231,9 @@ impl HostQueue {
         }
         let rx_cap = p.max_transfer as usize + 8192;
         let mut conn = Conn::connect(p.addr, p.connect_timeout, rx_cap)?;
+        if let Some(cfg) = &p.tls {
+            conn.tls_client_handshake(cfg.clone(), p.connect_timeout)?;
+        }
         let digests = pdu::Digests {
             header: p.header_digest,
             data: p.data_digest,

@@ -115,6 +115,7 @@ fn queue_with(addr: std::net::SocketAddr, hdgst: bool, ddgst: bool) -> HostQueue
         data_digest: ddgst,
         max_transfer: 64 * 1024,
         connect_timeout: Duration::from_secs(5),
+        tls: None,
     })
     .expect("ICReq/ICResp with the scripted peer")
 }

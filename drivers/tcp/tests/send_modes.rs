@@ -87,6 +87,7 @@ fn stream_survives_backpressure(mode: SendMode) {
         data_digest: false,
         max_transfer: DATA as u32,
         connect_timeout: Duration::from_secs(5),
+        tls: None,
     })
     .unwrap();
     q.set_incapsule_max(DATA as u32);
