@@ -243,8 +243,11 @@ impl TcpController {
             keep_alive_outstanding: false,
             opts,
         };
-        ctrl.io_queues_allowed = ctrl.set_number_of_queues(64)?;
-        ctrl.namespaces = ctrl.scan_namespaces()?;
+        // A discovery controller has no I/O queues and no namespaces: it only serves the discovery log.
+        if ctrl.id.cntrltype != IdentifyController::CNTRLTYPE_DISCOVERY {
+            ctrl.io_queues_allowed = ctrl.set_number_of_queues(64)?;
+            ctrl.namespaces = ctrl.scan_namespaces()?;
+        }
         Ok(ctrl)
     }
 
@@ -603,8 +606,8 @@ impl QueuePair for TcpQueuePair {
             pdus: c.pdus_tx,
             writes: c.writes,
             reads: c.reads,
-            records: 0,
-            record_bytes: 0,
+            records: c.records,
+            record_bytes: c.record_bytes,
             flushes: c.flushes,
         }
     }

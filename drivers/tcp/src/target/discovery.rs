@@ -27,6 +27,21 @@ pub(crate) fn log_page(target: &TargetShared, local: SocketAddr) -> Vec<u8> {
     } else {
         DiscoveryLogEntry::ADRFAM_IPV6
     };
+    // treq bits 1:0 say whether a secure channel is required; tsas.tcp.sectype names TLS 1.3 when we offer it.
+    let (secure, sectype) = match &target.tls {
+        Some(t) if t.required => (
+            DiscoveryLogEntry::TREQ_SECURE_REQUIRED,
+            DiscoveryLogEntry::TCP_SECTYPE_TLS13,
+        ),
+        Some(_) => (
+            DiscoveryLogEntry::TREQ_SECURE_NOT_REQUIRED,
+            DiscoveryLogEntry::TCP_SECTYPE_TLS13,
+        ),
+        None => (
+            DiscoveryLogEntry::TREQ_SECURE_NOT_SPECIFIED,
+            DiscoveryLogEntry::TCP_SECTYPE_NONE,
+        ),
+    };
     let entries = target
         .subsystems
         .iter()
@@ -35,16 +50,15 @@ pub(crate) fn log_page(target: &TargetShared, local: SocketAddr) -> Vec<u8> {
             trtype: DiscoveryLogEntry::TRTYPE_TCP,
             adrfam,
             subtype: DiscoveryLogEntry::SUBTYPE_NVME,
-            // No secure channel requirement; hosts may disable SQ flow control (we support it).
-            treq: DiscoveryLogEntry::TREQ_SECURE_NOT_SPECIFIED
-                | DiscoveryLogEntry::TREQ_DISABLE_SQFLOW,
+            // Hosts may disable SQ flow control (we support it).
+            treq: secure | DiscoveryLogEntry::TREQ_DISABLE_SQFLOW,
             portid: PORT_ID,
             cntlid: nvpoll::spec::fabrics::CNTLID_DYNAMIC,
             asqsz: ASQSZ,
             eflags: 0,
             trsvcid: addr.port().to_string(),
             traddr: addr.ip().to_string(),
-            tsas: vec![DiscoveryLogEntry::TCP_SECTYPE_NONE],
+            tsas: vec![sectype],
             subnqn: s.nqn.clone(),
         })
         .collect();

@@ -200,6 +200,46 @@ pub struct TargetConfig {
     /// When responses leave (see [`nvpoll::send`]): inline as each is made, at the end-of-iteration flush, or
     /// adaptive (inline while the connection has nothing else to answer). Deferred by default.
     pub send_mode: SendMode,
+    /// TLS 1.3 with external PSKs (NVMe/TCP 1.1 §3.6); `None` serves plain TCP only.
+    pub tls: Option<TargetTls>,
+}
+
+/// The target's TLS settings.
+#[derive(Clone, Debug)]
+pub struct TargetTls {
+    /// Refuse hosts that do not start with a TLS handshake. When `false` (optional), the first bytes decide:
+    /// a TLS record (0x16) starts the handshake, a plain ICReq proceeds without TLS.
+    pub required: bool,
+    /// The handshake settings, including the PSK of every known identity.
+    pub server: crate::tls::ServerConfig,
+}
+
+impl TargetTls {
+    /// TLS with one configured PSK (`NVMeTLSkey-1:...`) per host NQN. The target accepts, for each host and
+    /// each of `subnqns`, the v0 and v1 identities derived from that host's key (RFC 8446 derivation).
+    pub fn with_host_keys(
+        required: bool,
+        keys: &[(String, crate::tls::ConfiguredKey)],
+        subnqns: &[String],
+    ) -> TargetTls {
+        use crate::tls::{Derivation, IdentityVersion, Psk};
+        let mut table: Vec<(Vec<u8>, Psk)> = Vec::new();
+        for (host, key) in keys {
+            for sub in subnqns {
+                for v in [IdentityVersion::V0, IdentityVersion::V1] {
+                    let (identity, psk) = key.derive(v, host, sub, Derivation::Rfc8446);
+                    table.push((identity.into_bytes(), psk));
+                }
+            }
+        }
+        let server = crate::tls::ServerConfig::new(move |id| {
+            table
+                .iter()
+                .find(|(i, _)| i.as_slice() == id)
+                .map(|(_, p)| p.clone())
+        });
+        TargetTls { required, server }
+    }
 }
 
 impl fmt::Debug for TargetConfig {
@@ -231,6 +271,7 @@ impl TargetConfig {
             connect_timeout: Duration::from_secs(10),
             events: None,
             send_mode: SendMode::Deferred,
+            tls: None,
         }
     }
 
@@ -407,6 +448,8 @@ pub(crate) struct TargetShared {
     events: Option<EventHook>,
     /// The send mode every session applies, switchable while the target runs.
     send_mode: AtomicU8,
+    /// TLS settings, if any.
+    pub tls: Option<TargetTls>,
 }
 
 fn mode_to_u8(m: SendMode) -> u8 {
@@ -520,6 +563,7 @@ impl Target {
             stop: AtomicBool::new(false),
             events: config.events,
             send_mode: AtomicU8::new(mode_to_u8(config.send_mode)),
+            tls: config.tls,
         });
         Ok(Target { shared, listener })
     }

@@ -192,6 +192,10 @@ struct Slot {
 /// What the connection is waiting for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
+    /// TLS is configured: waiting for the first byte to tell a ClientHello from a plain ICReq.
+    Detect,
+    /// The TLS handshake is running.
+    Tls,
     IcReq,
     Connect,
     Ready,
@@ -270,6 +274,9 @@ pub(crate) struct Session {
     decode: pdu::DecodeConfig,
     /// When responses leave; refreshed from the target's setting at every poll.
     policy: SendPolicy,
+    /// The TLS handshake while [`Phase::Tls`] runs, and the bytes it has not consumed yet.
+    tls_hs: Option<crate::tls::Handshake>,
+    tls_inb: Vec<u8>,
     queue: Option<Queue>,
     slots: Vec<Slot>,
     busy_slots: usize,
@@ -314,7 +321,13 @@ impl Session {
             conn,
             peer,
             local,
-            phase: Phase::IcReq,
+            phase: if target.tls.is_some() {
+                Phase::Detect
+            } else {
+                Phase::IcReq
+            },
+            tls_hs: None,
+            tls_inb: Vec::new(),
             digests: Digests::NONE,
             hpda: 0,
             decode: pdu::DecodeConfig::new(pdu::Direction::ToController, Digests::NONE, 0),
@@ -360,6 +373,10 @@ impl Session {
             return Progress::Busy;
         }
         self.policy.set_mode(self.target.send_mode());
+        match self.phase {
+            Phase::Detect | Phase::Tls => return self.poll_tls(),
+            _ => {}
+        }
         let mut busy = self.poll_flushes();
         if self.conn.tx_pending() > TX_HIGH_WATER {
             // The host is not reading its responses: take no more commands until it does.
@@ -397,6 +414,48 @@ impl Session {
         } else {
             self.publish_stats();
             Progress::Idle
+        }
+    }
+
+    /// Before ICReq on a TLS-enabled target: tells TLS from plain TCP by the first byte, then runs the
+    /// handshake one non-blocking step per poll. The connect deadline bounds both.
+    fn poll_tls(&mut self) -> Progress {
+        let tls = self
+            .target
+            .tls
+            .as_ref()
+            .expect("TLS phases only with TLS configured");
+        if self.phase == Phase::Detect {
+            match self.conn.peek_first_byte() {
+                Ok(None) => return Progress::Idle,
+                Ok(Some(0x16)) => {
+                    self.tls_hs = Some(crate::tls::Handshake::server(tls.server.clone()));
+                    self.phase = Phase::Tls;
+                }
+                Ok(Some(_)) if tls.required => {
+                    self.close(None, "TLS is required and the host sent plaintext".into());
+                    return Progress::Busy;
+                }
+                Ok(Some(_)) => {
+                    self.phase = Phase::IcReq;
+                    return Progress::Busy;
+                }
+                Err(e) => {
+                    self.close(None, e.to_string());
+                    return Progress::Busy;
+                }
+            }
+        }
+        match self.conn.tls_step(&mut self.tls_hs, &mut self.tls_inb) {
+            Ok(true) => {
+                self.phase = Phase::IcReq;
+                Progress::Busy
+            }
+            Ok(false) => Progress::Idle,
+            Err(e) => {
+                self.close(None, format!("TLS handshake failed: {e}"));
+                Progress::Busy
+            }
         }
     }
 
