@@ -766,3 +766,139 @@ fn debug_output_never_shows_keys() {
         );
     }
 }
+
+/// The client opens what a fresh server session sends with `f` (which may misbehave).
+fn client_opens(
+    f: impl FnOnce(&mut Session, &mut Vec<u8>),
+) -> (Result<usize, TlsError>, Vec<u8>, Session) {
+    let (mut c, mut s) = pair();
+    let mut wire = Vec::new();
+    f(&mut s, &mut wire);
+    let mut plain = Vec::new();
+    let r = c.open(&wire, &mut plain);
+    (r, plain, c)
+}
+
+const NST: [u8; 18] = [4, 0, 0, 14, 0, 0, 0, 60, 0, 0, 0, 1, 0, 0, 1, 0xaa, 0, 0];
+
+#[test]
+fn client_absorbs_new_session_tickets() {
+    let (r, plain, c) = client_opens(|s, w| {
+        s.dangerous_seal_raw(22, &NST, w).unwrap();
+        // One split across two records.
+        s.dangerous_seal_raw(22, &NST[..7], w).unwrap();
+        s.dangerous_seal_raw(22, &NST[7..], w).unwrap();
+        s.seal(&[b"data"], w).unwrap();
+    });
+    r.unwrap();
+    assert_eq!(plain, b"data");
+    assert_eq!(c.stats().tickets_ignored, 2);
+    // A malformed ticket is a decode error.
+    let (r, _, _) =
+        client_opens(|s, w| s.dangerous_seal_raw(22, &NST[..17], w).map(|_| ()).unwrap());
+    assert!(r.is_ok(), "incomplete message waits");
+    let mut bad = NST;
+    bad[3] = 13;
+    let (r, _, _) = client_opens(|s, w| s.dangerous_seal_raw(22, &bad[..17], w).unwrap());
+    assert!(matches!(r, Err(TlsError::Decode(_))), "{r:?}");
+}
+
+#[test]
+fn misbehaving_peer_after_the_handshake() {
+    type Case = (
+        &'static str,
+        Box<dyn FnOnce(&mut Session, &mut Vec<u8>)>,
+        fn(&TlsError) -> bool,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "KeyUpdate not at the end of its record",
+            Box::new(|s, w| {
+                s.dangerous_seal_raw(22, &[24, 0, 0, 1, 0, 4, 0], w)
+                    .unwrap()
+            }),
+            |e| matches!(e, TlsError::UnexpectedMessage(_)),
+        ),
+        (
+            "KeyUpdate value 2",
+            Box::new(|s, w| s.dangerous_seal_raw(22, &[24, 0, 0, 1, 2], w).unwrap()),
+            |e| matches!(e, TlsError::IllegalParameter(_)),
+        ),
+        (
+            "a ClientHello after the handshake",
+            Box::new(|s, w| s.dangerous_seal_raw(22, &[1, 0, 0, 0], w).unwrap()),
+            |e| matches!(e, TlsError::UnexpectedMessage(_)),
+        ),
+        (
+            "application data inside a handshake message",
+            Box::new(|s, w| {
+                s.dangerous_seal_raw(22, &NST[..5], w).unwrap();
+                s.seal(&[b"x"], w).unwrap();
+            }),
+            |e| matches!(e, TlsError::UnexpectedMessage(_)),
+        ),
+        (
+            "an empty handshake record",
+            Box::new(|s, w| s.dangerous_seal_raw(22, &[], w).unwrap()),
+            |e| matches!(e, TlsError::Decode(_)),
+        ),
+        (
+            "an alert of 3 bytes",
+            Box::new(|s, w| s.dangerous_seal_raw(21, &[2, 40, 0], w).unwrap()),
+            |e| matches!(e, TlsError::Decode(_)),
+        ),
+        (
+            "a fatal alert",
+            Box::new(|s, w| s.dangerous_seal_raw(21, &[2, 40], w).unwrap()),
+            |e| *e == TlsError::PeerAlert(AlertDescription::HandshakeFailure),
+        ),
+        (
+            "a record with no content type",
+            Box::new(|s, w| s.dangerous_seal_raw(0, &[0, 0], w).unwrap()),
+            |e| matches!(e, TlsError::UnexpectedMessage(_)),
+        ),
+        (
+            "an unknown content type",
+            Box::new(|s, w| s.dangerous_seal_raw(99, b"x", w).unwrap()),
+            |e| matches!(e, TlsError::UnexpectedMessage(_)),
+        ),
+        (
+            "a ChangeCipherSpec inside protection",
+            Box::new(|s, w| s.dangerous_seal_raw(20, &[1], w).unwrap()),
+            |e| matches!(e, TlsError::UnexpectedMessage(_)),
+        ),
+        (
+            "16385 bytes of content",
+            Box::new(|s, w| s.dangerous_seal_raw(23, &[0x61; 16385], w).unwrap()),
+            |e| *e == TlsError::RecordOverflow,
+        ),
+    ];
+    for (what, f, ok) in cases {
+        let (r, plain, mut c) = client_opens(|s, w| {
+            s.seal(&[b"before"], w).unwrap();
+            f(s, w);
+        });
+        let e = r.expect_err(what);
+        assert!(ok(&e), "{what}: {e:?}");
+        assert!(plain.is_empty(), "{what}");
+        assert_eq!(c.error(), Some(&e));
+        let mut alert = Vec::new();
+        let sent = c.write_pending(&mut alert).unwrap();
+        assert_eq!(sent, e.alert().is_some(), "{what}");
+    }
+    // A NewSessionTicket sent to a server.
+    let (mut c, mut s) = pair();
+    let mut wire = Vec::new();
+    c.dangerous_seal_raw(22, &NST, &mut wire).unwrap();
+    assert!(matches!(
+        s.open(&wire, &mut Vec::new()),
+        Err(TlsError::UnexpectedMessage(_))
+    ));
+    // user_canceled is not fatal.
+    let (r, plain, _) = client_opens(|s, w| {
+        s.dangerous_seal_raw(21, &[1, 90], w).unwrap();
+        s.seal(&[b"still here"], w).unwrap();
+    });
+    r.unwrap();
+    assert_eq!(plain, b"still here");
+}

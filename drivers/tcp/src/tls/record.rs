@@ -170,10 +170,12 @@ impl Traffic {
             .map_err(|_| TlsError::Internal("AEAD seal failed"))
     }
 
-    /// Appends one protected record whose plaintext is the `len` bytes taken from `parts` starting at
-    /// (`idx`, `off`), advancing them. The plaintext is copied into `out` and sealed in place there.
+    /// Appends one protected record of inner type `typ` whose plaintext is the `len` bytes taken from
+    /// `parts` starting at (`idx`, `off`), advancing them. The plaintext is copied into `out` and sealed in
+    /// place there. `len` is not checked against [`MAX_PLAINTEXT`] (tests use that).
     pub(crate) fn seal_gather(
         &mut self,
+        typ: u8,
         parts: &[&[u8]],
         idx: &mut usize,
         off: &mut usize,
@@ -200,7 +202,7 @@ impl Traffic {
         out.resize(out.len() + 1 + TAG_LEN, 0);
         let (body, extra) = out[start + HEADER_LEN..].split_at_mut(len);
         self.key
-            .seal_in_place_scatter(nonce, Aad::from(hdr), body, &[ct::APPLICATION_DATA], extra)
+            .seal_in_place_scatter(nonce, Aad::from(hdr), body, &[typ], extra)
             .map_err(|_| TlsError::Internal("AEAD seal failed"))
     }
 
@@ -268,8 +270,15 @@ mod tests {
             let mut two = Vec::new();
             let parts: [&[u8]; 3] = [&data[..10], &data[10..4000], &data[4000..]];
             let (mut i, mut o) = (0, 0);
-            c.seal_gather(&parts, &mut i, &mut o, data.len(), &mut two)
-                .unwrap();
+            c.seal_gather(
+                ct::APPLICATION_DATA,
+                &parts,
+                &mut i,
+                &mut o,
+                data.len(),
+                &mut two,
+            )
+            .unwrap();
             assert_eq!(one, two);
             assert_eq!((i, o), (3, 0));
             assert_eq!(one.len(), data.len() + RECORD_OVERHEAD);
@@ -294,6 +303,39 @@ mod tests {
         assert_eq!(plain, b"hello");
         // A replay does not open under sequence number 1.
         assert_eq!(b.open(&rec, &mut plain), Err(TlsError::BadRecordMac));
+    }
+
+    #[test]
+    fn inner_plaintext_over_16k_is_record_overflow() {
+        let (mut a, mut b) = pair(CipherSuite::Aes128GcmSha256);
+        let big = vec![1u8; MAX_PLAINTEXT + 1];
+        let mut rec = Vec::new();
+        let (mut i, mut o) = (0, 0);
+        a.seal_gather(
+            ct::APPLICATION_DATA,
+            &[&big],
+            &mut i,
+            &mut o,
+            big.len(),
+            &mut rec,
+        )
+        .unwrap();
+        assert!(rec.len() - HEADER_LEN <= MAX_CIPHERTEXT);
+        let mut plain = vec![7];
+        assert_eq!(b.open(&rec, &mut plain), Err(TlsError::RecordOverflow));
+        assert_eq!(plain, [7]);
+        // Padding does not count: 16384 bytes of content and 200 of zeros are fine.
+        let (mut a, mut b) = pair(CipherSuite::Aes128GcmSha256);
+        let mut padded = vec![1u8; MAX_PLAINTEXT];
+        padded.push(ct::APPLICATION_DATA);
+        padded.resize(MAX_PLAINTEXT + 1 + 200, 0);
+        let mut rec = Vec::new();
+        let (mut i, mut o) = (0, 0);
+        // Sealed with inner type 0 appended: the last non-zero byte is still our type byte.
+        a.seal_gather(0, &[&padded], &mut i, &mut o, padded.len(), &mut rec)
+            .unwrap();
+        assert_eq!(b.open(&rec, &mut plain), Ok(ct::APPLICATION_DATA));
+        assert_eq!(plain.len(), 1 + MAX_PLAINTEXT);
     }
 
     #[test]

@@ -111,8 +111,14 @@ impl Session {
                 self.write.seal(ct::APPLICATION_DATA, &part[..n], out)?;
                 off += n;
             } else {
-                self.write
-                    .seal_gather(plaintext, &mut idx, &mut off, n, out)?;
+                self.write.seal_gather(
+                    ct::APPLICATION_DATA,
+                    plaintext,
+                    &mut idx,
+                    &mut off,
+                    n,
+                    out,
+                )?;
             }
             left -= n;
         }
@@ -314,6 +320,21 @@ impl Session {
         self.write.seal(ct::ALERT, &[1, 0], out)?;
         self.we_closed = true;
         Ok(())
+    }
+
+    /// Seals `body` as one record of inner content type `content_type`, with no check at all (not even
+    /// the 16 KiB limit). For tests and fuzzing: it lets a test play a misbehaving peer. Sending its output
+    /// to a real peer may end the session.
+    #[doc(hidden)]
+    pub fn dangerous_seal_raw(
+        &mut self,
+        content_type: u8,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), TlsError> {
+        let (mut idx, mut off) = (0, 0);
+        self.write
+            .seal_gather(content_type, &[body], &mut idx, &mut off, body.len(), out)
     }
 
     /// Whether the peer sent close_notify.
