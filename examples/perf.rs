@@ -15,6 +15,7 @@ use nvpoll::reactor::{CoreList, Reactors};
 use nvpoll::send::SendMode;
 use nvpoll::trid::TransportId;
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
+use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 
 /// The access pattern (fio's names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -67,10 +68,10 @@ struct Args {
     #[arg(long, default_value_t = 70, value_parser = clap::value_parser!(u8).range(0..=100))]
     rwmix: u8,
     /// Measured time per run (e.g. 10s, 500ms).
-    #[arg(long, default_value = "2s", value_parser = loadgen::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = loadgen::parse_duration)]
     time: Duration,
     /// Warm-up before each run, not measured.
-    #[arg(long, default_value = "1s", value_parser = loadgen::parse_duration)]
+    #[arg(long, default_value = "500ms", value_parser = loadgen::parse_duration)]
     warmup: Duration,
     /// Number of jobs (queue pairs), spread round-robin over the initiator reactors. Default: 2 per reactor.
     #[arg(long)]
@@ -96,6 +97,17 @@ struct Args {
     /// Host NQN (default: /etc/nvme/hostnqn, or one derived from the machine's UUID).
     #[arg(long)]
     hostnqn: Option<String>,
+    /// TLS 1.3 PSK in the NVMe interchange format (NVMeTLSkey-1:01:...:): every queue does the TLS handshake
+    /// before ICReq, with the identity derived from this key, the host NQN and the subsystem NQN.
+    #[arg(long)]
+    psk: Option<String>,
+    /// The TLS PSK identity version to derive: 0 (NVMe0R0x) or 1 (NVMe1R0x, with the digest).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    psk_identity_version: u8,
+    /// With the embedded target: run the table without TLS, with TLS, or both (default both). With --trid,
+    /// TLS is on exactly when --psk is given.
+    #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
+    tls: String,
     /// Size of the embedded target's RAM namespace.
     #[arg(long, default_value = "256m", value_parser = loadgen::parse_size)]
     ram: u64,
@@ -109,9 +121,28 @@ fn main() {
     }
 }
 
+/// The embedded target's PSK when perf makes its own (TLS on, no --psk): fixed, for the demo only.
+const DEMO_KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
+
 fn run(args: Args) -> Result<(), String> {
     let cores = CoreList::parse(&args.cores).map_err(|e| format!("--cores: {e}"))?;
     let embedded = args.trids.is_empty();
+    let version = if args.psk_identity_version == 0 {
+        IdentityVersion::V0
+    } else {
+        IdentityVersion::V1
+    };
+    let key = args
+        .psk
+        .as_deref()
+        .map(|k| ConfiguredKey::parse(k).map_err(|e| format!("--psk: {e}")))
+        .transpose()?;
+    let tls_settings: Vec<bool> = match (embedded, args.tls.as_str()) {
+        (true, "off") => vec![false],
+        (true, "on") => vec![true],
+        (true, _) => vec![false, true],
+        (false, _) => vec![key.is_some()],
+    };
     let mut embedded_target = None;
     let targets: Vec<ConnectOptions> = if embedded {
         let tcores = match &args.target_cores {
@@ -122,20 +153,25 @@ fn run(args: Args) -> Result<(), String> {
                 CoreList::parse(&last.to_string()).map_err(|e| e.to_string())?
             }
         };
-        let t = embedded_target::start(&tcores, args.ram)?;
+        let trid = TransportId::Tcp {
+            addr: "127.0.0.1:0".parse().expect("address literal"),
+            subnqn: Some(embedded_target::NQN.to_string()),
+            hostnqn: None,
+        };
+        let mut o =
+            ConnectOptions::from_trid(&trid, args.hostnqn.as_deref()).map_err(|e| e.to_string())?;
+        let demo_key = ConfiguredKey::parse(DEMO_KEY).expect("the demo key parses");
+        let target_key = key.clone().unwrap_or(demo_key);
+        let t = embedded_target::start(&tcores, args.ram, &o.hostnqn, &target_key)?;
         eprintln!(
-            "perf: embedded NVMe/TCP target {} on {} (cores {tcores}), RAM namespace of {} MiB",
+            "perf: embedded NVMe/TCP target {} on {} (cores {tcores}), RAM namespace of {} MiB, TLS optional",
             t.nqn,
             t.addr,
             args.ram >> 20
         );
-        let trid = TransportId::Tcp {
-            addr: t.addr,
-            subnqn: Some(t.nqn.clone()),
-            hostnqn: None,
-        };
-        embedded_target = Some(t);
-        vec![ConnectOptions::from_trid(&trid, args.hostnqn.as_deref()).map_err(|e| e.to_string())?]
+        o.addr = t.addr;
+        embedded_target = Some((t, target_key));
+        vec![o]
     } else {
         args.trids
             .iter()
@@ -165,6 +201,10 @@ fn run(args: Args) -> Result<(), String> {
     if jobs == 0 {
         return Err("--jobs must be at least 1".into());
     }
+    let modes: Vec<SendMode> = match args.send_mode.as_str() {
+        "all" => SendMode::ALL.to_vec(),
+        m => vec![m.parse().map_err(|e| format!("--send-mode: {e}"))?],
+    };
     let max_qd = *qds.iter().max().expect("at least one qd") as usize;
     let bufs_needed = jobs * max_qd + 64;
     let class = (args.io_size as usize).next_power_of_two().max(4096);
@@ -173,17 +213,8 @@ fn run(args: Args) -> Result<(), String> {
         .class(class, bufs_needed)
         .build()
         .map_err(|e| format!("DMA pool: {e}"))?;
-    let mut ctrls = Vec::new();
-    for o in targets {
-        let addr = o.addr;
-        let c = TcpController::connect(o, pool.clone())
-            .map_err(|e| format!("connecting to {addr}: {e}"))?;
-        ctrls.push(c);
-    }
-    let ctrls = std::cell::RefCell::new(ctrls);
     let reactors = Reactors::start(&cores).map_err(|e| format!("starting reactors: {e}"))?;
     let quiet = args.quiet || args.json;
-    let mut gen: LoadGen<TcpQueuePair> = LoadGen::new(pool, max_qd as u16, quiet);
     let machine = format!("{} cores, initiator cores {cores}", CoreList::all().len());
     let workload: loadgen::Workload = args.workload.into();
     eprintln!(
@@ -197,66 +228,90 @@ fn run(args: Args) -> Result<(), String> {
         args.runs,
         if args.verify { ", verifying" } else { "" }
     );
-    let modes: Vec<SendMode> = match args.send_mode.as_str() {
-        "all" => SendMode::ALL.to_vec(),
-        m => vec![m.parse().map_err(|e| format!("--send-mode: {e}"))?],
-    };
     let mut rows = Vec::new();
-    for (&qd, &mode) in qds.iter().flat_map(|q| modes.iter().map(move |m| (q, m))) {
-        let spec = RunSpec {
-            send_mode: mode,
-            qd,
-            jobs,
-            io_size: args.io_size,
-            workload,
-            rwmix: args.rwmix,
-            verify: args.verify,
-            warmup: args.warmup,
-            time: args.time,
-        };
-        if let Some(t) = &embedded_target {
-            t.set_send_mode(mode);
-        }
-        let label = format!("qd{qd} x {jobs} {}", workload.name());
-        let label_mode = format!("{label} {mode}");
-        let mut runs = Vec::new();
-        for i in 0..args.runs {
-            if !quiet {
-                eprintln!("run {}/{}: {label_mode}", i + 1, args.runs);
+    for &tls in &tls_settings {
+        // One set of controllers (and queue pairs, kept across runs) per TLS setting.
+        let mut ctrls = Vec::new();
+        for o in &targets {
+            let mut o = o.clone();
+            if tls {
+                let k = match (&key, &embedded_target) {
+                    (Some(k), _) => k,
+                    (None, Some((_, k))) => k,
+                    (None, None) => unreachable!("TLS without --psk only with the embedded target"),
+                };
+                o = o.with_tls_key(k, version);
             }
-            let mut connect = |j: usize, depth: u16| {
-                let mut ctrls = ctrls.borrow_mut();
-                let n = ctrls.len();
-                let ctrl = &mut ctrls[j % n];
-                let ns = ctrl.namespaces().first().cloned().ok_or_else(|| {
-                    nvpoll::Error::InvalidArgument("the controller has no namespace".into())
-                })?;
-                Ok((ctrl.connect_io_queue(depth)?, ns))
+            let addr = o.addr;
+            let c = TcpController::connect(o, pool.clone())
+                .map_err(|e| format!("connecting to {addr}: {e}"))?;
+            ctrls.push(c);
+        }
+        let ctrls = std::cell::RefCell::new(ctrls);
+        let mut gen: LoadGen<TcpQueuePair> = LoadGen::new(pool.clone(), max_qd as u16, quiet);
+        for (&qd, &mode) in qds.iter().flat_map(|q| modes.iter().map(move |m| (q, m))) {
+            let spec = RunSpec {
+                send_mode: mode,
+                qd,
+                jobs,
+                io_size: args.io_size,
+                workload,
+                rwmix: args.rwmix,
+                verify: args.verify,
+                warmup: args.warmup,
+                time: args.time,
             };
-            // Keep the admin queues alive (Keep Alive every KATO/2) while the jobs run.
-            let mut tick = |_: Phase| -> nvpoll::Result<()> {
-                for c in ctrls.borrow_mut().iter_mut() {
-                    c.poll_admin()?;
+            if let Some((t, _)) = &embedded_target {
+                t.set_send_mode(mode);
+            }
+            let label = format!(
+                "qd{qd} x {jobs} {}{}",
+                workload.name(),
+                if tls { " tls" } else { "" }
+            );
+            let mut runs = Vec::new();
+            for i in 0..args.runs {
+                if !quiet {
+                    eprintln!("run {}/{}: {label} {mode}", i + 1, args.runs);
                 }
-                Ok(())
-            };
-            let r = gen
-                .run(&reactors, spec, &mut connect, &mut tick)
-                .map_err(|e| e.to_string())?;
-            if !quiet {
-                eprintln!(
-                    "  {:.0} IOPS, mean {:.1} us, p99 {:.1} us",
-                    r.iops, r.mean_us, r.p99_us
-                );
+                let mut connect = |j: usize, depth: u16| {
+                    let mut ctrls = ctrls.borrow_mut();
+                    let n = ctrls.len();
+                    let ctrl = &mut ctrls[j % n];
+                    let ns = ctrl.namespaces().first().cloned().ok_or_else(|| {
+                        nvpoll::Error::InvalidArgument("the controller has no namespace".into())
+                    })?;
+                    Ok((ctrl.connect_io_queue(depth)?, ns))
+                };
+                // Keep the admin queues alive (Keep Alive every KATO/2) while the jobs run.
+                let mut tick = |_: Phase| -> nvpoll::Result<()> {
+                    for c in ctrls.borrow_mut().iter_mut() {
+                        c.poll_admin()?;
+                    }
+                    Ok(())
+                };
+                let r = gen
+                    .run(&reactors, spec, &mut connect, &mut tick)
+                    .map_err(|e| e.to_string())?;
+                if !quiet {
+                    eprintln!(
+                        "  {:.0} IOPS, mean {:.1} us, p99 {:.1} us",
+                        r.iops, r.mean_us, r.p99_us
+                    );
+                }
+                runs.push(r);
             }
-            runs.push(r);
+            rows.push(Row {
+                workload: label,
+                mode: mode.name(),
+                result: loadgen::median(runs.clone()),
+                runs,
+            });
         }
-        rows.push(Row {
-            workload: label,
-            mode: mode.name(),
-            result: loadgen::median(runs.clone()),
-            runs,
-        });
+        gen.release_queue_pairs();
+        for c in ctrls.into_inner() {
+            c.shutdown().map_err(|e| format!("shutdown: {e}"))?;
+        }
     }
     let stats = reactors.stop().map_err(|e| e.to_string())?;
     let total_errors: u64 = rows
@@ -280,10 +335,6 @@ fn run(args: Args) -> Result<(), String> {
             100.0 * busy as f64 / polls.max(1) as f64
         );
     }
-    gen.release_queue_pairs();
-    for c in ctrls.into_inner() {
-        c.shutdown().map_err(|e| format!("shutdown: {e}"))?;
-    }
     if total_errors > 0 || total_mismatches > 0 {
         return Err(format!(
             "{total_errors} I/O errors and {total_mismatches} verify mismatches"
@@ -295,7 +346,11 @@ fn run(args: Args) -> Result<(), String> {
 /// The embedded target: our NVMe/TCP target on 127.0.0.1, on its own reactors.
 mod embedded_target {
     use super::*;
-    use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig, TargetHandle};
+    use nvpoll_tcp::target::{
+        Backing, SubsystemConfig, Target, TargetConfig, TargetHandle, TargetTls,
+    };
+
+    pub const NQN: &str = "nqn.2024-01.io.nvpoll:perf";
 
     pub struct Embedded {
         pub addr: SocketAddr,
@@ -304,11 +359,22 @@ mod embedded_target {
         reactors: Option<Reactors>,
     }
 
-    pub fn start(cores: &CoreList, ram: u64) -> Result<Embedded, String> {
-        let nqn = "nqn.2024-01.io.nvpoll:perf".to_string();
+    /// Starts the target with TLS optional: `hostnqn` may connect in the clear or with `key`.
+    pub fn start(
+        cores: &CoreList,
+        ram: u64,
+        hostnqn: &str,
+        key: &ConfiguredKey,
+    ) -> Result<Embedded, String> {
+        let nqn = NQN.to_string();
         let listen: SocketAddr = "127.0.0.1:0".parse().expect("address literal");
-        let config = TargetConfig::new(listen)
+        let mut config = TargetConfig::new(listen)
             .subsystem(SubsystemConfig::new(nqn.clone()).namespace(Backing::Ram(ram), 4096));
+        config.tls = Some(TargetTls::with_host_keys(
+            false,
+            &[(hostnqn.to_string(), key.clone())],
+            &[nqn.clone()],
+        ));
         let target = Target::bind(config).map_err(|e| format!("embedded target: {e}"))?;
         let reactors =
             Reactors::start(cores).map_err(|e| format!("embedded target reactors: {e}"))?;
