@@ -373,7 +373,7 @@ mod embedded_target {
         config.tls = Some(TargetTls::with_host_keys(
             false,
             &[(hostnqn.to_string(), key.clone())],
-            &[nqn.clone()],
+            std::slice::from_ref(&nqn),
         ));
         let target = Target::bind(config).map_err(|e| format!("embedded target: {e}"))?;
         let reactors =
