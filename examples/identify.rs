@@ -6,6 +6,7 @@ use nvpoll::mem::DmaPool;
 use nvpoll::trid::TransportId;
 use nvpoll_pcie::{PcieController, PcieOptions};
 use nvpoll_tcp::host::{ConnectOptions, TcpController};
+use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 
 /// Print the controller and namespace summary of an NVMe controller.
 #[derive(Parser, Debug)]
@@ -18,6 +19,15 @@ struct Args {
     /// Host NQN (default: /etc/nvme/hostnqn, or one derived from the machine's UUID).
     #[arg(long)]
     hostnqn: Option<String>,
+    /// TLS 1.3 PSK in the NVMe interchange format (NVMeTLSkey-1:01:...:); TLS runs before ICReq on every queue.
+    #[arg(long)]
+    psk: Option<String>,
+    /// With --psk: the TLS PSK identity to present verbatim (default: derived from the host and subsystem NQNs).
+    #[arg(long, requires = "psk")]
+    psk_identity: Option<String>,
+    /// With --psk: the identity version to derive, 0 (NVMe0R0x) or 1 (NVMe1R0x with the digest).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    psk_identity_version: u8,
     /// Ask for header digests (NVMe/TCP).
     #[arg(long)]
     hdr_digest: bool,
@@ -38,32 +48,27 @@ fn run(args: Args) -> Result<(), String> {
     if let TransportId::Pcie { bdf } = &trid {
         return identify_pcie(&trid, *bdf);
     }
-    let TransportId::Tcp {
-        addr,
-        subnqn,
-        hostnqn,
-    } = &trid
-    else {
-        return Err(format!(
-            "--trid: trtype:{} is not supported yet",
-            trid.trtype()
-        ));
-    };
-    let addr = *addr;
-    let subnqn = subnqn.clone().ok_or("--trid needs subnqn:NQN")?;
-    let hostnqn = match args.hostnqn.or(hostnqn.clone()) {
-        Some(n) => n,
-        None => nvpoll::trid::default_hostnqn()
-            .map_err(|e| format!("host NQN: {e} (give --hostnqn)"))?,
-    };
+    let mut opts = ConnectOptions::from_trid(&trid, args.hostnqn.as_deref())
+        .map_err(|e| format!("--trid: {e}"))?;
+    if let Some(k) = &args.psk {
+        let key = ConfiguredKey::parse(k).map_err(|e| format!("--psk: {e}"))?;
+        opts = match &args.psk_identity {
+            Some(id) => opts.with_tls_identity(&key, id),
+            None => opts.with_tls_key(
+                &key,
+                if args.psk_identity_version == 0 {
+                    IdentityVersion::V0
+                } else {
+                    IdentityVersion::V1
+                },
+            ),
+        };
+    }
+    let addr = opts.addr;
     let pool = DmaPool::builder()
         .class(4096, 64)
         .build()
         .map_err(|e| format!("DMA pool: {e}"))?;
-    let mut opts = ConnectOptions::new(addr, subnqn, hostnqn);
-    opts.hostid = nvpoll::trid::hostid_from_hostnqn(&opts.hostnqn)
-        .or_else(|| nvpoll::trid::default_hostid().ok())
-        .unwrap_or_default();
     opts.header_digest = args.hdr_digest;
     opts.data_digest = args.data_digest;
     let ctrl =

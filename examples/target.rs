@@ -30,6 +30,16 @@ struct Args {
     #[arg(long, default_value = "deferred")]
     send_mode: nvpoll::send::SendMode,
 
+    /// A host's TLS PSK, as HOSTNQN=KEY with KEY in the NVMe interchange format (NVMeTLSkey-1:01:...:). May be
+    /// given once per host. The host may present the v0 or v1 identity derived from it.
+    #[arg(long = "psk", value_name = "HOSTNQN=KEY")]
+    psks: Vec<String>,
+
+    /// TLS 1.3: off, optional (the first bytes decide: a ClientHello starts TLS, a plain ICReq goes on
+    /// without), or required. Default: required when a --psk is given, off otherwise.
+    #[arg(long, value_parser = ["off", "optional", "required"])]
+    tls: Option<String>,
+
     /// Address and port to listen on.
     #[arg(long, default_value = "127.0.0.1:4420")]
     listen: SocketAddr,
@@ -161,6 +171,36 @@ fn run(args: Args) -> Result<(), String> {
         });
     config.queue_entries = args.queue_size;
     config.send_mode = args.send_mode;
+    let mut keys = Vec::new();
+    for p in &args.psks {
+        let (host, key) = p
+            .split_once('=')
+            .ok_or_else(|| format!("--psk '{}': expected HOSTNQN=KEY", redact(p)))?;
+        let key = nvpoll_tcp::tls::ConfiguredKey::parse(key)
+            .map_err(|e| format!("--psk for {host}: {e}"))?;
+        keys.push((host.to_string(), key));
+    }
+    let tls = args.tls.clone().unwrap_or_else(|| {
+        if keys.is_empty() {
+            "off".into()
+        } else {
+            "required".into()
+        }
+    });
+    if tls != "off" {
+        if keys.is_empty() {
+            return Err(format!("--tls {tls} needs at least one --psk HOSTNQN=KEY"));
+        }
+        let subnqns = [
+            args.nqn.clone(),
+            nvpoll_tcp::target::DISCOVERY_NQN.to_string(),
+        ];
+        config.tls = Some(nvpoll_tcp::target::TargetTls::with_host_keys(
+            tls == "required",
+            &keys,
+            &subnqns,
+        ));
+    }
     config.max_io_queues = args.io_queues;
 
     let target = Target::bind(config).map_err(|e| e.to_string())?;
@@ -210,5 +250,13 @@ mod tests {
         assert!(parse_size("0").is_err());
         assert!(parse_size("1X").is_err());
         assert!(parse_size("99999999T").is_err());
+    }
+}
+
+/// A --psk argument for an error message, without the key.
+fn redact(arg: &str) -> String {
+    match arg.split_once('=') {
+        Some((host, _)) => format!("{host}=<key>"),
+        None => "<not shown>".into(),
     }
 }

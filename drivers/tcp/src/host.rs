@@ -99,6 +99,17 @@ impl ConnectOptions {
         }
     }
 
+    /// Turns on TLS with a configured PSK and an identity given directly (for instance one a target expects
+    /// verbatim): the TLS PSK is derived from the key's retained PSK with that identity as context.
+    pub fn with_tls_identity(mut self, key: &crate::tls::ConfiguredKey, identity: &str) -> Self {
+        let retained = key.retained(&self.hostnqn, crate::tls::Derivation::Rfc8446);
+        self.tls = Some(crate::tls::ClientConfig::new(
+            identity,
+            retained.tls_psk(identity),
+        ));
+        self
+    }
+
     /// Turns on TLS with a configured PSK (`NVMeTLSkey-1:...`): the identity and TLS PSK are derived for this
     /// host and subsystem (RFC 8446 derivation), and every queue uses the same identity.
     pub fn with_tls_key(
