@@ -27,7 +27,7 @@ use nvpoll::spec::{
 };
 use nvpoll::trid::PciAddress;
 
-use crate::qpair::{Failure, NsInfo, Queue, QueueLayout};
+use crate::qpair::{Failure, NsInfo, Queue, QueueLayout, SglMode};
 use crate::vfio::VfioDevice;
 use crate::{Device, Error, PcieQueuePair, QueueOptions};
 
@@ -508,6 +508,18 @@ impl<D: Device> PcieController<D> {
                 qo.prp_list_offset
             )));
         }
+        let sgl = match (qo.sgl, self.id.sgls & 0x3) {
+            (false, _) => SglMode::Off,
+            (true, 0b01) => SglMode::AnyAlignment,
+            (true, 0b10) => SglMode::DwordAligned,
+            (true, _) => {
+                return Err(Error::Unsupported(format!(
+                    "{} does not support SGLs for I/O (Identify SGLS {:#x}); use PRPs",
+                    self.dev.name(),
+                    self.id.sgls
+                )))
+            }
+        };
         let Some(qid) = self.qids.iter().position(|used| !used) else {
             return Err(Error::InvalidArgument(format!(
                 "the controller granted {} I/O queues; all are in use",
@@ -530,7 +542,10 @@ impl<D: Device> PcieController<D> {
             self.cap.dstrd(),
             self.opts.io_timeout,
         ) {
-            Ok(q) => q,
+            Ok(mut q) => {
+                q.set_sgl(sgl);
+                q
+            }
             Err(e) => {
                 let _ = self.dev.unmap_dma(&pool);
                 return Err(e);

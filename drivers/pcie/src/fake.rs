@@ -6,7 +6,8 @@
 //! entry with the right phase tag; disabling resets it. DMA goes through a [`HostMemory`] view of the pools
 //! mapped with [`crate::Device::map_dma`], so an unmapped address fails the command as an IOMMU fault would.
 //!
-//! It walks PRPs as the specification describes (and refuses malformed ones), keeps namespace data in memory
+//! It walks PRPs as the specification describes (and refuses malformed ones), reads SGL data blocks (when
+//! [`FakeConfig::sgls`] says it supports them), keeps namespace data in memory
 //! (or throws it away, for benchmarks), and counts doorbells and PRP shapes. Faults can be injected: a fatal
 //! status ([`FakeDevice::set_fatal`]), surprise removal ([`FakeDevice::remove`]), and commands that never
 //! complete ([`FakeDevice::set_stalled`]).
@@ -15,8 +16,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use nvpoll::mem::DmaPool;
 use nvpoll::spec::{
-    admin, cns, encode_ns_list, feature, io, reg, Aqa, Cap, Cc, Cqe, Csts, IdentifyController,
-    IdentifyNamespace, LbaFormat, Sqe, Status, Vs, CQE_SIZE, IDENTIFY_SIZE, SQE_SIZE,
+    admin, cns, encode_ns_list, feature, io, reg, sgl_subtype, Aqa, Cap, Cc, Cqe, Csts,
+    IdentifyController, IdentifyNamespace, LbaFormat, SglType, Sqe, Status, Vs, CQE_SIZE,
+    IDENTIFY_SIZE, SQE_SIZE,
 };
 
 use crate::mmio::HostMemory;
@@ -54,6 +56,8 @@ pub struct FakeConfig {
     pub max_io_queues: u16,
     /// Model number.
     pub model: String,
+    /// Identify SGLS: bits 1:0 = 01b SGLs with any alignment, 10b dword-aligned, 00b none.
+    pub sgls: u32,
 }
 
 impl Default for FakeConfig {
@@ -72,6 +76,7 @@ impl Default for FakeConfig {
             dstrd: 0,
             max_io_queues: 64,
             model: "nvpoll fake NVMe".into(),
+            sgls: 0b01,
         }
     }
 }
@@ -93,6 +98,8 @@ pub struct FakeStats {
     pub prp_list: u64,
     /// Commands whose PRP list spanned list pages (chained).
     pub prp_chained: u64,
+    /// Commands whose data pointer was an SGL data block.
+    pub sgl: u64,
     /// Controller resets (CC.EN 1 -> 0).
     pub resets: u64,
     /// Completions posted into a full completion queue (a driver bug).
@@ -442,10 +449,26 @@ impl State {
         }
     }
 
-    /// Walks the PRPs of a transfer of `len` bytes, as a controller does, counting the shape.
+    /// Where the data of a transfer of `len` bytes is: walks the PRPs (counting their shape), or reads the
+    /// SGL data block, as a controller does.
     fn walk_prps(&mut self, sqe: &Sqe, len: u64) -> Result<Segments, Status> {
-        if sqe.flags & 0xc0 != 0 {
-            return Err(Status::INVALID_FIELD);
+        match sqe.flags & 0xc0 {
+            0 => {}
+            Sqe::PSDT_SGL if self.cfg.sgls & 0x3 != 0 => {
+                let d = sqe.sgl();
+                if d.sgl_type != SglType::DataBlock || d.subtype != sgl_subtype::ADDRESS {
+                    return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID);
+                }
+                if u64::from(d.length) != len {
+                    return Err(Status::DATA_SGL_LENGTH_INVALID);
+                }
+                if self.cfg.sgls & 0x3 == 0b10 && d.address & 3 != 0 {
+                    return Err(Status::INVALID_FIELD);
+                }
+                self.stats.sgl += 1;
+                return Ok(vec![(d.address, len)]);
+            }
+            _ => return Err(Status::INVALID_FIELD),
         }
         let (prp1, prp2) = (sqe.dptr1, sqe.dptr2);
         if prp1 & 3 != 0 {
@@ -548,6 +571,7 @@ impl State {
                 .unwrap_or(0),
             oncs: 1 << 3,
             vwc: 1,
+            sgls: self.cfg.sgls,
             ..Default::default()
         };
         id.to_bytes()

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use nvpoll::api::{Completion, IoOp, IoRequest, QueuePair, Rejected};
 use nvpoll::mem::{DmaBuf, DmaPool};
-use nvpoll::spec::{reg, Cqe, Csts, Sqe, CQE_SIZE, SQE_SIZE};
+use nvpoll::spec::{reg, Cqe, Csts, SglDescriptor, Sqe, CQE_SIZE, SQE_SIZE};
 
 use crate::ctrl::{Retired, Shared, STATE_DETACHED, STATE_REMOVED};
 use crate::mmio::{wmb, SharedMem};
@@ -49,6 +49,8 @@ pub struct QueueStats {
     pub prp_lists: u64,
     /// Commands whose PRP list chained across list pages.
     pub prp_chained: u64,
+    /// Commands whose data pointer was an SGL data block.
+    pub sgls: u64,
 }
 
 /// Why a queue failed; every outstanding command of the queue completes with it.
@@ -102,6 +104,17 @@ pub(crate) struct Done {
     pub result: Result<Cqe, Failure>,
 }
 
+/// Whether a queue describes data with SGLs instead of PRPs, and the alignment the controller needs then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SglMode {
+    /// PRPs (dword-aligned buffers).
+    Off,
+    /// One SGL data block per command, any byte alignment (Identify SGLS bits 1:0 = 01b).
+    AnyAlignment,
+    /// One SGL data block per command, dword-aligned buffers (SGLS bits 1:0 = 10b).
+    DwordAligned,
+}
+
 /// Per-command state: what to hand back, and the command's own PRP list memory.
 struct Tracker {
     tag: u64,
@@ -133,6 +146,7 @@ pub(crate) struct Queue<D: Device> {
     pub stats: QueueStats,
     // Cold.
     list_offset: usize,
+    sgl: SglMode,
     qid: u16,
     failed: Option<Failure>,
     stall_polls: u32,
@@ -233,6 +247,7 @@ impl<D: Device> Queue<D> {
             done: VecDeque::with_capacity(usize::from(layout.trackers)),
             stats: QueueStats::default(),
             list_offset: layout.list_offset,
+            sgl: SglMode::Off,
             qid,
             failed: None,
             stall_polls: 0,
@@ -243,6 +258,11 @@ impl<D: Device> Queue<D> {
 
     pub fn qid(&self) -> u16 {
         self.qid
+    }
+
+    /// Describes data with SGLs from now on (an I/O queue of a controller that supports them).
+    pub fn set_sgl(&mut self, mode: SglMode) {
+        self.sgl = mode;
     }
 
     pub fn sq_iova(&self) -> u64 {
@@ -301,25 +321,37 @@ impl<D: Device> Queue<D> {
                 );
                 return Err((Error::InvalidArgument(msg), buf));
             }
-            match prp::build(b.iova(), len, &mut t.list, self.list_offset) {
-                Ok(p) => {
-                    match p.shape {
-                        Shape::List => self.stats.prp_lists += 1,
-                        Shape::ChainedList => {
-                            self.stats.prp_lists += 1;
-                            self.stats.prp_chained += 1;
+            let iova = b.iova();
+            match self.sgl {
+                SglMode::Off => match prp::build(iova, len, &mut t.list, self.list_offset) {
+                    Ok(p) => {
+                        match p.shape {
+                            Shape::List => self.stats.prp_lists += 1,
+                            Shape::ChainedList => {
+                                self.stats.prp_lists += 1;
+                                self.stats.prp_chained += 1;
+                            }
+                            _ => {}
                         }
-                        _ => {}
+                        sqe.flags &= !0xc0; // PSDT 0: PRPs
+                        sqe.dptr1 = p.prp1;
+                        sqe.dptr2 = p.prp2;
                     }
-                    sqe.dptr1 = p.prp1;
-                    sqe.dptr2 = p.prp2;
+                    Err(e) => return Err((Error::InvalidArgument(e.to_string()), buf)),
+                },
+                SglMode::DwordAligned if iova & 3 != 0 => {
+                    let msg = format!("buffer at IOVA {iova:#x} is not dword aligned (the controller's SGLs need it)");
+                    return Err((Error::InvalidArgument(msg), buf));
                 }
-                Err(e) => return Err((Error::InvalidArgument(e.to_string()), buf)),
+                _ => {
+                    // A DmaBuf is contiguous in IOVA space: one data block describes any transfer.
+                    sqe.set_sgl(&SglDescriptor::data_block(iova, len));
+                    self.stats.sgls += 1;
+                }
             }
         }
         self.free.pop();
         sqe.cid = cid;
-        sqe.flags &= !0xc0; // PSDT 0: PRPs
         self.sq.write_sqe(usize::from(self.sq_tail), &sqe);
         self.sq_tail += 1;
         if self.sq_tail == self.entries {
@@ -496,6 +528,10 @@ pub struct QueueOptions {
     pub prp_list_offset: u16,
     /// Most completions one poll reaps (and so one completion doorbell covers); 0: the queue's depth.
     pub batch: u16,
+    /// Describe data with one SGL data block per command instead of PRPs (no PRP list to build, and any
+    /// byte alignment where the controller allows it). Creating the queue pair fails if the controller
+    /// does not support SGLs (Identify Controller SGLS).
+    pub sgl: bool,
 }
 
 impl QueueOptions {
@@ -505,6 +541,7 @@ impl QueueOptions {
             depth,
             prp_list_offset: 0,
             batch: 0,
+            sgl: false,
         }
     }
 }

@@ -206,6 +206,13 @@ fn vm_pcie_write_read_verify_every_prp_shape() {
             ..QueueOptions::new(4)
         })
         .unwrap();
+    // One SGL data block per command (QEMU reports SGLS 01b: any byte alignment).
+    let mut sgl = ctrl
+        .create_queue_pair_with(QueueOptions {
+            sgl: true,
+            ..QueueOptions::new(4)
+        })
+        .unwrap();
     let mut sizes = vec![
         512,
         1024,
@@ -220,9 +227,14 @@ fn vm_pcie_write_read_verify_every_prp_shape() {
     sizes.extend([mdts - 4096, mdts - 512, mdts]);
     let mut lba = 2048u64;
     let mut checked = 0;
-    for (q, qp) in [&mut plain, &mut chained].into_iter().enumerate() {
+    for (q, qp) in [&mut plain, &mut chained, &mut sgl].into_iter().enumerate() {
+        let offsets: &[usize] = if q == 2 {
+            &[0, 1, 3, 4, 4093]
+        } else {
+            &[0, 4, 512, 2048 + 4, 4092]
+        };
         for &len in &sizes {
-            for off in [0usize, 4, 512, 2048 + 4, 4092] {
+            for &off in offsets {
                 let blocks = (len / 512) as u32;
                 let mut w = pool.alloc(off + len).unwrap();
                 w.set_window(off, len).unwrap();
@@ -258,8 +270,13 @@ fn vm_pcie_write_read_verify_every_prp_shape() {
             }
         }
     }
-    let (p, c) = (plain.stats(), chained.stats());
-    println!("verified {checked} transfers of 512 B to {} KiB; plain queue: {p:?}; chained-list queue: {c:?}", mdts >> 10);
+    let (p, c, g) = (plain.stats(), chained.stats(), sgl.stats());
+    println!(
+        "verified {checked} transfers of 512 B to {} KiB; plain queue: {p:?}; chained-list queue: {c:?}; \
+         SGL queue: {g:?}",
+        mdts >> 10
+    );
+    assert_eq!((g.sgls, g.prp_lists), (g.submitted, 0));
     assert!(p.prp_lists > 0 && p.prp_chained == 0);
     assert!(c.prp_chained > 0, "the offset lists chained");
     assert_eq!(
@@ -305,9 +322,9 @@ fn vm_pcie_write_read_verify_every_prp_shape() {
         },
     );
     assert!(got.iter().all(|&b| b == 0), "write zeroes zeroed");
-    drop((plain, chained));
+    drop((plain, chained, sgl));
     assert!(!ctrl.poll_admin().unwrap());
-    assert_eq!(ctrl.stats().queues_deleted, 2);
+    assert_eq!(ctrl.stats().queues_deleted, 3);
 }
 
 /// One queue pair's job on a reactor: write `count` 4 KiB blocks at queue depth `qd`, then read them back
