@@ -5,7 +5,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
+use nvpoll::api::{IoOp, IoRequest, QueuePair};
 use nvpoll::mem::{DmaPool, HugepageMode};
 use nvpoll_pcie::fake::{FakeConfig, FakeDevice};
 use nvpoll_pcie::{PcieController, PcieOptions, QueueOptions};
