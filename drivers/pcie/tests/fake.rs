@@ -555,3 +555,29 @@ fn sgl_data_blocks_where_the_controller_supports_them() {
     assert!(e.error.to_string().contains("dword"), "{}", e.error);
     round_trip(&dev2, &pool2, &mut qp, 0, 4096, 4, 1);
 }
+
+#[test]
+fn honours_mqes_and_the_doorbell_stride() {
+    let cfg = FakeConfig {
+        dstrd: 2,
+        mqes: 63,
+        ..FakeConfig::default()
+    };
+    let (dev, pool, mut ctrl) = attach(cfg, opts());
+    assert_eq!(
+        (ctrl.cap().dstrd(), ctrl.cap().max_queue_entries()),
+        (2, 64)
+    );
+    let e = ctrl.create_queue_pair(64).unwrap_err();
+    assert!(e.to_string().contains("MQES"), "{e}");
+    let mut qp = ctrl.create_queue_pair(63).unwrap();
+    // With 16-byte doorbells the stand-in only completes commands if the driver rang the right ones.
+    for round in 0..4 {
+        round_trip(&dev, &pool, &mut qp, round * 64, 8192, 4, round as u8);
+    }
+    let other = ctrl.create_queue_pair(8).unwrap();
+    assert_eq!(dev.io_queues(), vec![1, 2]);
+    drop(other);
+    ctrl.poll_admin().unwrap();
+    assert_eq!(dev.io_queues(), vec![1]);
+}
