@@ -61,17 +61,18 @@ struct Args {
     /// I/O size (e.g. 512, 4k, 128k, 1m); a multiple of the namespace's block size.
     #[arg(long, default_value = "4k", value_parser = loadgen::parse_size)]
     io_size: u64,
-    /// Access pattern.
-    #[arg(long, value_enum, default_value_t = Workload::Randwrite)]
-    workload: Workload,
+    /// Access pattern; may be given several times. Default: randwrite and randread with the embedded target,
+    /// randwrite with --trid.
+    #[arg(long = "workload", value_enum)]
+    workloads: Vec<Workload>,
     /// Percentage of reads for randrw.
     #[arg(long, default_value_t = 70, value_parser = clap::value_parser!(u8).range(0..=100))]
     rwmix: u8,
     /// Measured time per run (e.g. 10s, 500ms).
-    #[arg(long, default_value = "1s", value_parser = loadgen::parse_duration)]
+    #[arg(long, default_value = "500ms", value_parser = loadgen::parse_duration)]
     time: Duration,
     /// Warm-up before each run, not measured.
-    #[arg(long, default_value = "500ms", value_parser = loadgen::parse_duration)]
+    #[arg(long, default_value = "250ms", value_parser = loadgen::parse_duration)]
     warmup: Duration,
     /// Number of jobs (queue pairs), spread round-robin over the initiator reactors. Default: 2 per reactor.
     #[arg(long)]
@@ -216,10 +217,17 @@ fn run(args: Args) -> Result<(), String> {
     let reactors = Reactors::start(&cores).map_err(|e| format!("starting reactors: {e}"))?;
     let quiet = args.quiet || args.json;
     let machine = format!("{} cores, initiator cores {cores}", CoreList::all().len());
-    let workload: loadgen::Workload = args.workload.into();
+    let workloads: Vec<loadgen::Workload> = if !args.workloads.is_empty() {
+        args.workloads.iter().map(|&w| w.into()).collect()
+    } else if embedded {
+        vec![loadgen::Workload::Randwrite, loadgen::Workload::Randread]
+    } else {
+        vec![loadgen::Workload::Randwrite]
+    };
+    let names: Vec<&str> = workloads.iter().map(|w| w.name()).collect();
     eprintln!(
         "perf: {} {} B, {} job(s) on {} reactor(s), warm-up {:?}, {:?} x {} run(s) per row{}",
-        workload.name(),
+        names.join(" and "),
         args.io_size,
         jobs,
         cores.len(),
@@ -249,7 +257,15 @@ fn run(args: Args) -> Result<(), String> {
         }
         let ctrls = std::cell::RefCell::new(ctrls);
         let mut gen: LoadGen<TcpQueuePair> = LoadGen::new(pool.clone(), max_qd as u16, quiet);
-        for (&qd, &mode) in qds.iter().flat_map(|q| modes.iter().map(move |m| (q, m))) {
+        let mut matrix = Vec::new();
+        for &w in &workloads {
+            for &q in &qds {
+                for &m in &modes {
+                    matrix.push((w, q, m));
+                }
+            }
+        }
+        for (workload, qd, mode) in matrix {
             let spec = RunSpec {
                 send_mode: mode,
                 qd,
