@@ -229,3 +229,128 @@ fn modes_against_our_target() {
         }
     }
 }
+
+/// The peer resets the connection while the host still has megabytes queued: the flush fails with a typed
+/// error, and every outstanding command completes exactly once, with an error, in every mode.
+fn reset_mid_flush(mode: SendMode) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let peer = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut icreq = [0u8; 128];
+        s.read_exact(&mut icreq).unwrap();
+        let mut resp = Vec::new();
+        let ic = pdu::IcResp {
+            pfv: 0,
+            cpda: 0,
+            digests: pdu::Digests::NONE,
+            maxh2cdata: 128 * 1024,
+        };
+        pdu::encode_ic_resp(&mut resp, &ic);
+        s.write_all(&resp).unwrap();
+        // Take a little of the stream, then reset (RST, not FIN) with the rest unread.
+        let mut some = vec![0u8; 64 * 1024];
+        s.read_exact(&mut some).unwrap();
+        socket2::SockRef::from(&s)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(s);
+    });
+    let pool = DmaPool::builder().class(DATA, COMMANDS).build().unwrap();
+    let mut q = HostQueue::connect(&QueueParams {
+        addr,
+        qid: 1,
+        depth: COMMANDS as u16,
+        header_digest: false,
+        data_digest: false,
+        max_transfer: DATA as u32,
+        connect_timeout: Duration::from_secs(5),
+        tls: None,
+    })
+    .unwrap();
+    q.set_incapsule_max(DATA as u32);
+    q.set_send_mode(mode);
+    let mut accepted = 0u64;
+    let mut failed_at_submit = 0u64;
+    let mut first_err = None;
+    for i in 0..COMMANDS {
+        let buf = pool.alloc(DATA).unwrap();
+        match q.submit(
+            Sqe::write(1, i as u64, 31),
+            DataDir::ToController,
+            Some(buf),
+            DATA as u32,
+            i as u64,
+        ) {
+            Ok(()) => accepted += 1,
+            Err((_, buf)) => {
+                assert!(buf.is_some(), "a refused command hands its buffer back");
+                failed_at_submit += 1;
+            }
+        }
+        if i % 16 == 15 {
+            if let Err(e) = q.flush() {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    peer.join().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        if let Some(e) = first_err.take() {
+            break e;
+        }
+        // Keep flushing and polling until the reset surfaces.
+        if let Err(e) = q.flush() {
+            break e;
+        }
+        if let Err(e) = q.poll() {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "the reset never surfaced");
+        thread::yield_now();
+    };
+    assert!(
+        matches!(
+            err,
+            nvpoll_tcp::Error::Io { .. }
+                | nvpoll_tcp::Error::Closed
+                | nvpoll_tcp::Error::Protocol(_)
+        ),
+        "{mode}: {err:?}"
+    );
+    let mut completed = 0u64;
+    let mut tags = std::collections::HashSet::new();
+    while let Some(d) = q.pop_done() {
+        assert!(
+            d.result.is_err(),
+            "{mode}: no write is reported done after a reset"
+        );
+        assert!(
+            tags.insert(d.tag),
+            "{mode}: command {} completed twice",
+            d.tag
+        );
+        completed += 1;
+    }
+    assert_eq!(
+        completed, accepted,
+        "{mode}: every accepted command completes once ({failed_at_submit} refused)"
+    );
+    assert_eq!(q.outstanding(), 0);
+}
+
+#[test]
+fn inline_reset_mid_flush() {
+    reset_mid_flush(SendMode::Inline);
+}
+
+#[test]
+fn deferred_reset_mid_flush() {
+    reset_mid_flush(SendMode::Deferred);
+}
+
+#[test]
+fn adaptive_reset_mid_flush() {
+    reset_mid_flush(SendMode::Adaptive);
+}
