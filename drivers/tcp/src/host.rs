@@ -6,15 +6,20 @@
 //! never blocks.
 #![forbid(unsafe_code)]
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use crossbeam_queue::ArrayQueue;
 
 use nvpoll::api::{Completion, IoOp, IoRequest, Namespace, QueuePair, QueueStats, Rejected};
 use nvpoll::mem::{DmaBuf, DmaPool};
 use nvpoll::send::SendMode;
 use nvpoll::spec::{self, Cqe, IdentifyController, IdentifyNamespace, Sqe};
 
-use crate::queue::{DataDir, HostQueue, QueueParams};
+use crate::queue::{DataDir, HostQueue, Orphan, QueueParams};
 use crate::Error;
 
 /// Largest transfer we issue in one command when the controller sets no limit (MDTS 0).
@@ -46,6 +51,30 @@ pub struct ConnectOptions {
     /// TLS 1.3 with an external PSK on every queue (admin and I/O), before ICReq; see
     /// [`ConnectOptions::with_tls_key`].
     pub tls: Option<crate::tls::ClientConfig>,
+    /// After a connection is lost, the time between reconnect attempts (nvme-cli's `--reconnect-delay`).
+    pub reconnect_delay: Duration,
+    /// How long to keep trying to reconnect before giving the controller up (nvme-cli's `--ctrl-loss-tmo`);
+    /// then every outstanding and later command fails.
+    pub ctrl_loss_tmo: Duration,
+    /// A command outstanding this long is aborted (Abort on the admin queue); if it is still outstanding a
+    /// second `io_timeout / 2` later, it fails with a timeout and its connection is reset.
+    pub io_timeout: Duration,
+    /// What a lost connection does to the commands that were outstanding on it.
+    pub recovery: Recovery,
+}
+
+/// What happens to outstanding commands when their connection is lost.
+///
+/// In both cases a command completes exactly once, and a write completes successfully only when the target
+/// acknowledged it on a live connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Recovery {
+    /// Keep them and submit them again on the new connection after the reconnect (as the Linux host does);
+    /// commands submitted while reconnecting wait too. They fail only when `ctrl_loss_tmo` expires.
+    #[default]
+    Retry,
+    /// Fail them at once with a transport error; commands submitted while reconnecting are refused.
+    FailFast,
 }
 
 impl ConnectOptions {
@@ -82,7 +111,8 @@ impl ConnectOptions {
         Ok(o)
     }
 
-    /// Options with defaults: no digests, KATO 10 s, 5 s per step, admin depth 32, 1 MiB transfers.
+    /// Options with defaults: no digests, KATO 10 s, 5 s per step, admin depth 32, 1 MiB transfers, reconnect
+    /// every 2 s for up to 60 s, 30 s command timeout, outstanding commands retried after a reconnect.
     pub fn new(addr: SocketAddr, subnqn: impl Into<String>, hostnqn: impl Into<String>) -> Self {
         ConnectOptions {
             addr,
@@ -96,6 +126,10 @@ impl ConnectOptions {
             admin_depth: 32,
             max_transfer: DEFAULT_MAX_TRANSFER,
             tls: None,
+            reconnect_delay: Duration::from_secs(2),
+            ctrl_loss_tmo: Duration::from_secs(60),
+            io_timeout: Duration::from_secs(30),
+            recovery: Recovery::Retry,
         }
     }
 
@@ -144,6 +178,8 @@ pub struct TcpController {
     next_qid: u16,
     last_keep_alive: Instant,
     keep_alive_outstanding: bool,
+    shared: Arc<CtrlShared>,
+    state: CtrlState,
 }
 
 const KEEP_ALIVE_TAG: u64 = u64::MAX - 1;
@@ -201,104 +237,189 @@ fn fabrics_connect(
     Ok((cqe.dw0 & 0xffff) as u16)
 }
 
+/// What a controller and its queue pairs (on other reactors) share: the connection generation, and requests
+/// from the queue pairs to the admin queue. Lock-free.
+#[derive(Debug)]
+struct CtrlShared {
+    /// Bumped after every successful (re)connect of the admin queue; queue pairs reconnect when it moves.
+    generation: AtomicU64,
+    /// The controller ID of the current generation.
+    cntlid: AtomicU16,
+    /// `ctrl_loss_tmo` expired: no more reconnects.
+    dead: AtomicBool,
+    /// A queue pair lost its connection: the controller must be reset (reconnected).
+    reset_requested: AtomicBool,
+    /// Aborts requested by queue pairs: (SQID, CID).
+    aborts: ArrayQueue<(u16, u16)>,
+    /// Counters.
+    reconnects: AtomicU64,
+    aborts_sent: AtomicU64,
+}
+
+impl CtrlShared {
+    fn new(cntlid: u16) -> CtrlShared {
+        CtrlShared {
+            generation: AtomicU64::new(1),
+            cntlid: AtomicU16::new(cntlid),
+            dead: AtomicBool::new(false),
+            reset_requested: AtomicBool::new(false),
+            aborts: ArrayQueue::new(1024),
+            reconnects: AtomicU64::new(0),
+            aborts_sent: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Where the controller's admin connection stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CtrlState {
+    Live,
+    /// Lost at `since`; the next attempt is due at `next`.
+    Reconnecting {
+        since: Instant,
+        next: Instant,
+    },
+    /// `ctrl_loss_tmo` expired.
+    Dead,
+}
+
+/// Tag of Abort commands on the admin queue.
+const ABORT_TAG: u64 = u64::MAX - 2;
+
+/// What a successful bring-up of the admin queue learned.
+struct Attached {
+    admin: HostQueue,
+    cntlid: u16,
+    cap: spec::Cap,
+    vs: spec::Vs,
+    id: IdentifyController,
+    max_transfer: u32,
+    io_queues_allowed: u16,
+    namespaces: Vec<Namespace>,
+}
+
+/// Connects the admin queue and brings the controller up: ICReq, Fabrics Connect, CAP/VS, CC.EN and CSTS.RDY,
+/// Identify Controller, Number of Queues, and Identify of every active namespace.
+fn bring_up(opts: &ConnectOptions, pool: &DmaPool) -> Result<Attached, Error> {
+    let mut admin = connect_queue(opts, 0, opts.admin_depth, opts.max_transfer.max(4096))?;
+    let cntlid = fabrics_connect(&mut admin, opts, pool, opts.admin_depth - 1, 0xffff)?;
+    let t = opts.timeout;
+    let cap = spec::Cap(property_get(&mut admin, spec::reg::CAP, true, t)?);
+    let vs = spec::Vs(property_get(&mut admin, spec::reg::VS, false, t)? as u32);
+    // Enable: 64-byte SQEs, 16-byte CQEs, 4 KiB pages, NVM command set.
+    let mut cc = spec::Cc(0);
+    cc.set_iosqes(6);
+    cc.set_iocqes(4);
+    cc.set_en(true);
+    property_set(&mut admin, spec::reg::CC, u64::from(cc.0), false, t)?;
+    let ready_deadline = Instant::now() + cap.timeout().max(Duration::from_millis(500));
+    loop {
+        let csts = spec::Csts(property_get(&mut admin, spec::reg::CSTS, false, t)? as u32);
+        if csts.cfs() {
+            return Err(Error::Protocol(
+                "controller reports a fatal status (CSTS.CFS) during enable".into(),
+            ));
+        }
+        if csts.rdy() {
+            break;
+        }
+        if Instant::now() >= ready_deadline {
+            return Err(Error::Timeout("CSTS.RDY after CC.EN"));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let page = identify(&mut admin, pool, spec::cns::CONTROLLER, 0, t)?;
+    let id =
+        IdentifyController::parse(page.as_slice()).map_err(|e| Error::Protocol(e.to_string()))?;
+    let mut max_transfer = opts.max_transfer;
+    if let Some(limit) = id.max_transfer_bytes(cap.min_page_size()) {
+        max_transfer = max_transfer.min(limit.min(u64::from(u32::MAX)) as u32);
+    }
+    // A discovery controller has no I/O queues and no namespaces: it only serves the discovery log.
+    let (io_queues_allowed, namespaces) = if id.cntrltype == IdentifyController::CNTRLTYPE_DISCOVERY
+    {
+        (0, Vec::new())
+    } else {
+        (
+            set_number_of_queues(&mut admin, t, 64)?,
+            scan_namespaces(&mut admin, pool, t)?,
+        )
+    };
+    Ok(Attached {
+        admin,
+        cntlid,
+        cap,
+        vs,
+        id,
+        max_transfer,
+        io_queues_allowed,
+        namespaces,
+    })
+}
+
+fn set_number_of_queues(admin: &mut HostQueue, t: Duration, want: u16) -> Result<u16, Error> {
+    let n = u32::from(want - 1);
+    let sqe = Sqe::set_features(spec::feature::NUMBER_OF_QUEUES, n | (n << 16));
+    let (cqe, _) = admin.run(sqe, DataDir::None, None, 0, t)?;
+    HostQueue::check("Set Features (Number of Queues)", &cqe)?;
+    let nsq = (cqe.dw0 & 0xffff) as u16 + 1;
+    let ncq = (cqe.dw0 >> 16) as u16 + 1;
+    Ok(nsq.min(ncq).min(want))
+}
+
+fn scan_namespaces(
+    admin: &mut HostQueue,
+    pool: &DmaPool,
+    t: Duration,
+) -> Result<Vec<Namespace>, Error> {
+    let list = identify(admin, pool, spec::cns::ACTIVE_NS_LIST, 0, t)?;
+    let nsids = spec::decode_ns_list(list.as_slice());
+    drop(list);
+    let mut out = Vec::with_capacity(nsids.len());
+    for nsid in nsids {
+        let page = identify(admin, pool, spec::cns::NAMESPACE, nsid, t)?;
+        let ns = IdentifyNamespace::parse(page.as_slice())
+            .map_err(|e| Error::Protocol(e.to_string()))?;
+        if ns.nsze == 0 {
+            continue;
+        }
+        let Some(block_size) = ns.block_size() else {
+            return Err(Error::Protocol(format!(
+                "namespace {nsid} reports an invalid LBA format"
+            )));
+        };
+        out.push(Namespace {
+            nsid,
+            block_size,
+            blocks: ns.nsze,
+        });
+    }
+    Ok(out)
+}
+
 impl TcpController {
     /// Connects the admin queue and brings the controller up: ICReq, Fabrics Connect, CAP/VS, CC.EN and
     /// CSTS.RDY, Identify Controller, Number of Queues, and Identify of every active namespace.
     pub fn connect(opts: ConnectOptions, pool: DmaPool) -> Result<TcpController, Error> {
-        let mut admin = connect_queue(&opts, 0, opts.admin_depth, opts.max_transfer.max(4096))?;
-        let cntlid = fabrics_connect(&mut admin, &opts, &pool, opts.admin_depth - 1, 0xffff)?;
-        let t = opts.timeout;
-        let cap = spec::Cap(property_get(&mut admin, spec::reg::CAP, true, t)?);
-        let vs = spec::Vs(property_get(&mut admin, spec::reg::VS, false, t)? as u32);
-        // Enable: 64-byte SQEs, 16-byte CQEs, 4 KiB pages, NVM command set.
-        let mut cc = spec::Cc(0);
-        cc.set_iosqes(6);
-        cc.set_iocqes(4);
-        cc.set_en(true);
-        property_set(&mut admin, spec::reg::CC, u64::from(cc.0), false, t)?;
-        let ready_deadline = Instant::now() + cap.timeout().max(Duration::from_millis(500));
-        loop {
-            let csts = spec::Csts(property_get(&mut admin, spec::reg::CSTS, false, t)? as u32);
-            if csts.cfs() {
-                return Err(Error::Protocol(
-                    "controller reports a fatal status (CSTS.CFS) during enable".into(),
-                ));
-            }
-            if csts.rdy() {
-                break;
-            }
-            if Instant::now() >= ready_deadline {
-                return Err(Error::Timeout("CSTS.RDY after CC.EN"));
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let page = identify(&mut admin, &pool, spec::cns::CONTROLLER, 0, t)?;
-        let id = IdentifyController::parse(page.as_slice())
-            .map_err(|e| Error::Protocol(e.to_string()))?;
-        let mut max_transfer = opts.max_transfer;
-        if let Some(limit) = id.max_transfer_bytes(cap.min_page_size()) {
-            max_transfer = max_transfer.min(limit.min(u64::from(u32::MAX)) as u32);
-        }
-        let mut ctrl = TcpController {
-            admin,
+        let a = bring_up(&opts, &pool)?;
+        let shared = Arc::new(CtrlShared::new(a.cntlid));
+        Ok(TcpController {
+            admin: a.admin,
             pool,
-            cntlid,
-            cap,
-            vs,
-            id,
-            namespaces: Vec::new(),
-            max_transfer,
-            io_queues_allowed: 0,
+            cntlid: a.cntlid,
+            cap: a.cap,
+            vs: a.vs,
+            id: a.id,
+            namespaces: a.namespaces,
+            max_transfer: a.max_transfer,
+            io_queues_allowed: a.io_queues_allowed,
             next_qid: 1,
             last_keep_alive: Instant::now(),
             keep_alive_outstanding: false,
             opts,
-        };
-        // A discovery controller has no I/O queues and no namespaces: it only serves the discovery log.
-        if ctrl.id.cntrltype != IdentifyController::CNTRLTYPE_DISCOVERY {
-            ctrl.io_queues_allowed = ctrl.set_number_of_queues(64)?;
-            ctrl.namespaces = ctrl.scan_namespaces()?;
-        }
-        Ok(ctrl)
-    }
-
-    fn set_number_of_queues(&mut self, want: u16) -> Result<u16, Error> {
-        let n = u32::from(want - 1);
-        let sqe = Sqe::set_features(spec::feature::NUMBER_OF_QUEUES, n | (n << 16));
-        let (cqe, _) = self
-            .admin
-            .run(sqe, DataDir::None, None, 0, self.opts.timeout)?;
-        HostQueue::check("Set Features (Number of Queues)", &cqe)?;
-        let nsq = (cqe.dw0 & 0xffff) as u16 + 1;
-        let ncq = (cqe.dw0 >> 16) as u16 + 1;
-        Ok(nsq.min(ncq).min(want))
-    }
-
-    fn scan_namespaces(&mut self) -> Result<Vec<Namespace>, Error> {
-        let t = self.opts.timeout;
-        let list = identify(&mut self.admin, &self.pool, spec::cns::ACTIVE_NS_LIST, 0, t)?;
-        let nsids = spec::decode_ns_list(list.as_slice());
-        drop(list);
-        let mut out = Vec::with_capacity(nsids.len());
-        for nsid in nsids {
-            let page = identify(&mut self.admin, &self.pool, spec::cns::NAMESPACE, nsid, t)?;
-            let ns = IdentifyNamespace::parse(page.as_slice())
-                .map_err(|e| Error::Protocol(e.to_string()))?;
-            if ns.nsze == 0 {
-                continue;
-            }
-            let Some(block_size) = ns.block_size() else {
-                return Err(Error::Protocol(format!(
-                    "namespace {nsid} reports an invalid LBA format"
-                )));
-            };
-            out.push(Namespace {
-                nsid,
-                block_size,
-                blocks: ns.nsze,
-            });
-        }
-        Ok(out)
+            shared,
+            state: CtrlState::Live,
+        })
     }
 
     /// Controller ID assigned by the target.
@@ -331,9 +452,37 @@ impl TcpController {
         self.namespaces.iter().find(|n| n.nsid == nsid)
     }
 
-    /// Services the admin queue: sends Keep Alive every KATO/2 and reaps its completion. Call it from a timed
-    /// poller (or any loop) at least a few times per KATO. Returns an error if the admin queue has failed.
+    /// Services the admin queue; call it from a timed poller (or any loop) several times per KATO. It sends
+    /// Keep Alive every KATO/2, sends the Aborts that queue pairs request for timed-out commands, and notices a
+    /// lost controller: the admin connection failing, a Keep Alive unanswered for a whole KATO (a target that
+    /// stopped answering), or a queue pair that lost its connection. It then reconnects with bounded back-off
+    /// (`reconnect_delay`, for up to `ctrl_loss_tmo`), which may block this call for up to the step timeout per
+    /// attempt; queue pairs follow on their own reactors. Returns an error only once the controller is given up.
     pub fn poll_admin(&mut self) -> Result<(), Error> {
+        match self.state {
+            CtrlState::Dead => {
+                return Err(Error::Protocol(
+                    "controller lost: ctrl-loss-tmo expired".into(),
+                ))
+            }
+            CtrlState::Reconnecting { since, next } => {
+                if Instant::now() >= next {
+                    self.try_reconnect(since);
+                }
+                return Ok(());
+            }
+            CtrlState::Live => {}
+        }
+        if let Err(e) = self.service_admin() {
+            self.lose(&e.to_string());
+        }
+        Ok(())
+    }
+
+    fn service_admin(&mut self) -> Result<(), Error> {
+        if self.shared.reset_requested.swap(false, Ordering::AcqRel) {
+            return Err(Error::Protocol("an I/O queue lost its connection".into()));
+        }
         self.admin.poll()?;
         while let Some(d) = self.admin.pop_done() {
             if d.tag == KEEP_ALIVE_TAG {
@@ -341,19 +490,94 @@ impl TcpController {
                 let cqe = d.result?;
                 HostQueue::check("Keep Alive", &cqe)?;
             }
+            // Abort completions need no action: an aborted command completes on its own queue.
         }
-        if !self.opts.kato.is_zero()
-            && !self.keep_alive_outstanding
-            && self.last_keep_alive.elapsed() >= self.opts.kato / 2
-        {
+        if !self.opts.kato.is_zero() {
+            if self.keep_alive_outstanding && self.last_keep_alive.elapsed() >= self.opts.kato {
+                return Err(Error::Timeout(
+                    "Keep Alive completion (the target stopped answering)",
+                ));
+            }
+            if !self.keep_alive_outstanding && self.last_keep_alive.elapsed() >= self.opts.kato / 2
+            {
+                self.admin
+                    .submit(Sqe::keep_alive(), DataDir::None, None, 0, KEEP_ALIVE_TAG)
+                    .map_err(|(e, _)| e)?;
+                self.keep_alive_outstanding = true;
+                self.last_keep_alive = Instant::now();
+            }
+        }
+        while self.admin.outstanding() + 1 < self.admin.depth() {
+            let Some((sqid, cid)) = self.shared.aborts.pop() else {
+                break;
+            };
             self.admin
-                .submit(Sqe::keep_alive(), DataDir::None, None, 0, KEEP_ALIVE_TAG)
+                .submit(Sqe::abort(sqid, cid), DataDir::None, None, 0, ABORT_TAG)
                 .map_err(|(e, _)| e)?;
-            self.keep_alive_outstanding = true;
-            self.last_keep_alive = Instant::now();
+            self.shared.aborts_sent.fetch_add(1, Ordering::Relaxed);
         }
         self.admin.flush()?;
         Ok(())
+    }
+
+    /// The admin connection is gone (or must go): closing it tears the controller down on the target, and
+    /// every queue pair will reconnect after the admin queue does.
+    fn lose(&mut self, _why: &str) {
+        self.admin.close();
+        let now = Instant::now();
+        self.state = CtrlState::Reconnecting {
+            since: now,
+            next: now,
+        };
+    }
+
+    fn try_reconnect(&mut self, since: Instant) {
+        match bring_up(&self.opts, &self.pool) {
+            Ok(a) => {
+                self.admin = a.admin;
+                self.cntlid = a.cntlid;
+                self.cap = a.cap;
+                self.vs = a.vs;
+                self.id = a.id;
+                self.max_transfer = a.max_transfer;
+                self.io_queues_allowed = a.io_queues_allowed;
+                self.namespaces = a.namespaces;
+                self.last_keep_alive = Instant::now();
+                self.keep_alive_outstanding = false;
+                // Aborts for commands of the old connections are moot.
+                while self.shared.aborts.pop().is_some() {}
+                self.shared.reset_requested.store(false, Ordering::Release);
+                self.shared.cntlid.store(a.cntlid, Ordering::Release);
+                self.shared.generation.fetch_add(1, Ordering::AcqRel);
+                self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
+                self.state = CtrlState::Live;
+            }
+            Err(_) if since.elapsed() >= self.opts.ctrl_loss_tmo => {
+                self.shared.dead.store(true, Ordering::Release);
+                self.state = CtrlState::Dead;
+            }
+            Err(_) => {
+                self.state = CtrlState::Reconnecting {
+                    since,
+                    next: Instant::now() + self.opts.reconnect_delay,
+                };
+            }
+        }
+    }
+
+    /// Whether the admin connection is up (not reconnecting, not given up).
+    pub fn is_live(&self) -> bool {
+        self.state == CtrlState::Live
+    }
+
+    /// Successful reconnects so far.
+    pub fn reconnects(&self) -> u64 {
+        self.shared.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// Abort commands sent for timed-out commands so far.
+    pub fn aborts_sent(&self) -> u64 {
+        self.shared.aborts_sent.load(Ordering::Relaxed)
     }
 
     /// Shuts the controller down (CC.SHN normal, waiting for CSTS.SHST complete up to the step timeout) and
@@ -467,45 +691,151 @@ impl TcpController {
                 "queue depth {depth} is outside 1..={mqes} (CAP.MQES)"
             )));
         }
+        if self.state != CtrlState::Live {
+            return Err(Error::Protocol(
+                "the controller is reconnecting or lost".into(),
+            ));
+        }
         let qid = self.next_qid;
-        let mut q = connect_queue(&self.opts, qid, depth, self.max_transfer)?;
-        // SQSIZE is 0's based and must be at least 1 (a queue of two entries); a depth-1 queue pair still
-        // never has more than one command outstanding, since the host queue has one slot.
-        fabrics_connect(
-            &mut q,
-            &self.opts,
-            &self.pool,
-            depth.max(2) - 1,
-            self.cntlid,
-        )?;
-        let ioccsz = self.id.ioccsz.max(4) * 16;
-        q.set_incapsule_max(ioccsz.saturating_sub(64));
+        let link = QueueLink {
+            opts: self.opts.clone(),
+            pool: self.pool.clone(),
+            qid,
+            depth,
+            max_transfer: self.max_transfer,
+            incapsule_max: (self.id.ioccsz.max(4) * 16).saturating_sub(64),
+        };
+        let q = link.connect(self.cntlid)?;
         self.next_qid += 1;
         let block_sizes = self
             .namespaces
             .iter()
             .map(|n| (n.nsid, n.block_size, n.blocks))
             .collect();
-        Ok(TcpQueuePair { q, block_sizes })
+        let gen = self.shared.generation.load(Ordering::Acquire);
+        Ok(TcpQueuePair::new(
+            q,
+            link,
+            Arc::clone(&self.shared),
+            gen,
+            block_sizes,
+        ))
     }
 }
 
-/// An NVMe/TCP I/O queue pair.
-#[derive(Debug)]
-pub struct TcpQueuePair {
-    q: HostQueue,
-    block_sizes: Vec<(u32, u32, u64)>,
+/// How to (re)connect one I/O queue.
+#[derive(Clone, Debug)]
+struct QueueLink {
+    opts: ConnectOptions,
+    pool: DmaPool,
+    qid: u16,
+    depth: u16,
+    max_transfer: u32,
+    incapsule_max: u32,
 }
 
+impl QueueLink {
+    /// Connects the queue (TCP, TLS, ICReq) and runs Fabrics Connect for controller `cntlid`.
+    fn connect(&self, cntlid: u16) -> Result<HostQueue, Error> {
+        let mut q = connect_queue(&self.opts, self.qid, self.depth, self.max_transfer)?;
+        // SQSIZE is 0's based and must be at least 1 (a queue of two entries); a depth-1 queue pair still
+        // never has more than one command outstanding, since the host queue has one slot.
+        fabrics_connect(
+            &mut q,
+            &self.opts,
+            &self.pool,
+            self.depth.max(2) - 1,
+            cntlid,
+        )?;
+        q.set_incapsule_max(self.incapsule_max);
+        q.set_keep_orphans(self.opts.recovery == Recovery::Retry);
+        Ok(q)
+    }
+}
+
+/// Counters of a queue pair's recovery.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryStats {
+    /// Times the queue pair lost its connection.
+    pub losses: u64,
+    /// Times it reconnected.
+    pub reconnects: u64,
+    /// Commands submitted again after a reconnect.
+    pub retried: u64,
+    /// Commands failed by the recovery (fail-fast, timeouts, or the controller given up).
+    pub failed: u64,
+    /// Commands that timed out (an Abort was requested for each).
+    pub timeouts: u64,
+}
+
+/// An NVMe/TCP I/O queue pair. It survives connection loss: see [`Recovery`].
+#[derive(Debug)]
+pub struct TcpQueuePair {
+    /// The live connection; `None` while reconnecting.
+    q: Option<HostQueue>,
+    link: QueueLink,
+    shared: Arc<CtrlShared>,
+    /// The controller generation the connection belongs to.
+    gen: u64,
+    block_sizes: Vec<(u32, u32, u64)>,
+    mode: SendMode,
+    /// Commands waiting for the next connection (accepted, not completed).
+    waiting: VecDeque<Orphan>,
+    /// Completions made by the queue pair itself (failures while reconnecting).
+    done: VecDeque<Completion>,
+    next_attempt: Instant,
+    next_timeout_check: Instant,
+    recovery: RecoveryStats,
+}
+
+/// How often outstanding commands are checked against the command timeout.
+const TIMEOUT_CHECK_PERIOD: Duration = Duration::from_millis(100);
+
 impl TcpQueuePair {
-    /// Counters of this queue's connection.
+    fn new(
+        q: HostQueue,
+        link: QueueLink,
+        shared: Arc<CtrlShared>,
+        gen: u64,
+        block_sizes: Vec<(u32, u32, u64)>,
+    ) -> Self {
+        let depth = usize::from(link.depth);
+        TcpQueuePair {
+            q: Some(q),
+            link,
+            shared,
+            gen,
+            block_sizes,
+            mode: SendMode::default(),
+            waiting: VecDeque::with_capacity(depth),
+            done: VecDeque::with_capacity(depth),
+            next_attempt: Instant::now(),
+            next_timeout_check: Instant::now() + TIMEOUT_CHECK_PERIOD,
+            recovery: RecoveryStats::default(),
+        }
+    }
+
+    /// Counters of this queue's current connection (zero while reconnecting).
     pub fn conn_stats(&self) -> crate::conn::ConnStats {
-        self.q.conn_stats()
+        self.q
+            .as_ref()
+            .map(HostQueue::conn_stats)
+            .unwrap_or_default()
+    }
+
+    /// Counters of the recovery: losses, reconnects, retried and failed commands, timeouts.
+    pub fn recovery_stats(&self) -> RecoveryStats {
+        self.recovery
+    }
+
+    /// Whether the queue pair has a live connection.
+    pub fn is_connected(&self) -> bool {
+        self.q.as_ref().is_some_and(|q| q.failure().is_none())
     }
 
     /// Queue ID.
     pub fn qid(&self) -> u16 {
-        self.q.qid()
+        self.link.qid
     }
 
     fn ns(&self, nsid: u32) -> Option<(u32, u64)> {
@@ -513,6 +843,115 @@ impl TcpQueuePair {
             .iter()
             .find(|n| n.0 == nsid)
             .map(|n| (n.1, n.2))
+    }
+
+    /// The connection failed: keep (or fail) its outstanding commands, drop it, and ask the controller to
+    /// reconnect.
+    fn lose_connection(&mut self) {
+        let Some(mut q) = self.q.take() else { return };
+        // What completed before the failure (and, fail-fast, the failed commands) is handed out as usual.
+        while let Some(d) = q.pop_done() {
+            if d.result.is_err() {
+                self.recovery.failed += 1;
+            }
+            self.done.push_back(to_completion(d));
+        }
+        self.waiting.extend(q.take_orphans());
+        self.recovery.losses += 1;
+        self.shared.reset_requested.store(true, Ordering::Release);
+        self.next_attempt = Instant::now();
+    }
+
+    /// Fails everything waiting for a connection (the controller was given up).
+    fn fail_waiting(&mut self, why: &str) {
+        while let Some(o) = self.waiting.pop_front() {
+            self.recovery.failed += 1;
+            self.done.push_back(Completion {
+                tag: o.tag,
+                buf: o.buf,
+                result: Err(nvpoll::Error::Transport(why.to_string())),
+            });
+        }
+    }
+
+    /// While disconnected: reconnect once the controller has, then submit the waiting commands again.
+    fn try_reconnect(&mut self) -> Result<(), Error> {
+        if self.shared.dead.load(Ordering::Acquire) {
+            self.fail_waiting("controller lost: ctrl-loss-tmo expired");
+            return Err(Error::Protocol(
+                "controller lost: ctrl-loss-tmo expired".into(),
+            ));
+        }
+        let gen = self.shared.generation.load(Ordering::Acquire);
+        if gen == self.gen || Instant::now() < self.next_attempt {
+            return Ok(());
+        }
+        match self
+            .link
+            .connect(self.shared.cntlid.load(Ordering::Acquire))
+        {
+            Ok(mut q) => {
+                q.set_send_mode(self.mode);
+                while let Some(o) = self.waiting.pop_front() {
+                    // The slot count equals the depth, and no more than that many were waiting.
+                    if let Err((e, buf)) = q.submit(o.sqe, o.dir, o.buf, o.len, o.tag) {
+                        self.recovery.failed += 1;
+                        self.done.push_back(Completion {
+                            tag: o.tag,
+                            buf,
+                            result: Err(e.into()),
+                        });
+                    } else {
+                        self.recovery.retried += 1;
+                    }
+                }
+                self.q = Some(q);
+                self.gen = gen;
+                self.recovery.reconnects += 1;
+                Ok(())
+            }
+            Err(_) => {
+                // The controller may have been lost again; wait for its next generation or a short back-off.
+                self.next_attempt = Instant::now() + self.link.opts.reconnect_delay / 4;
+                Ok(())
+            }
+        }
+    }
+
+    /// Per-command timeouts: ask for an Abort once, give up on the command (and reset the connection) when
+    /// the Abort did not complete it either.
+    fn check_timeouts(&mut self) {
+        let now = Instant::now();
+        if now < self.next_timeout_check {
+            return;
+        }
+        self.next_timeout_check = now + TIMEOUT_CHECK_PERIOD;
+        let Some(q) = self.q.as_mut() else { return };
+        let (timeout, grace) = (self.link.opts.io_timeout, self.link.opts.io_timeout / 2);
+        let (shared, qid, stats) = (&self.shared, self.link.qid, &mut self.recovery);
+        let expired = q.check_timeouts(timeout, grace, &mut |cid| {
+            stats.timeouts += 1;
+            // A full abort ring only delays the abort: the command still expires after the grace period.
+            let _ = shared.aborts.push((qid, cid));
+        });
+        if let Some(cid) = expired {
+            q.expire(cid);
+            q.fail("a command timed out and its Abort did not complete it");
+            self.lose_connection();
+        }
+    }
+}
+
+fn to_completion(d: crate::queue::Done) -> Completion {
+    let result = match d.result {
+        Ok(cqe) if cqe.status().is_success() => Ok(()),
+        Ok(cqe) => Err(nvpoll::Error::Nvme(cqe.status())),
+        Err(e) => Err(e.into()),
+    };
+    Completion {
+        tag: d.tag,
+        buf: d.buf,
+        result,
     }
 }
 
@@ -564,9 +1003,42 @@ impl QueuePair for TcpQueuePair {
             return Err(reject(nvpoll::Error::InvalidArgument(msg), req));
         }
         let len = if dir == DataDir::None { 0 } else { len as u32 };
+        let Some(q) = self.q.as_mut() else {
+            // Reconnecting.
+            if self.shared.dead.load(Ordering::Acquire) {
+                return Err(reject(
+                    nvpoll::Error::Transport("controller lost: ctrl-loss-tmo expired".into()),
+                    req,
+                ));
+            }
+            if self.link.opts.recovery == Recovery::FailFast {
+                return Err(reject(
+                    nvpoll::Error::Transport("the queue is reconnecting".into()),
+                    req,
+                ));
+            }
+            if self.waiting.len() >= usize::from(self.link.depth) {
+                return Err(reject(nvpoll::Error::QueueFull, req));
+            }
+            let buf = req.buf.take();
+            self.waiting.push_back(Orphan {
+                sqe,
+                dir,
+                buf,
+                len,
+                tag: req.tag,
+            });
+            return Ok(());
+        };
         let buf = req.buf.take();
-        match self.q.submit(sqe, dir, buf, len, req.tag) {
-            Ok(()) => Ok(()),
+        match q.submit(sqe, dir, buf, len, req.tag) {
+            Ok(()) => {
+                if q.failure().is_some() {
+                    // An inline kick found the connection dead: the command is kept (or failed) by the policy.
+                    self.lose_connection();
+                }
+                Ok(())
+            }
             Err((e, buf)) => {
                 req.buf = buf;
                 Err(reject(e, req))
@@ -575,45 +1047,59 @@ impl QueuePair for TcpQueuePair {
     }
 
     fn flush(&mut self) -> nvpoll::Result<()> {
-        self.q.flush()?;
+        if let Some(q) = self.q.as_mut() {
+            if q.flush().is_err() {
+                self.lose_connection();
+            }
+        }
         Ok(())
     }
 
     fn poll(&mut self, _max: usize) -> nvpoll::Result<usize> {
-        Ok(self.q.poll()?)
+        let before = self.done.len();
+        self.check_timeouts();
+        match self.q.as_mut() {
+            Some(q) => {
+                if q.poll().is_err() {
+                    self.lose_connection();
+                }
+            }
+            None => self.try_reconnect()?,
+        }
+        let queued = self.q.as_ref().map_or(0, HostQueue::done_len);
+        Ok(self.done.len() - before + queued)
     }
 
     fn pop_completion(&mut self) -> Option<Completion> {
-        let d = self.q.pop_done()?;
-        let result = match d.result {
-            Ok(cqe) if cqe.status().is_success() => Ok(()),
-            Ok(cqe) => Err(nvpoll::Error::Nvme(cqe.status())),
-            Err(e) => Err(e.into()),
-        };
-        Some(Completion {
-            tag: d.tag,
-            buf: d.buf,
-            result,
-        })
+        if let Some(c) = self.done.pop_front() {
+            return Some(c);
+        }
+        self.q.as_mut()?.pop_done().map(to_completion)
     }
 
     fn outstanding(&self) -> usize {
-        self.q.outstanding()
+        self.q.as_ref().map_or(0, HostQueue::outstanding) + self.waiting.len()
     }
 
     fn depth(&self) -> usize {
-        self.q.depth()
+        usize::from(self.link.depth)
     }
 
     fn set_send_mode(&mut self, mode: SendMode) -> nvpoll::Result<()> {
-        self.q.set_send_mode(mode);
+        self.mode = mode;
+        if let Some(q) = self.q.as_mut() {
+            q.set_send_mode(mode);
+        }
         Ok(())
     }
 
     fn stats(&self) -> QueueStats {
-        let c = self.q.conn_stats();
+        let Some(q) = self.q.as_ref() else {
+            return QueueStats::default();
+        };
+        let c = q.conn_stats();
         QueueStats {
-            commands: self.q.commands(),
+            commands: q.commands(),
             pdus: c.pdus_tx,
             writes: c.writes,
             reads: c.reads,

@@ -74,6 +74,27 @@ struct Slot {
     in_capsule: bool,
     /// A C2HData PDU of this command failed its data digest: the command fails whatever its status.
     data_digest_error: bool,
+    /// The command as submitted (with its CID), to resubmit it after a reconnect.
+    sqe: Sqe,
+    /// When it was submitted (the queue's coarse clock: the start of the last poll).
+    since: Option<Instant>,
+    /// An Abort was requested for it after it timed out.
+    abort_sent: bool,
+}
+
+/// A command taken back from a failed queue, to be submitted again on a new connection.
+#[derive(Debug)]
+pub struct Orphan {
+    /// The command (its CID is reassigned on resubmission).
+    pub sqe: Sqe,
+    /// Data direction.
+    pub dir: DataDir,
+    /// The buffer.
+    pub buf: Option<DmaBuf>,
+    /// Data length in bytes.
+    pub len: u32,
+    /// The caller's tag.
+    pub tag: u64,
 }
 
 /// What the receive path does after looking at one PDU.
@@ -219,6 +240,11 @@ pub struct HostQueue {
     failed: Option<String>,
     policy: SendPolicy,
     commands: u64,
+    /// The coarse clock: the start of the last poll.
+    now: Instant,
+    /// On failure, keep outstanding commands in `orphans` (for a retry) instead of failing them.
+    keep_orphans: bool,
+    orphans: Vec<Orphan>,
 }
 
 impl HostQueue {
@@ -319,6 +345,9 @@ impl HostQueue {
             failed: None,
             policy: SendPolicy::default(),
             commands: 0,
+            now: Instant::now(),
+            keep_orphans: false,
+            orphans: Vec::new(),
         })
     }
 
@@ -444,6 +473,9 @@ impl HostQueue {
             transferred: 0,
             in_capsule,
             data_digest_error: false,
+            sqe,
+            since: Some(self.now),
+            abort_sent: false,
         };
         self.outstanding += 1;
         self.commands += 1;
@@ -478,6 +510,7 @@ impl HostQueue {
     /// Returns the number of commands completed. On a connection or protocol error every outstanding command
     /// is completed with an error, and the error is returned.
     pub fn poll(&mut self) -> Result<usize, Error> {
+        self.now = Instant::now();
         if let Some(why) = &self.failed {
             return Err(Error::Protocol(format!("queue {} failed: {why}", self.qid)));
         }
@@ -596,12 +629,77 @@ impl HostQueue {
             self.failed = Some(why.to_string());
         }
         for cid in 0..self.slots.len() {
-            if self.slots[cid].busy {
+            if self.slots[cid].busy && self.keep_orphans {
+                let slot = &mut self.slots[cid];
+                slot.busy = false;
+                self.orphans.push(Orphan {
+                    sqe: slot.sqe,
+                    dir: slot.dir.unwrap_or(DataDir::None),
+                    buf: slot.buf.take(),
+                    len: slot.len,
+                    tag: slot.tag,
+                });
+                self.free.push(cid as u16);
+                self.outstanding -= 1;
+            } else if self.slots[cid].busy {
                 let e = Error::Protocol(format!("queue {} failed: {why}", self.qid));
                 self.complete_with(cid as u16, Err(e));
             }
         }
         self.conn.shutdown();
+    }
+
+    /// When set, a failure keeps outstanding commands for [`HostQueue::take_orphans`] instead of failing them.
+    pub fn set_keep_orphans(&mut self, keep: bool) {
+        self.keep_orphans = keep;
+    }
+
+    /// The commands a failure left outstanding (with [`HostQueue::set_keep_orphans`]).
+    pub fn take_orphans(&mut self) -> Vec<Orphan> {
+        std::mem::take(&mut self.orphans)
+    }
+
+    /// Per-command timeouts, checked against the queue's coarse clock. A command outstanding longer than
+    /// `timeout` gets `abort(cid)` called once; one still outstanding after `timeout + grace` is returned, for
+    /// the caller to give up on it ([`HostQueue::expire`]) and reset the connection.
+    pub fn check_timeouts(
+        &mut self,
+        timeout: Duration,
+        grace: Duration,
+        abort: &mut dyn FnMut(u16),
+    ) -> Option<u16> {
+        let now = self.now;
+        for (cid, slot) in self.slots.iter_mut().enumerate() {
+            let Some(since) = slot.since.filter(|_| slot.busy) else {
+                continue;
+            };
+            let age = now.saturating_duration_since(since);
+            if age > timeout + grace && slot.abort_sent {
+                return Some(cid as u16);
+            }
+            if age > timeout && !slot.abort_sent {
+                slot.abort_sent = true;
+                abort(cid as u16);
+            }
+        }
+        None
+    }
+
+    /// Completes command `cid` with [`Error::Timeout`] (it timed out and its Abort did not complete it).
+    pub fn expire(&mut self, cid: u16) {
+        if self.slots.get(usize::from(cid)).is_some_and(|s| s.busy) {
+            self.complete_with(
+                cid,
+                Err(Error::Timeout(
+                    "command completion (Abort did not complete it)",
+                )),
+            );
+        }
+    }
+
+    /// Finished commands not yet taken.
+    pub fn done_len(&self) -> usize {
+        self.done.len()
     }
 
     /// Takes the oldest finished command.
