@@ -20,8 +20,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nvpoll::api::{Completion, IoOp, IoRequest, QueuePair, Rejected};
+use nvpoll::api::{Completion, IoOp, IoRequest, QueuePair, QueueStats as ApiQueueStats, Rejected};
 use nvpoll::mem::{DmaBuf, DmaPool};
+use nvpoll::send::{SendMode, SendPolicy};
 use nvpoll::spec::{reg, Cqe, Csts, SglDescriptor, Sqe, CQE_SIZE, SQE_SIZE};
 
 use crate::ctrl::{Retired, Shared, STATE_DETACHED, STATE_REMOVED};
@@ -367,6 +368,11 @@ impl<D: Device> Queue<D> {
 
     /// Rings the submission queue doorbell if the tail moved since the last ring.
     #[inline]
+    /// Commands posted and not yet announced by a doorbell.
+    pub fn unrung(&self) -> usize {
+        usize::from((self.sq_tail + self.entries - self.sq_rung) % self.entries)
+    }
+
     pub fn flush(&mut self) {
         if self.sq_tail != self.sq_rung {
             wmb();
@@ -568,6 +574,8 @@ pub struct PcieQueuePair<D: Device = VfioDevice> {
     namespaces: Vec<NsInfo>,
     /// The queue's own memory (rings and PRP lists), mapped for DMA.
     pool: DmaPool,
+    /// When the SQ tail doorbell is rung: inline from `submit`, at `flush`, or adaptive.
+    policy: SendPolicy,
 }
 
 impl<D: Device> fmt::Debug for PcieQueuePair<D> {
@@ -609,6 +617,7 @@ impl<D: Device> PcieQueuePair<D> {
             shared,
             namespaces,
             pool,
+            policy: SendPolicy::new(SendMode::Deferred),
         }
     }
 
@@ -700,7 +709,14 @@ impl<D: Device> QueuePair for PcieQueuePair<D> {
         };
         let buf = req.buf.take();
         match self.q.submit(sqe, buf, len, req.tag) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                // The post/kick split: the send policy decides whether this submit rings the doorbell.
+                let waiting = self.q.unrung() - 1;
+                if self.policy.kick_now(waiting, self.q.outstanding() - 1) {
+                    self.q.flush();
+                }
+                Ok(())
+            }
             Err((e, buf)) => {
                 req.buf = buf;
                 Err(reject(e, req))
@@ -765,6 +781,24 @@ impl<D: Device> QueuePair for PcieQueuePair<D> {
     #[inline]
     fn depth(&self) -> usize {
         self.q.depth()
+    }
+
+    fn set_send_mode(&mut self, mode: SendMode) -> nvpoll::Result<()> {
+        self.policy.set_mode(mode);
+        Ok(())
+    }
+
+    fn stats(&self) -> ApiQueueStats {
+        let s = self.q.stats;
+        ApiQueueStats {
+            commands: s.submitted,
+            pdus: s.submitted,
+            writes: s.sq_doorbells,
+            reads: s.polls - s.idle_polls,
+            records: 0,
+            record_bytes: 0,
+            flushes: s.sq_doorbells,
+        }
     }
 }
 
