@@ -14,7 +14,8 @@ use nvpoll::mem::DmaPool;
 use nvpoll::reactor::{CoreList, Reactors};
 use nvpoll::send::SendMode;
 use nvpoll::trid::TransportId;
-use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
+use nvpoll_pcie::{PcieController, PcieOptions};
+use nvpoll_tcp::host::{ConnectOptions, TcpController};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 
 /// The access pattern (fio's names).
@@ -39,7 +40,7 @@ impl From<Workload> for loadgen::Workload {
     }
 }
 
-/// I/O load generator for NVMe over TCP (and, later, PCIe).
+/// I/O load generator for NVMe over TCP and PCIe (VFIO).
 ///
 /// Without --trid it starts the embedded NVMe/TCP target on 127.0.0.1 (RAM namespace) and runs the default
 /// matrix: qd1 x jobs and qd128 x jobs, 4 KiB random writes.
@@ -122,6 +123,105 @@ fn main() {
     }
 }
 
+/// The rows to run: every workload x queue depth x send mode.
+struct Matrix<'a> {
+    workloads: &'a [loadgen::Workload],
+    qds: &'a [u16],
+    modes: &'a [SendMode],
+    jobs: usize,
+    io_size: u64,
+    rwmix: u8,
+    verify: bool,
+    warmup: Duration,
+    time: Duration,
+    runs: usize,
+    quiet: bool,
+    max_qd: u16,
+}
+
+/// Runs the matrix on one set of controllers (their queue pairs kept across runs), appending a row per cell,
+/// then shuts the controllers down. `suffix` tags the workload label (" tls").
+fn run_matrix<C>(
+    ctrls: Vec<C>,
+    reactors: &Reactors,
+    pool: &DmaPool,
+    m: &Matrix<'_>,
+    suffix: &str,
+    target: Option<&embedded_target::Embedded>,
+    rows: &mut Vec<Row>,
+) -> Result<(), String>
+where
+    C: Controller,
+    C::QueuePair: Send + 'static,
+{
+    let ctrls = std::cell::RefCell::new(ctrls);
+    let mut gen: LoadGen<C::QueuePair> = LoadGen::new(pool.clone(), m.max_qd, m.quiet);
+    for &workload in m.workloads {
+        for &qd in m.qds {
+            for &mode in m.modes {
+                let spec = RunSpec {
+                    send_mode: mode,
+                    qd,
+                    jobs: m.jobs,
+                    io_size: m.io_size,
+                    workload,
+                    rwmix: m.rwmix,
+                    verify: m.verify,
+                    warmup: m.warmup,
+                    time: m.time,
+                };
+                if let Some(t) = target {
+                    t.set_send_mode(mode);
+                }
+                let label = format!("qd{qd} x {} {}{suffix}", m.jobs, workload.name());
+                let mut runs = Vec::new();
+                for i in 0..m.runs {
+                    if !m.quiet {
+                        eprintln!("run {}/{}: {label} {mode}", i + 1, m.runs);
+                    }
+                    let mut connect = |j: usize, depth: u16| {
+                        let mut ctrls = ctrls.borrow_mut();
+                        let n = ctrls.len();
+                        let ctrl = &mut ctrls[j % n];
+                        let ns = ctrl.namespaces().first().cloned().ok_or_else(|| {
+                            nvpoll::Error::InvalidArgument("the controller has no namespace".into())
+                        })?;
+                        Ok((ctrl.create_queue_pair(depth)?, ns))
+                    };
+                    // Keep the admin queues alive (keep-alive, health checks, recovery) while the jobs run.
+                    let mut tick = |_: Phase| -> nvpoll::Result<()> {
+                        for c in ctrls.borrow_mut().iter_mut() {
+                            c.poll_admin()?;
+                        }
+                        Ok(())
+                    };
+                    let r = gen
+                        .run(reactors, spec, &mut connect, &mut tick)
+                        .map_err(|e| e.to_string())?;
+                    if !m.quiet {
+                        eprintln!(
+                            "  {:.0} IOPS, mean {:.1} us, p99 {:.1} us",
+                            r.iops, r.mean_us, r.p99_us
+                        );
+                    }
+                    runs.push(r);
+                }
+                rows.push(Row {
+                    workload: label,
+                    mode: mode.name(),
+                    result: loadgen::median(runs.clone()),
+                    runs,
+                });
+            }
+        }
+    }
+    gen.release_queue_pairs();
+    for c in ctrls.into_inner() {
+        c.shutdown().map_err(|e| format!("shutdown: {e}"))?;
+    }
+    Ok(())
+}
+
 /// The embedded target's PSK when perf makes its own (TLS on, no --psk): fixed, for the demo only.
 const DEMO_KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
 
@@ -145,6 +245,7 @@ fn run(args: Args) -> Result<(), String> {
         (false, _) => vec![key.is_some()],
     };
     let mut embedded_target = None;
+    let mut pcie: Vec<nvpoll::trid::PciAddress> = Vec::new();
     let targets: Vec<ConnectOptions> = if embedded {
         let tcores = match &args.target_cores {
             Some(c) => CoreList::parse(c).map_err(|e| format!("--target-cores: {e}"))?,
@@ -174,14 +275,23 @@ fn run(args: Args) -> Result<(), String> {
         embedded_target = Some((t, target_key));
         vec![o]
     } else {
-        args.trids
-            .iter()
-            .map(|s| {
-                let trid: TransportId = s.parse().map_err(|e| format!("--trid '{s}': {e}"))?;
-                ConnectOptions::from_trid(&trid, args.hostnqn.as_deref())
-                    .map_err(|e| format!("--trid '{s}': {e}"))
-            })
-            .collect::<Result<_, String>>()?
+        let mut tcp = Vec::new();
+        for t in &args.trids {
+            let trid: TransportId = t.parse().map_err(|e| format!("--trid '{t}': {e}"))?;
+            match trid {
+                TransportId::Pcie { bdf } => pcie.push(bdf),
+                _ => tcp.push(
+                    ConnectOptions::from_trid(&trid, args.hostnqn.as_deref())
+                        .map_err(|e| format!("--trid '{t}': {e}"))?,
+                ),
+            }
+        }
+        if !tcp.is_empty() && !pcie.is_empty() {
+            return Err(
+                "--trid: give either NVMe/TCP or PCIe controllers, not both in one run".into(),
+            );
+        }
+        tcp
     };
     let qds = if args.qds.is_empty() {
         if embedded {
@@ -236,8 +346,31 @@ fn run(args: Args) -> Result<(), String> {
         args.runs,
         if args.verify { ", verifying" } else { "" }
     );
+    let matrix = Matrix {
+        workloads: &workloads,
+        qds: &qds,
+        modes: &modes,
+        jobs,
+        io_size: args.io_size,
+        rwmix: args.rwmix,
+        verify: args.verify,
+        warmup: args.warmup,
+        time: args.time,
+        runs: args.runs,
+        quiet,
+        max_qd: max_qd as u16,
+    };
     let mut rows = Vec::new();
-    for &tls in &tls_settings {
+    if !pcie.is_empty() {
+        let mut ctrls = Vec::new();
+        for bdf in &pcie {
+            let c = PcieController::open(*bdf, pool.clone(), PcieOptions::default())
+                .map_err(|e| format!("opening {bdf}: {e}"))?;
+            ctrls.push(c);
+        }
+        run_matrix(ctrls, &reactors, &pool, &matrix, "", None, &mut rows)?;
+    }
+    for &tls in tls_settings.iter().filter(|_| pcie.is_empty()) {
         // One set of controllers (and queue pairs, kept across runs) per TLS setting.
         let mut ctrls = Vec::new();
         for o in &targets {
@@ -255,79 +388,16 @@ fn run(args: Args) -> Result<(), String> {
                 .map_err(|e| format!("connecting to {addr}: {e}"))?;
             ctrls.push(c);
         }
-        let ctrls = std::cell::RefCell::new(ctrls);
-        let mut gen: LoadGen<TcpQueuePair> = LoadGen::new(pool.clone(), max_qd as u16, quiet);
-        let mut matrix = Vec::new();
-        for &w in &workloads {
-            for &q in &qds {
-                for &m in &modes {
-                    matrix.push((w, q, m));
-                }
-            }
-        }
-        for (workload, qd, mode) in matrix {
-            let spec = RunSpec {
-                send_mode: mode,
-                qd,
-                jobs,
-                io_size: args.io_size,
-                workload,
-                rwmix: args.rwmix,
-                verify: args.verify,
-                warmup: args.warmup,
-                time: args.time,
-            };
-            if let Some((t, _)) = &embedded_target {
-                t.set_send_mode(mode);
-            }
-            let label = format!(
-                "qd{qd} x {jobs} {}{}",
-                workload.name(),
-                if tls { " tls" } else { "" }
-            );
-            let mut runs = Vec::new();
-            for i in 0..args.runs {
-                if !quiet {
-                    eprintln!("run {}/{}: {label} {mode}", i + 1, args.runs);
-                }
-                let mut connect = |j: usize, depth: u16| {
-                    let mut ctrls = ctrls.borrow_mut();
-                    let n = ctrls.len();
-                    let ctrl = &mut ctrls[j % n];
-                    let ns = ctrl.namespaces().first().cloned().ok_or_else(|| {
-                        nvpoll::Error::InvalidArgument("the controller has no namespace".into())
-                    })?;
-                    Ok((ctrl.connect_io_queue(depth)?, ns))
-                };
-                // Keep the admin queues alive (Keep Alive every KATO/2) while the jobs run.
-                let mut tick = |_: Phase| -> nvpoll::Result<()> {
-                    for c in ctrls.borrow_mut().iter_mut() {
-                        c.poll_admin()?;
-                    }
-                    Ok(())
-                };
-                let r = gen
-                    .run(&reactors, spec, &mut connect, &mut tick)
-                    .map_err(|e| e.to_string())?;
-                if !quiet {
-                    eprintln!(
-                        "  {:.0} IOPS, mean {:.1} us, p99 {:.1} us",
-                        r.iops, r.mean_us, r.p99_us
-                    );
-                }
-                runs.push(r);
-            }
-            rows.push(Row {
-                workload: label,
-                mode: mode.name(),
-                result: loadgen::median(runs.clone()),
-                runs,
-            });
-        }
-        gen.release_queue_pairs();
-        for c in ctrls.into_inner() {
-            c.shutdown().map_err(|e| format!("shutdown: {e}"))?;
-        }
+        let target = embedded_target.as_ref().map(|(t, _)| t);
+        run_matrix(
+            ctrls,
+            &reactors,
+            &pool,
+            &matrix,
+            if tls { " tls" } else { "" },
+            target,
+            &mut rows,
+        )?;
     }
     let stats = reactors.stop().map_err(|e| e.to_string())?;
     let total_errors: u64 = rows

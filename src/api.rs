@@ -183,4 +183,19 @@ pub trait Controller {
 
     /// Creates one I/O queue pair with the given depth. The caller moves it to the reactor that will own it.
     fn create_queue_pair(&mut self, depth: u16) -> Result<Self::QueuePair, Error>;
+
+    /// Services the admin side: keep-alive, health checks, recovery. Call it from a timed poller (or any loop)
+    /// a few times a second. An `Err` means the controller is lost for good.
+    fn poll_admin(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// Shuts the controller down cleanly (CC.SHN) and releases it.
+    fn shutdown(self) -> Result<(), Error>
+    where
+        Self: Sized,
+    {
+        drop(self);
+        Ok(())
+    }
 }

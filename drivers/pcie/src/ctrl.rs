@@ -808,4 +808,13 @@ impl<D: Device> Controller for PcieController<D> {
     fn create_queue_pair(&mut self, depth: u16) -> nvpoll::Result<PcieQueuePair<D>> {
         Ok(self.create_queue_pair_with(QueueOptions::new(depth))?)
     }
+
+    fn poll_admin(&mut self) -> nvpoll::Result<()> {
+        PcieController::poll_admin(self)?;
+        Ok(())
+    }
+
+    fn shutdown(self) -> nvpoll::Result<()> {
+        Ok(PcieController::shutdown(self)?)
+    }
 }

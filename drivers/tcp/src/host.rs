@@ -674,6 +674,14 @@ impl nvpoll::api::Controller for TcpController {
     fn create_queue_pair(&mut self, depth: u16) -> nvpoll::Result<TcpQueuePair> {
         Ok(self.connect_io_queue(depth)?)
     }
+
+    fn poll_admin(&mut self) -> nvpoll::Result<()> {
+        Ok(TcpController::poll_admin(self)?)
+    }
+
+    fn shutdown(self) -> nvpoll::Result<()> {
+        Ok(TcpController::shutdown(self)?)
+    }
 }
 
 impl TcpController {
