@@ -5,7 +5,8 @@
 
 use nvpoll_tcp::tls::{
     AlertDescription, CipherSuite, ClientConfig, ConfiguredKey, Derivation, Group, Handshake,
-    HandshakeState, HashAlg, IdentityVersion, Psk, ServerConfig, Session, TlsError, MAX_CIPHERTEXT,
+    HandshakeState, HashAlg, IdentityVersion, Psk, ServerConfig, Session, TlsError, KEY_UPDATE_LEN,
+    MAX_CIPHERTEXT,
 };
 
 const ID: &str = "NVMe0R01 nqn.psk-test-host nqn.psk-test-subsys";
@@ -901,4 +902,54 @@ fn misbehaving_peer_after_the_handshake() {
     });
     r.unwrap();
     assert_eq!(plain, b"still here");
+}
+
+#[test]
+fn slice_apis_write_in_place_and_respect_bounds() {
+    let (mut c, mut s) = pair();
+    let data: Vec<u8> = (0..20_000u32).map(|i| i as u8).collect();
+    let need = Session::sealed_len(data.len());
+    assert_eq!(need, 20_000 + 2 * 22);
+    // Too small: refused, nothing written, the sequence untouched.
+    let mut ring = vec![0xffu8; 64 * 1024];
+    assert!(matches!(
+        c.seal_to_slice(&[&data], &mut ring[..need - 1]),
+        Err(TlsError::InvalidUse(_))
+    ));
+    assert!(ring.iter().all(|&b| b == 0xff));
+    let (records, n) = c
+        .seal_to_slice(&[&data[..7], &data[7..]], &mut ring)
+        .unwrap();
+    assert_eq!((records, n), (2, need));
+    // Open into a buffer that holds only the first record's ciphertext: stops after it.
+    let mut plain = vec![0u8; 16384 + 17];
+    let (consumed, written) = s.open_to_slice(&ring[..n], &mut plain).unwrap();
+    assert_eq!((consumed, written), (16384 + 22, 16384));
+    assert_eq!(&plain[..written], &data[..16384]);
+    let (consumed2, written2) = s.open_to_slice(&ring[consumed..n], &mut plain).unwrap();
+    assert_eq!((consumed2, written2), (n - consumed, 20_000 - 16384));
+    assert_eq!(&plain[..written2], &data[16384..]);
+    // No room for a record: no progress, no error.
+    let mut wire = Vec::new();
+    c.seal(&[b"abc"], &mut wire).unwrap();
+    assert_eq!(s.open_to_slice(&wire, &mut [0u8; 3]).unwrap(), (0, 0));
+    assert_eq!(
+        s.open_to_slice(&wire, &mut [0u8; 4]).unwrap(),
+        (wire.len(), 3)
+    );
+    // An owed KeyUpdate needs room too.
+    let mut ku = Vec::new();
+    c.update_keys(true, &mut ku).unwrap();
+    assert_eq!(s.open(&ku, &mut Vec::new()).unwrap(), ku.len());
+    assert!(s.has_pending());
+    let mut buf = [0u8; 64];
+    let one = Session::sealed_len(1);
+    assert!(s.seal_to_slice(&[b"x"], &mut buf[..one]).is_err());
+    let (_, n) = s
+        .seal_to_slice(&[b"x"], &mut buf[..one + KEY_UPDATE_LEN])
+        .unwrap();
+    assert_eq!(n, one + KEY_UPDATE_LEN);
+    let mut plain = Vec::new();
+    assert_eq!(c.open(&buf[..n], &mut plain).unwrap(), n);
+    assert_eq!(plain, b"x");
 }

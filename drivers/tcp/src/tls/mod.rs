@@ -88,4 +88,4 @@ pub use kx::Group;
 pub use record::{CipherSuite, MAX_CIPHERTEXT, MAX_PLAINTEXT, RECORD_OVERHEAD};
 pub use schedule::HashAlg;
 pub use server::{PskLookup, ServerConfig};
-pub use session::{Session, SessionStats};
+pub use session::{Session, SessionStats, KEY_UPDATE_LEN};

@@ -154,62 +154,100 @@ impl Traffic {
         Ok(Nonce::assume_unique_for_key(n))
     }
 
-    /// Appends one protected record holding `body` (at most [`MAX_PLAINTEXT`] bytes) followed by the inner
-    /// content type, encrypting from `body` straight into `out`.
+    /// Appends one protected record holding `body` followed by the inner content type (see
+    /// [`Traffic::seal_into`]).
     pub(crate) fn seal(&mut self, typ: u8, body: &[u8], out: &mut Vec<u8>) -> Result<(), TlsError> {
+        let start = out.len();
+        out.resize(start + sealed_record_len(body.len()), 0);
+        self.seal_into(typ, body, &mut out[start..]).map(|_| ())
+    }
+
+    /// Writes one protected record holding `body` (at most [`MAX_PLAINTEXT`] bytes) and the inner content
+    /// type at the start of `out`, encrypting from `body` straight into it. Returns the record's length.
+    /// `out` must hold [`sealed_record_len`] bytes.
+    pub(crate) fn seal_into(
+        &mut self,
+        typ: u8,
+        body: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize, TlsError> {
         debug_assert!(body.len() <= MAX_PLAINTEXT);
+        let len = sealed_record_len(body.len());
         let nonce = self.nonce()?;
         self.seq += 1;
         let hdr = protected_header(body.len());
-        let start = out.len();
-        out.resize(start + HEADER_LEN + body.len() + 1 + TAG_LEN, 0);
-        out[start..start + HEADER_LEN].copy_from_slice(&hdr);
-        let (ct, extra) = out[start + HEADER_LEN..].split_at_mut(body.len());
+        out[..HEADER_LEN].copy_from_slice(&hdr);
+        let (ct, extra) = out[HEADER_LEN..len].split_at_mut(body.len());
         self.key
             .seal_out_of_place_scatter(nonce, Aad::from(hdr), body, ct, &[typ], extra)
-            .map_err(|_| TlsError::Internal("AEAD seal failed"))
+            .map_err(|_| TlsError::Internal("AEAD seal failed"))?;
+        Ok(len)
     }
 
-    /// Appends one protected record of inner type `typ` whose plaintext is the `len` bytes taken from
-    /// `parts` starting at (`idx`, `off`), advancing them. The plaintext is copied into `out` and sealed in
-    /// place there. `len` is not checked against [`MAX_PLAINTEXT`] (tests use that).
-    pub(crate) fn seal_gather(
+    /// Writes one protected record of inner type `typ` whose plaintext is the `len` bytes taken from
+    /// `parts` starting at (`idx`, `off`), advancing them, at the start of `out`. The plaintext is copied
+    /// into `out` and sealed in place there. `len` is not checked against [`MAX_PLAINTEXT`] (tests use
+    /// that). Returns the record's length.
+    pub(crate) fn seal_gather_into(
         &mut self,
         typ: u8,
         parts: &[&[u8]],
         idx: &mut usize,
         off: &mut usize,
         len: usize,
-        out: &mut Vec<u8>,
-    ) -> Result<(), TlsError> {
+        out: &mut [u8],
+    ) -> Result<usize, TlsError> {
+        let rec_len = sealed_record_len(len);
         let nonce = self.nonce()?;
         self.seq += 1;
         let hdr = protected_header(len);
-        let start = out.len();
-        out.extend_from_slice(&hdr);
-        let mut left = len;
-        while left > 0 {
+        out[..HEADER_LEN].copy_from_slice(&hdr);
+        let mut at = HEADER_LEN;
+        while at < HEADER_LEN + len {
             let part = &parts[*idx][*off..];
-            let n = part.len().min(left);
-            out.extend_from_slice(&part[..n]);
-            left -= n;
+            let n = part.len().min(HEADER_LEN + len - at);
+            out[at..at + n].copy_from_slice(&part[..n]);
+            at += n;
             *off += n;
             if *off == parts[*idx].len() {
                 *idx += 1;
                 *off = 0;
             }
         }
-        out.resize(out.len() + 1 + TAG_LEN, 0);
-        let (body, extra) = out[start + HEADER_LEN..].split_at_mut(len);
+        let (body, extra) = out[HEADER_LEN..rec_len].split_at_mut(len);
         self.key
             .seal_in_place_scatter(nonce, Aad::from(hdr), body, &[typ], extra)
-            .map_err(|_| TlsError::Internal("AEAD seal failed"))
+            .map_err(|_| TlsError::Internal("AEAD seal failed"))?;
+        Ok(rec_len)
     }
 
     /// Opens one protected record (`record` is header and payload) and appends its content, without the
-    /// content type and padding, to `out`. Returns the inner content type. On failure `out` and the
-    /// sequence number are left as they were.
+    /// content type and padding, to `out`. Returns the inner content type. On failure `out` is left as it
+    /// was.
     pub(crate) fn open(&mut self, record: &[u8], out: &mut Vec<u8>) -> Result<u8, TlsError> {
+        let start = out.len();
+        out.resize(start + record.len().saturating_sub(HEADER_LEN + TAG_LEN), 0);
+        match self.open_into(record, &mut out[start..]) {
+            Ok((typ, n)) => {
+                out.truncate(start + n);
+                Ok(typ)
+            }
+            Err(e) => {
+                out.truncate(start);
+                Err(e)
+            }
+        }
+    }
+
+    /// Opens one protected record into the start of `out`, which must hold the record's length less
+    /// header and tag. Returns the inner content type and the content's length (without type and
+    /// padding). If authentication fails the sequence number is unchanged; on any failure `out` holds
+    /// garbage.
+    pub(crate) fn open_into(
+        &mut self,
+        record: &[u8],
+        out: &mut [u8],
+    ) -> Result<(u8, usize), TlsError> {
         let (hdr, payload) = record.split_at(HEADER_LEN);
         if payload.len() > MAX_CIPHERTEXT {
             return Err(TlsError::RecordOverflow);
@@ -219,30 +257,25 @@ impl Traffic {
         }
         let nonce = self.nonce()?;
         let (ciphertext, tag) = payload.split_at(payload.len() - TAG_LEN);
-        let start = out.len();
-        out.resize(start + ciphertext.len(), 0);
-        if self
-            .key
-            .open_separate_gather(nonce, Aad::from(hdr), ciphertext, tag, &mut out[start..])
-            .is_err()
-        {
-            out.truncate(start);
-            return Err(TlsError::BadRecordMac);
-        }
+        let out = &mut out[..ciphertext.len()];
+        self.key
+            .open_separate_gather(nonce, Aad::from(hdr), ciphertext, tag, out)
+            .map_err(|_| TlsError::BadRecordMac)?;
         self.seq += 1;
         // The content type is the last non-zero byte; zeros after it are padding.
-        let Some(pos) = out[start..].iter().rposition(|&b| b != 0) else {
-            out.truncate(start);
+        let Some(pos) = out.iter().rposition(|&b| b != 0) else {
             return Err(TlsError::UnexpectedMessage("record has no content type"));
         };
-        let typ = out[start + pos];
-        out.truncate(start + pos);
         if pos > MAX_PLAINTEXT {
-            out.truncate(start);
             return Err(TlsError::RecordOverflow);
         }
-        Ok(typ)
+        Ok((out[pos], pos))
     }
+}
+
+/// Wire length of a protected record carrying `plain_len` bytes of content.
+pub(crate) const fn sealed_record_len(plain_len: usize) -> usize {
+    plain_len + RECORD_OVERHEAD
 }
 
 fn protected_header(plain_len: usize) -> [u8; HEADER_LEN] {
@@ -253,6 +286,18 @@ fn protected_header(plain_len: usize) -> [u8; HEADER_LEN] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One record from `parts`, through `seal_gather_into`.
+    fn gather(t: &mut Traffic, typ: u8, parts: &[&[u8]]) -> Vec<u8> {
+        let len = parts.iter().map(|p| p.len()).sum();
+        let mut out = vec![0; sealed_record_len(len)];
+        let (mut i, mut o) = (0, 0);
+        let n = t
+            .seal_gather_into(typ, parts, &mut i, &mut o, len, &mut out)
+            .unwrap();
+        assert_eq!((n, i, o), (out.len(), parts.len(), 0));
+        out
+    }
 
     fn pair(suite: CipherSuite) -> (Traffic, Traffic) {
         let s = Secret::new(vec![7; suite.hash().output_len()]);
@@ -267,20 +312,9 @@ mod tests {
             let data: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
             let mut one = Vec::new();
             a.seal(ct::APPLICATION_DATA, &data, &mut one).unwrap();
-            let mut two = Vec::new();
             let parts: [&[u8]; 3] = [&data[..10], &data[10..4000], &data[4000..]];
-            let (mut i, mut o) = (0, 0);
-            c.seal_gather(
-                ct::APPLICATION_DATA,
-                &parts,
-                &mut i,
-                &mut o,
-                data.len(),
-                &mut two,
-            )
-            .unwrap();
+            let two = gather(&mut c, ct::APPLICATION_DATA, &parts);
             assert_eq!(one, two);
-            assert_eq!((i, o), (3, 0));
             assert_eq!(one.len(), data.len() + RECORD_OVERHEAD);
             let mut plain = vec![9];
             assert_eq!(b.open(&one, &mut plain).unwrap(), ct::APPLICATION_DATA);
@@ -309,17 +343,7 @@ mod tests {
     fn inner_plaintext_over_16k_is_record_overflow() {
         let (mut a, mut b) = pair(CipherSuite::Aes128GcmSha256);
         let big = vec![1u8; MAX_PLAINTEXT + 1];
-        let mut rec = Vec::new();
-        let (mut i, mut o) = (0, 0);
-        a.seal_gather(
-            ct::APPLICATION_DATA,
-            &[&big],
-            &mut i,
-            &mut o,
-            big.len(),
-            &mut rec,
-        )
-        .unwrap();
+        let rec = gather(&mut a, ct::APPLICATION_DATA, &[&big]);
         assert!(rec.len() - HEADER_LEN <= MAX_CIPHERTEXT);
         let mut plain = vec![7];
         assert_eq!(b.open(&rec, &mut plain), Err(TlsError::RecordOverflow));
@@ -329,11 +353,8 @@ mod tests {
         let mut padded = vec![1u8; MAX_PLAINTEXT];
         padded.push(ct::APPLICATION_DATA);
         padded.resize(MAX_PLAINTEXT + 1 + 200, 0);
-        let mut rec = Vec::new();
-        let (mut i, mut o) = (0, 0);
         // Sealed with inner type 0 appended: the last non-zero byte is still our type byte.
-        a.seal_gather(0, &[&padded], &mut i, &mut o, padded.len(), &mut rec)
-            .unwrap();
+        let rec = gather(&mut a, 0, &[&padded]);
         assert_eq!(b.open(&rec, &mut plain), Ok(ct::APPLICATION_DATA));
         assert_eq!(plain.len(), 1 + MAX_PLAINTEXT);
     }

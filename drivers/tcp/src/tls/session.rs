@@ -14,9 +14,24 @@ use super::error::{AlertDescription, TlsError};
 use super::handshake::{alert_error, Negotiated, Role};
 use super::msgs::{check_new_session_ticket, decode_key_update, ht, next_message};
 use super::record::{
-    ct, header, Traffic, HEADER_LEN, MAX_CIPHERTEXT, MAX_PLAINTEXT, RECORD_OVERHEAD,
+    ct, header, Traffic, HEADER_LEN, MAX_CIPHERTEXT, MAX_PLAINTEXT, RECORD_OVERHEAD, TAG_LEN,
 };
 use super::{CipherSuite, Group};
+
+/// Wire bytes of one KeyUpdate record.
+pub const KEY_UPDATE_LEN: usize = RECORD_OVERHEAD + 5;
+
+/// Bytes of the whole records at the start of `input` (what one `open` call can consume at most).
+fn complete_records_len(input: &[u8]) -> usize {
+    let mut at = 0;
+    while let Some((_, len)) = header(&input[at..]) {
+        if input.len() - at < HEADER_LEN + len {
+            break;
+        }
+        at += HEADER_LEN + len;
+    }
+    at
+}
 
 /// Counters of one session, cheap enough to keep always.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -88,16 +103,42 @@ impl Session {
     /// Encrypts the concatenation of `plaintext` into records of at most 16384 plaintext bytes (one AEAD
     /// call each) appended to `out`, preceded by any KeyUpdate owed. Returns the number of application
     /// data records written (0 for empty input). A record whose bytes come from one slice is encrypted
-    /// straight from it; one that spans slices is gathered into `out` and encrypted in place.
+    /// straight from it; one that spans slices is gathered into `out` and encrypted in place. `out` grows by
+    /// at most [`Session::sealed_len`] of the total plus [`KEY_UPDATE_LEN`].
     pub fn seal(&mut self, plaintext: &[&[u8]], out: &mut Vec<u8>) -> Result<usize, TlsError> {
-        self.check_writable()?;
-        self.write_key_update(out)?;
+        let start = out.len();
         let total: usize = plaintext.iter().map(|p| p.len()).sum();
-        if total == 0 {
-            return Ok(0);
+        out.resize(start + self.pending_len() + Session::sealed_len(total), 0);
+        match self.seal_to_slice(plaintext, &mut out[start..]) {
+            Ok((records, written)) => {
+                out.truncate(start + written);
+                Ok(records)
+            }
+            Err(e) => {
+                out.truncate(start);
+                Err(e)
+            }
         }
+    }
+
+    /// As [`Session::seal`], into a caller's buffer (say a preallocated send ring) instead of a Vec: no
+    /// zero-fill, the records are written straight into `out`. Returns (records, bytes written). Fails with
+    /// `InvalidUse`, writing nothing, if `out` is shorter than [`Session::sealed_len`] of the total plus
+    /// [`KEY_UPDATE_LEN`] when a KeyUpdate is owed ([`Session::has_pending`]).
+    pub fn seal_to_slice(
+        &mut self,
+        plaintext: &[&[u8]],
+        out: &mut [u8],
+    ) -> Result<(usize, usize), TlsError> {
+        self.check_writable()?;
+        let total: usize = plaintext.iter().map(|p| p.len()).sum();
+        if out.len() < self.pending_len() + Session::sealed_len(total) {
+            return Err(TlsError::InvalidUse(
+                "output buffer too small for the records",
+            ));
+        }
+        let mut at = self.write_key_update(out)?;
         let records = total.div_ceil(MAX_PLAINTEXT);
-        out.reserve(total + records * RECORD_OVERHEAD);
         let (mut idx, mut off) = (0, 0);
         let mut left = total;
         while left > 0 {
@@ -107,24 +148,30 @@ impl Session {
             }
             let n = left.min(MAX_PLAINTEXT);
             let part = &plaintext[idx][off..];
-            if part.len() >= n {
-                self.write.seal(ct::APPLICATION_DATA, &part[..n], out)?;
+            at += if part.len() >= n {
                 off += n;
+                self.write
+                    .seal_into(ct::APPLICATION_DATA, &part[..n], &mut out[at..])?
             } else {
-                self.write.seal_gather(
+                self.write.seal_gather_into(
                     ct::APPLICATION_DATA,
                     plaintext,
                     &mut idx,
                     &mut off,
                     n,
-                    out,
-                )?;
-            }
+                    &mut out[at..],
+                )?
+            };
             left -= n;
         }
         self.stats.records_sealed += records as u64;
         self.stats.bytes_sealed += total as u64;
-        Ok(records)
+        Ok((records, at))
+    }
+
+    /// Wire bytes that sealing `plaintext_len` bytes produces: 22 bytes per started 16 KiB.
+    pub const fn sealed_len(plaintext_len: usize) -> usize {
+        plaintext_len + plaintext_len.div_ceil(MAX_PLAINTEXT) * RECORD_OVERHEAD
     }
 
     /// Decrypts every whole record at the start of `input`, appending application data to `plaintext`
@@ -136,19 +183,41 @@ impl Session {
     /// (at once if nothing came before it in this call). On any other error the call appends no plaintext,
     /// the session is dead, and a fatal alert waits in [`Session::write_pending`].
     pub fn open(&mut self, input: &[u8], plaintext: &mut Vec<u8>) -> Result<usize, TlsError> {
+        let start = plaintext.len();
+        // Content is never longer than the records holding it.
+        plaintext.resize(start + complete_records_len(input), 0);
+        match self.open_to_slice(input, &mut plaintext[start..]) {
+            Ok((consumed, written)) => {
+                plaintext.truncate(start + written);
+                Ok(consumed)
+            }
+            Err(e) => {
+                plaintext.truncate(start);
+                Err(e)
+            }
+        }
+    }
+
+    /// As [`Session::open`], into a caller's buffer instead of a Vec: no zero-fill, records are decrypted
+    /// straight into `out`. Returns (bytes of `input` consumed, bytes of `out` written). Stops before a
+    /// record whose ciphertext does not fit in what is left of `out` (an `out` of [`MAX_CIPHERTEXT`]
+    /// bytes always fits one). On error, whatever was written to `out` in this call must be ignored.
+    pub fn open_to_slice(
+        &mut self,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<(usize, usize), TlsError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
         if self.peer_closed {
             return Err(TlsError::Closed);
         }
-        let start = plaintext.len();
-        let mut pos = 0;
-        match self.open_records(input, &mut pos, plaintext) {
-            Ok(()) if self.peer_closed && plaintext.len() == start => Err(TlsError::Closed),
-            Ok(()) => Ok(pos),
+        let (mut pos, mut written) = (0, 0);
+        match self.open_records(input, &mut pos, out, &mut written) {
+            Ok(()) if self.peer_closed && written == 0 => Err(TlsError::Closed),
+            Ok(()) => Ok((pos, written)),
             Err(e) => {
-                plaintext.truncate(start);
                 self.alert = e.alert();
                 self.failed = Some(e.clone());
                 Err(e)
@@ -160,7 +229,8 @@ impl Session {
         &mut self,
         input: &[u8],
         pos: &mut usize,
-        plaintext: &mut Vec<u8>,
+        out: &mut [u8],
+        written: &mut usize,
     ) -> Result<(), TlsError> {
         while !self.peer_closed {
             let Some((typ, len)) = header(&input[*pos..]) else {
@@ -174,13 +244,15 @@ impl Session {
             if len > MAX_CIPHERTEXT {
                 return Err(TlsError::RecordOverflow);
             }
-            if input.len() - *pos < HEADER_LEN + len {
+            if input.len() - *pos < HEADER_LEN + len
+                || out.len() - *written < len.saturating_sub(TAG_LEN)
+            {
                 break;
             }
             let record = &input[*pos..*pos + HEADER_LEN + len];
-            let before = plaintext.len();
-            let inner = self.read.open(record, plaintext)?;
+            let (inner, n) = self.read.open_into(record, &mut out[*written..])?;
             *pos += HEADER_LEN + len;
+            let content = &out[*written..*written + n];
             match inner {
                 ct::APPLICATION_DATA => {
                     if !self.hs_buf.is_empty() {
@@ -188,32 +260,23 @@ impl Session {
                             "application data inside a handshake message",
                         ));
                     }
+                    *written += n;
                     self.stats.records_opened += 1;
-                    self.stats.bytes_opened += (plaintext.len() - before) as u64;
+                    self.stats.bytes_opened += n as u64;
                 }
                 ct::HANDSHAKE => {
-                    if plaintext.len() == before {
+                    if content.is_empty() {
                         return Err(TlsError::Decode("empty handshake record"));
                     }
-                    self.hs_buf.extend_from_slice(&plaintext[before..]);
-                    plaintext.truncate(before);
+                    self.hs_buf.extend_from_slice(content);
                     self.post_handshake()?;
                 }
-                ct::ALERT => {
-                    let body = plaintext[before..].to_vec();
-                    plaintext.truncate(before);
-                    match alert_error(&body) {
-                        TlsError::PeerAlert(AlertDescription::CloseNotify) => {
-                            self.peer_closed = true
-                        }
-                        TlsError::PeerAlert(AlertDescription::UserCanceled) => {}
-                        e => return Err(e),
-                    }
-                }
-                _ => {
-                    plaintext.truncate(before);
-                    return Err(TlsError::UnexpectedMessage("unknown inner content type"));
-                }
+                ct::ALERT => match alert_error(content) {
+                    TlsError::PeerAlert(AlertDescription::CloseNotify) => self.peer_closed = true,
+                    TlsError::PeerAlert(AlertDescription::UserCanceled) => {}
+                    e => return Err(e),
+                },
+                _ => return Err(TlsError::UnexpectedMessage("unknown inner content type")),
             }
         }
         Ok(())
@@ -261,18 +324,38 @@ impl Session {
         Ok(())
     }
 
-    fn write_key_update(&mut self, out: &mut Vec<u8>) -> Result<bool, TlsError> {
+    /// Bytes the owed KeyUpdate (if any) adds in front of the next records.
+    fn pending_len(&self) -> usize {
+        if self.key_update == KeyUpdate::None {
+            0
+        } else {
+            KEY_UPDATE_LEN
+        }
+    }
+
+    /// Writes the owed KeyUpdate (if any) at the start of `out`, then switches our keys; returns its
+    /// length (0 if none was owed).
+    fn write_key_update(&mut self, out: &mut [u8]) -> Result<usize, TlsError> {
         let requested = match self.key_update {
-            KeyUpdate::None => return Ok(false),
+            KeyUpdate::None => return Ok(0),
             KeyUpdate::Owed => 0,
             KeyUpdate::Requesting => 1,
         };
-        self.write
-            .seal(ct::HANDSHAKE, &[ht::KEY_UPDATE, 0, 0, 1, requested], out)?;
+        let n = self
+            .write
+            .seal_into(ct::HANDSHAKE, &[ht::KEY_UPDATE, 0, 0, 1, requested], out)?;
         self.write.update();
         self.key_update = KeyUpdate::None;
         self.stats.key_updates_sent += 1;
-        Ok(true)
+        Ok(n)
+    }
+
+    /// Appends the owed KeyUpdate (if any) to `out`.
+    fn append_key_update(&mut self, out: &mut Vec<u8>) -> Result<bool, TlsError> {
+        let start = out.len();
+        out.resize(start + self.pending_len(), 0);
+        let n = self.write_key_update(&mut out[start..])?;
+        Ok(n > 0)
     }
 
     /// Appends what the session owes the peer without application data: a KeyUpdate reply, or after a
@@ -289,7 +372,7 @@ impl Session {
         if self.we_closed {
             return Ok(false);
         }
-        self.write_key_update(out)
+        self.append_key_update(out)
     }
 
     /// Whether [`Session::write_pending`] has something to write.
@@ -309,14 +392,14 @@ impl Session {
         } else {
             KeyUpdate::Owed
         };
-        self.write_key_update(out).map(|_| ())
+        self.append_key_update(out).map(|_| ())
     }
 
     /// Sends close_notify: nothing more can be sealed. The peer may still send until its own
     /// close_notify.
     pub fn close(&mut self, out: &mut Vec<u8>) -> Result<(), TlsError> {
         self.check_writable()?;
-        self.write_key_update(out)?;
+        self.append_key_update(out)?;
         self.write.seal(ct::ALERT, &[1, 0], out)?;
         self.we_closed = true;
         Ok(())
@@ -333,8 +416,18 @@ impl Session {
         out: &mut Vec<u8>,
     ) -> Result<(), TlsError> {
         let (mut idx, mut off) = (0, 0);
+        let start = out.len();
+        out.resize(start + body.len() + RECORD_OVERHEAD, 0);
         self.write
-            .seal_gather(content_type, &[body], &mut idx, &mut off, body.len(), out)
+            .seal_gather_into(
+                content_type,
+                &[body],
+                &mut idx,
+                &mut off,
+                body.len(),
+                &mut out[start..],
+            )
+            .map(|_| ())
     }
 
     /// Whether the peer sent close_notify.
