@@ -83,6 +83,7 @@ fn main() {
                 warmup,
                 time,
                 send_mode,
+                drain_timeout: Duration::from_secs(30),
             };
             target.set_send_mode(send_mode);
             let mut results = Vec::new();

@@ -15,7 +15,7 @@ use nvpoll::reactor::{CoreList, Reactors};
 use nvpoll::send::SendMode;
 use nvpoll::trid::TransportId;
 use nvpoll_pcie::{PcieController, PcieOptions};
-use nvpoll_tcp::host::{ConnectOptions, TcpController};
+use nvpoll_tcp::host::{ConnectOptions, Recovery, TcpController};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 
 /// The access pattern (fio's names).
@@ -110,6 +110,25 @@ struct Args {
     /// TLS is on exactly when --psk is given.
     #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
     tls: String,
+    /// After a lost connection, wait this long between reconnect attempts (nvme-cli's --reconnect-delay).
+    #[arg(long, default_value = "2s", value_parser = loadgen::parse_duration)]
+    reconnect_delay: Duration,
+    /// Give a lost controller up after this long (nvme-cli's --ctrl-loss-tmo); then its I/O fails.
+    #[arg(long, default_value = "60s", value_parser = loadgen::parse_duration)]
+    ctrl_loss_tmo: Duration,
+    /// Abort a command outstanding this long; fail it if it is still outstanding half as long again.
+    #[arg(long, default_value = "30s", value_parser = loadgen::parse_duration)]
+    io_timeout: Duration,
+    /// What a lost connection does to its outstanding commands: retry them after the reconnect, or fail them.
+    #[arg(long, default_value = "retry", value_parser = ["retry", "fail-fast"])]
+    recovery: String,
+    /// After each run, wait this long for outstanding commands; what is left is reported as lost.
+    #[arg(long, default_value = "30s", value_parser = loadgen::parse_duration)]
+    drain_timeout: Duration,
+    /// Print the fault accounting of every run (submitted, OK, failed, refused, retried, lost, longest stall)
+    /// and exit 0 as long as nothing was lost or corrupted, even if I/O failed (for fault injection).
+    #[arg(long)]
+    faults: bool,
     /// Size of the embedded target's RAM namespace.
     #[arg(long, default_value = "256m", value_parser = loadgen::parse_size)]
     ram: u64,
@@ -137,6 +156,8 @@ struct Matrix<'a> {
     runs: usize,
     quiet: bool,
     max_qd: u16,
+    drain_timeout: Duration,
+    faults: bool,
 }
 
 /// Runs the matrix on one set of controllers (their queue pairs kept across runs), appending a row per cell,
@@ -169,6 +190,7 @@ where
                     verify: m.verify,
                     warmup: m.warmup,
                     time: m.time,
+                    drain_timeout: m.drain_timeout,
                 };
                 if let Some(t) = target {
                     t.set_send_mode(mode);
@@ -203,6 +225,23 @@ where
                             "  {:.0} IOPS, mean {:.1} us, p99 {:.1} us",
                             r.iops, r.mean_us, r.p99_us
                         );
+                    }
+                    if m.faults {
+                        println!(
+                            "faults: {label} {mode}: submitted {}, ok {}, failed {}, refused {}, retried {}, lost {}, \
+                             mismatches {}, longest stall {:.3} s",
+                            r.submitted,
+                            r.completed_ok,
+                            r.errors,
+                            r.rejected,
+                            r.retried,
+                            r.lost,
+                            r.mismatches,
+                            r.max_stall.as_secs_f64()
+                        );
+                    }
+                    for f in &r.failures {
+                        eprintln!("perf: {label} {mode}: {f}");
                     }
                     runs.push(r);
                 }
@@ -359,6 +398,8 @@ fn run(args: Args) -> Result<(), String> {
         runs: args.runs,
         quiet,
         max_qd: max_qd as u16,
+        drain_timeout: args.drain_timeout,
+        faults: args.faults,
     };
     let mut rows = Vec::new();
     if !pcie.is_empty() {
@@ -383,6 +424,14 @@ fn run(args: Args) -> Result<(), String> {
                 };
                 o = o.with_tls_key(k, version);
             }
+            o.reconnect_delay = args.reconnect_delay;
+            o.ctrl_loss_tmo = args.ctrl_loss_tmo;
+            o.io_timeout = args.io_timeout;
+            o.recovery = if args.recovery == "fail-fast" {
+                Recovery::FailFast
+            } else {
+                Recovery::Retry
+            };
             let addr = o.addr;
             let c = TcpController::connect(o, pool.clone())
                 .map_err(|e| format!("connecting to {addr}: {e}"))?;
@@ -421,9 +470,17 @@ fn run(args: Args) -> Result<(), String> {
             100.0 * busy as f64 / polls.max(1) as f64
         );
     }
-    if total_errors > 0 || total_mismatches > 0 {
+    let all = || rows.iter().flat_map(|r| r.runs.iter());
+    let lost: u64 = all().map(|r| r.lost).sum();
+    let failures: usize = all().map(|r| r.failures.len()).sum();
+    if lost > 0 || total_mismatches > 0 {
         return Err(format!(
-            "{total_errors} I/O errors and {total_mismatches} verify mismatches"
+            "{lost} I/Os lost and {total_mismatches} verify mismatches"
+        ));
+    }
+    if !args.faults && (total_errors > 0 || failures > 0) {
+        return Err(format!(
+            "{total_errors} I/O errors and {failures} jobs that ended early"
         ));
     }
     Ok(())

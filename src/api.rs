@@ -129,19 +129,23 @@ pub struct QueueStats {
     pub record_bytes: u64,
     /// End-of-iteration flushes that found something to send.
     pub flushes: u64,
+    /// Commands submitted again after the transport recovered from a lost connection.
+    pub retried: u64,
 }
 
 impl QueueStats {
-    /// `self - earlier`, field by field.
+    /// `self - earlier`, field by field (saturating: a transport that reconnected starts its connection
+    /// counters again).
     pub fn since(&self, earlier: &QueueStats) -> QueueStats {
         QueueStats {
-            commands: self.commands - earlier.commands,
-            pdus: self.pdus - earlier.pdus,
-            writes: self.writes - earlier.writes,
-            reads: self.reads - earlier.reads,
-            records: self.records - earlier.records,
-            record_bytes: self.record_bytes - earlier.record_bytes,
-            flushes: self.flushes - earlier.flushes,
+            commands: self.commands.saturating_sub(earlier.commands),
+            pdus: self.pdus.saturating_sub(earlier.pdus),
+            writes: self.writes.saturating_sub(earlier.writes),
+            reads: self.reads.saturating_sub(earlier.reads),
+            records: self.records.saturating_sub(earlier.records),
+            record_bytes: self.record_bytes.saturating_sub(earlier.record_bytes),
+            flushes: self.flushes.saturating_sub(earlier.flushes),
+            retried: self.retried.saturating_sub(earlier.retried),
         }
     }
 }

@@ -99,6 +99,9 @@ pub struct RunSpec {
     pub verify: bool,
     /// When each job's queue pair sends what it posted.
     pub send_mode: SendMode,
+    /// How long after the measured window jobs wait for their outstanding commands; what is still
+    /// outstanding then counts as lost.
+    pub drain_timeout: Duration,
     /// Unmeasured time before the measurement.
     pub warmup: Duration,
     /// Measured time.
@@ -108,6 +111,11 @@ pub struct RunSpec {
 /// What one job measured.
 struct JobResult<Q> {
     reactor: usize,
+    submitted: u64,
+    completed_ok: u64,
+    rejected: u64,
+    lost: u64,
+    max_stall: Duration,
     ios: u64,
     bytes: u64,
     errors: u64,
@@ -150,6 +158,20 @@ pub struct RunResult {
     pub errors: u64,
     /// Verify mismatches (blocks that did not read back as written).
     pub mismatches: u64,
+    /// Commands accepted by the queue pairs over the whole run (warm-up and drain included).
+    pub submitted: u64,
+    /// Of those, completed successfully.
+    pub completed_ok: u64,
+    /// Submits the queue pairs refused (not counted as submitted).
+    pub rejected: u64,
+    /// Commands the transport submitted again after recovering a lost connection.
+    pub retried: u64,
+    /// Accepted commands that never completed (must be 0).
+    pub lost: u64,
+    /// The longest time without a completion while commands were outstanding.
+    pub max_stall: Duration,
+    /// Why jobs ended early, if any did.
+    pub failures: Vec<String>,
 }
 
 /// Tiny xorshift generator: deterministic per job, no allocation.
@@ -166,6 +188,10 @@ impl Rng {
     }
 }
 
+/// Marks a unit's generation as uncertain: a write to it failed, so the media holds that generation or the one
+/// before.
+const UNCERTAIN: u64 = 1 << 63;
+
 /// Verify stamp at the start of every block: LBA, generation, CRC32C of the rest of the block.
 fn stamp(block: &mut [u8], lba: u64, gen: u64) {
     block[0..8].copy_from_slice(&lba.to_le_bytes());
@@ -180,6 +206,15 @@ fn stamp(block: &mut [u8], lba: u64, gen: u64) {
 /// Checks a block read back: `Ok` if it carries the expected LBA and generation and its CRC holds, or if it
 /// was never written (all zero) and `gen` is 0.
 fn check_stamp(block: &[u8], lba: u64, gen: u64) -> bool {
+    if gen & UNCERTAIN != 0 {
+        // A failed write left the unit at this generation or an earlier one (or never written).
+        let gen = gen & !UNCERTAIN;
+        let l = u64::from_le_bytes(block[0..8].try_into().unwrap());
+        let g = u64::from_le_bytes(block[8..16].try_into().unwrap());
+        let crc = u32::from_le_bytes(block[16..20].try_into().unwrap());
+        return block.iter().all(|&b| b == 0)
+            || (l == lba && g <= gen && crc == crc32c::crc32c(&block[20..]));
+    }
     if gen == 0 {
         return block.iter().all(|&b| b == 0);
     }
@@ -213,6 +248,15 @@ struct Job<Q: QueuePair> {
     ios: u64,
     errors: u64,
     mismatches: u64,
+    /// Fault accounting over the whole run: commands accepted, completed OK, failed, refused at submit.
+    submitted: u64,
+    completed_ok: u64,
+    rejected: u64,
+    /// The longest time without any completion while commands were outstanding, and the last completion.
+    max_stall: Duration,
+    last_completion: Instant,
+    /// Give up draining at this point: whatever is still outstanding is lost.
+    drain_deadline: Instant,
     cpu_start: Option<Duration>,
     /// Queue-pair counters at the start of the measured window, and their change over it.
     stats_start: Option<QueueStats>,
@@ -267,8 +311,8 @@ impl<Q: QueuePair> Job<Q> {
         let blocks = (self.spec.io_size / bs) as u32;
         let mut buf = self.bufs.pop().expect("one buffer per slot");
         if !read && self.spec.verify {
-            let gen = self.gens[unit as usize] + 1;
-            self.gens[unit as usize] = gen;
+            let gen = (self.gens[unit as usize] & !UNCERTAIN) + 1;
+            self.gens[unit as usize] = gen | (self.gens[unit as usize] & UNCERTAIN);
             for (i, block) in buf.as_mut_slice().chunks_mut(bs as usize).enumerate() {
                 stamp(block, lba + i as u64, gen);
             }
@@ -287,13 +331,20 @@ impl<Q: QueuePair> Job<Q> {
         };
         self.inflight[usize::from(slot)] = (now, unit, read);
         match self.qp().submit(req) {
-            Ok(()) => true,
+            Ok(()) => {
+                self.submitted += 1;
+                true
+            }
             Err(r) => {
-                self.errors += 1;
+                self.rejected += 1;
                 self.bufs.push(r.request.buf.expect("buffer handed back"));
                 self.free_slots.push(slot);
                 if self.spec.verify {
                     self.busy[unit as usize] = false;
+                    if !read {
+                        // Nothing was written: the unit keeps its generation.
+                        self.gens[unit as usize] -= 1;
+                    }
                 }
                 false
             }
@@ -309,8 +360,14 @@ impl<Q: QueuePair> Job<Q> {
             } else {
                 None
             };
+            let lost = self.qp.as_ref().map_or(0, |q| q.outstanding() as u64);
             let result = JobResult {
                 reactor: self.reactor,
+                submitted: self.submitted,
+                completed_ok: self.completed_ok,
+                rejected: self.rejected,
+                lost,
+                max_stall: self.max_stall,
                 ios: self.ios,
                 bytes: self.ios * self.spec.io_size,
                 errors: self.errors,
@@ -365,6 +422,10 @@ impl<Q: QueuePair> Poller for Job<Q> {
         } else if self.qp().outstanding() == 0 {
             self.finish(None);
             return PollStatus::Busy;
+        } else if now > self.drain_deadline {
+            let n = self.qp().outstanding();
+            self.finish(Some(format!("{n} commands never completed (lost)")));
+            return PollStatus::Busy;
         }
         if n > 0 {
             PollStatus::Busy
@@ -395,6 +456,11 @@ impl<Q: QueuePair> Job<Q> {
             let buf = c.buf.expect("buffer handed back");
             match c.result {
                 Ok(()) => {
+                    self.completed_ok += 1;
+                    if self.spec.verify && !read {
+                        // Acknowledged: the unit holds exactly this generation again.
+                        self.gens[unit as usize] &= !UNCERTAIN;
+                    }
                     if self.spec.verify && read {
                         let bs = self.ns.block_size as usize;
                         let lba0 = (self.first + unit) * self.spec.io_size / bs as u64;
@@ -420,7 +486,13 @@ impl<Q: QueuePair> Job<Q> {
                         self.ios += 1;
                     }
                 }
-                Err(_) => self.errors += 1,
+                Err(_) => {
+                    self.errors += 1;
+                    if self.spec.verify && !read {
+                        // The write may or may not have reached the media: either generation is right.
+                        self.gens[unit as usize] |= UNCERTAIN;
+                    }
+                }
             }
             if self.spec.verify {
                 self.busy[unit as usize] = false;
@@ -428,8 +500,15 @@ impl<Q: QueuePair> Job<Q> {
             self.bufs.push(buf);
             self.free_slots.push(slot);
         }
-        self.progress
-            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        if n > 0 {
+            self.max_stall = self
+                .max_stall
+                .max(now.saturating_duration_since(self.last_completion));
+            self.last_completion = now;
+        } else if self.qp().outstanding() == 0 {
+            self.last_completion = now;
+        }
+        self.progress.fetch_add(n as u64, Ordering::Relaxed);
         n
     }
 }
@@ -556,6 +635,12 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
                 ios: 0,
                 errors: 0,
                 mismatches: 0,
+                submitted: 0,
+                completed_ok: 0,
+                rejected: 0,
+                max_stall: Duration::ZERO,
+                last_completion: start,
+                drain_deadline: measure_end + spec.drain_timeout,
                 cpu_start: None,
                 stats_start: None,
                 stats: None,
@@ -573,7 +658,7 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
         drop(tx);
         let mut results = Vec::with_capacity(spec.jobs);
         let mut last = (Instant::now(), 0u64);
-        let deadline = measure_end + Duration::from_secs(30);
+        let deadline = measure_end + spec.drain_timeout + Duration::from_secs(10);
         while results.len() < spec.jobs {
             let now = Instant::now();
             let phase = if now < measure_start {
@@ -612,6 +697,8 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
         let mut cpu = Duration::ZERO;
         let mut qs = QueueStats::default();
         let mut failures = Vec::new();
+        let (mut submitted, mut completed_ok, mut rejected, mut lost) = (0, 0, 0, 0);
+        let mut max_stall = Duration::ZERO;
         for r in &mut results {
             if self.gens.len() <= r.job {
                 self.gens.resize(r.job + 1, Vec::new());
@@ -628,6 +715,12 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
             errors += r.errors;
             mismatches += r.mismatches;
             cpu += r.cpu.unwrap_or_default();
+            submitted += r.submitted;
+            completed_ok += r.completed_ok;
+            rejected += r.rejected;
+            lost += r.lost;
+            max_stall = max_stall.max(r.max_stall);
+            qs.retried += r.stats.retried;
             qs.writes += r.stats.writes;
             qs.reads += r.stats.reads;
             qs.records += r.stats.records;
@@ -636,9 +729,7 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
                 failures.push(format!("job on reactor {}: {f}", r.reactor));
             }
         }
-        if !failures.is_empty() {
-            return Err(Error::Transport(failures.join("; ")));
-        }
+
         let secs = spec.time.as_secs_f64();
         let per_io = |n: u64| if ios > 0 { n as f64 / ios as f64 } else { 0.0 };
         Ok(RunResult {
@@ -663,6 +754,13 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
             },
             errors,
             mismatches,
+            submitted,
+            completed_ok,
+            rejected,
+            retried: qs.retried,
+            lost,
+            max_stall,
+            failures,
         })
     }
 }

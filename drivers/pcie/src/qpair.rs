@@ -798,6 +798,7 @@ impl<D: Device> QueuePair for PcieQueuePair<D> {
             records: 0,
             record_bytes: 0,
             flushes: s.sq_doorbells,
+            retried: 0,
         }
     }
 }

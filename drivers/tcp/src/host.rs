@@ -1114,6 +1114,7 @@ impl QueuePair for TcpQueuePair {
             records: c.records,
             record_bytes: c.record_bytes,
             flushes: c.flushes,
+            retried: self.recovery.retried,
         }
     }
 }
