@@ -91,7 +91,10 @@ fn write_read_verify(ctrl: &mut TcpController, mode: SendMode, total: usize, tls
     let s = qp.stats();
     if tls {
         assert!(s.records > 0, "the data went in TLS records: {s:?}");
-        assert!(s.record_bytes >= total as u64, "at least the data was sealed: {s:?}");
+        assert!(
+            s.record_bytes >= total as u64,
+            "at least the data was sealed: {s:?}"
+        );
     } else {
         assert_eq!(s.records, 0, "a plain connection seals nothing: {s:?}");
     }
