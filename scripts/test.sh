@@ -12,5 +12,7 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test (host)"
 cargo test --workspace
+step "fuzz (briefly)"
+FUZZ_SECONDS=${FUZZ_SECONDS:-15} scripts/fuzz.sh
 step "VM tests"
 scripts/vm-test.sh
