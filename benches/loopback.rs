@@ -1,26 +1,37 @@
-//! Our NVMe/TCP initiator against our NVMe/TCP target over loopback, one reactor core per side.
+//! Our NVMe/TCP initiator against our NVMe/TCP target over loopback, one reactor core per side, one queue pair.
 //!
-//! Prints, for 4 KiB random reads and writes at qd1 and qd128 (one queue pair), the median of several runs:
-//! IOPS, latency, and CPU time per I/O on the initiator's and the target's reactor. This is the figure issue 4
-//! asks for (a C userspace stack reaches about 840K IOPS at qd128 randread and about 9 us at qd1 here).
+//! Prints, for 4 KiB random reads and writes at qd1 and qd128, without and with TLS, each send mode side by side
+//! (both ends in the same mode): the median of several runs with IOPS, latency, TLS records, writes and
+//! syscalls per I/O, and CPU time per I/O on the initiator's and on the target's reactor. Then the ratios the
+//! send-mode design is judged by.
 //!
-//! `cargo bench --bench loopback` (set NVPOLL_BENCH_TIME=5s, NVPOLL_BENCH_RUNS=5 for longer runs).
+//! `cargo bench --bench loopback` (NVPOLL_BENCH_TIME=5s NVPOLL_BENCH_RUNS=5 for longer runs).
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use nvpoll::api::Controller;
-use nvpoll::loadgen::{self, LoadGen, Phase, Row, RunSpec, Workload};
+use nvpoll::loadgen::{self, LoadGen, Phase, Row, RunResult, RunSpec, Workload};
 use nvpoll::mem::DmaPool;
 use nvpoll::reactor::{CoreList, Reactors};
 use nvpoll::send::SendMode;
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
-use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig};
+use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig, TargetTls};
+use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
+
+const KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
+const NQN: &str = "nqn.2024-01.io.nvpoll:bench";
+const HOSTNQN: &str = "nqn.2024-01.io.nvpoll:bench-host";
 
 fn env_duration(key: &str, default: &str) -> Duration {
     let v = std::env::var(key).unwrap_or_else(|_| default.to_string());
     loadgen::parse_duration(&v).unwrap_or_else(|e| panic!("{key}: {e}"))
+}
+
+struct Cell2 {
+    row: Row,
+    target_cpu_us: f64,
 }
 
 fn main() {
@@ -38,114 +49,195 @@ fn main() {
     };
     let icores = CoreList::parse(&icore.to_string()).expect("initiator core");
     let tcores = CoreList::parse(&tcore.to_string()).expect("target core");
+    let key = ConfiguredKey::parse(KEY).expect("key");
 
-    let nqn = "nqn.2024-01.io.nvpoll:bench";
     let listen: SocketAddr = "127.0.0.1:0".parse().expect("address literal");
-    let config = TargetConfig::new(listen)
-        .subsystem(SubsystemConfig::new(nqn).namespace(Backing::Ram(256 << 20), 4096));
+    let mut config = TargetConfig::new(listen)
+        .subsystem(SubsystemConfig::new(NQN).namespace(Backing::Ram(256 << 20), 4096));
+    config.tls = Some(TargetTls::with_host_keys(
+        false,
+        &[(HOSTNQN.to_string(), key.clone())],
+        &[NQN.to_string()],
+    ));
     let target_reactors = Reactors::start(&tcores).expect("target reactors");
     let target = Target::bind(config)
         .expect("bind target")
         .start(&target_reactors)
         .expect("start target");
-
     let pool = DmaPool::builder()
         .class(4096, 1024)
         .build()
         .expect("DMA pool");
-    let hostnqn = "nqn.2024-01.io.nvpoll:bench-host";
-    let mut ctrl = TcpController::connect(
-        ConnectOptions::new(target.local_addr(), nqn, hostnqn),
-        pool.clone(),
-    )
-    .expect("connect to our target");
-    let ns = ctrl.namespaces()[0].clone();
     let reactors = Reactors::start(&icores).expect("initiator reactors");
-    let mut gen: LoadGen<TcpQueuePair> = LoadGen::new(pool, 128, true);
 
     println!(
-        "loopback: initiator core {icore}, target core {tcore}, 4 KiB, 1 queue pair, {runs} x {time:?} (after {warmup:?}) per row"
+        "loopback: initiator core {icore}, target core {tcore}, 4 KiB, 1 queue pair, median of {runs} x {time:?} \
+         (after {warmup:?}) per row"
     );
-    let mut rows = Vec::new();
-    let mut target_cpu = Vec::new();
-    for workload in [Workload::Randread, Workload::Randwrite] {
-        for (qd, send_mode) in [1u16, 128]
-            .into_iter()
-            .flat_map(|q| SendMode::ALL.map(|m| (q, m)))
-        {
-            let spec = RunSpec {
-                qd,
-                jobs: 1,
-                io_size: 4096,
-                workload,
-                rwmix: 0,
-                verify: false,
-                warmup,
-                time,
-                send_mode,
-                drain_timeout: Duration::from_secs(30),
-            };
-            target.set_send_mode(send_mode);
-            let mut results = Vec::new();
-            let mut tcpu = Vec::new();
-            for _ in 0..runs {
-                // The target reactor's CPU time across the measured window.
-                let cpu_at = || target_reactors.stats()[0].cpu_time;
-                let start = Cell::new(None);
-                let end = Cell::new(None);
-                let ctrl_cell = RefCell::new(&mut ctrl);
-                let mut connect = |_: usize, depth: u16| -> nvpoll::Result<_> {
-                    Ok((ctrl_cell.borrow_mut().connect_io_queue(depth)?, ns.clone()))
-                };
-                let mut tick = |phase: Phase| -> nvpoll::Result<()> {
-                    match phase {
-                        Phase::Measuring if start.get().is_none() => start.set(Some(cpu_at())),
-                        Phase::Draining if end.get().is_none() && start.get().is_some() => {
-                            end.set(Some(cpu_at()))
-                        }
-                        _ => {}
-                    }
-                    ctrl_cell.borrow_mut().poll_admin()?;
-                    Ok(())
-                };
-                let r = gen
-                    .run(&reactors, spec, &mut connect, &mut tick)
-                    .expect("run");
-                let t = match (start.get(), end.get()) {
-                    (Some(s), Some(e)) if r.iops > 0.0 => {
-                        e.saturating_sub(s).as_secs_f64() * 1e6 / (r.iops * time.as_secs_f64())
-                    }
-                    _ => f64::NAN,
-                };
-                tcpu.push(t);
-                results.push(r);
-            }
-            let median = loadgen::median(results.clone());
-            let mut sorted = tcpu.clone();
-            sorted.sort_by(f64::total_cmp);
-            target_cpu.push(sorted[sorted.len() / 2]);
-            rows.push(Row {
-                workload: format!("qd{qd} x 1 {}", workload.name()),
-                mode: send_mode.name(),
-                result: median,
-                runs: results,
-            });
+    let mut cells = Vec::new();
+    for tls in [false, true] {
+        let mut o = ConnectOptions::new(target.local_addr(), NQN, HOSTNQN);
+        if tls {
+            o = o.with_tls_key(&key, IdentityVersion::V0);
         }
+        let mut ctrl = TcpController::connect(o, pool.clone()).expect("connect to our target");
+        let ns = ctrl.namespaces()[0].clone();
+        let mut gen: LoadGen<TcpQueuePair> = LoadGen::new(pool.clone(), 128, true);
+        for workload in [Workload::Randread, Workload::Randwrite] {
+            for qd in [1u16, 128] {
+                for send_mode in SendMode::ALL {
+                    let spec = RunSpec {
+                        qd,
+                        jobs: 1,
+                        io_size: 4096,
+                        workload,
+                        rwmix: 0,
+                        verify: false,
+                        warmup,
+                        time,
+                        send_mode,
+                        drain_timeout: Duration::from_secs(30),
+                    };
+                    target.set_send_mode(send_mode);
+                    let mut results = Vec::new();
+                    let mut tcpu = Vec::new();
+                    for _ in 0..runs {
+                        // The target reactor's CPU time across the measured window.
+                        let cpu_at = || target_reactors.stats()[0].cpu_time;
+                        let (start, end) = (Cell::new(None), Cell::new(None));
+                        let ctrl_cell = RefCell::new(&mut ctrl);
+                        let mut connect = |_: usize, depth: u16| -> nvpoll::Result<_> {
+                            Ok((ctrl_cell.borrow_mut().connect_io_queue(depth)?, ns.clone()))
+                        };
+                        let mut tick = |phase: Phase| -> nvpoll::Result<()> {
+                            match phase {
+                                Phase::Measuring if start.get().is_none() => {
+                                    start.set(Some(cpu_at()))
+                                }
+                                Phase::Draining if end.get().is_none() && start.get().is_some() => {
+                                    end.set(Some(cpu_at()))
+                                }
+                                _ => {}
+                            }
+                            Ok(ctrl_cell.borrow_mut().poll_admin()?)
+                        };
+                        let r = gen
+                            .run(&reactors, spec, &mut connect, &mut tick)
+                            .expect("run");
+                        assert!(r.failures.is_empty() && r.errors == 0, "{:?}", r.failures);
+                        let t = match (start.get(), end.get()) {
+                            (Some(s), Some(e)) if r.iops > 0.0 => {
+                                e.saturating_sub(s).as_secs_f64() * 1e6
+                                    / (r.iops * time.as_secs_f64())
+                            }
+                            _ => f64::NAN,
+                        };
+                        tcpu.push(t);
+                        results.push(r);
+                    }
+                    tcpu.sort_by(f64::total_cmp);
+                    let label = format!(
+                        "qd{qd} x 1 {}{}",
+                        workload.name(),
+                        if tls { " tls" } else { "" }
+                    );
+                    let row = Row {
+                        workload: label,
+                        mode: send_mode.name(),
+                        result: loadgen::median(results.clone()),
+                        runs: results,
+                    };
+                    cells.push(Cell2 {
+                        row,
+                        target_cpu_us: tcpu[tcpu.len() / 2],
+                    });
+                }
+            }
+        }
+        gen.release_queue_pairs();
+        ctrl.shutdown().expect("controller shutdown");
     }
+    let rows: Vec<Row> = cells
+        .iter()
+        .map(|c| Row {
+            runs: Vec::new(),
+            ..clone_row(&c.row)
+        })
+        .collect();
     print!("{}", loadgen::table(&rows));
     println!(
-        "| {:<22} | {:>16} | {:>16} |",
-        "workload", "initiator us/IO", "target us/IO"
+        "\n| {:<24} | {:<8} | {:>15} | {:>12} |",
+        "workload", "mode", "initiator us/IO", "target us/IO"
     );
-    for (row, t) in rows.iter().zip(&target_cpu) {
+    for c in &cells {
         println!(
-            "| {:<22} | {:>16.2} | {:>16.2} |",
-            row.workload, row.result.cpu_us_per_io, t
+            "| {:<24} | {:<8} | {:>15.2} | {:>12.2} |",
+            c.row.workload, c.row.mode, c.row.result.cpu_us_per_io, c.target_cpu_us
         );
     }
-    gen.release_queue_pairs();
+    ratios(&cells);
     reactors.stop().expect("stop initiator reactors");
-    ctrl.shutdown().expect("controller shutdown");
     target.stop();
     target_reactors.stop().expect("stop target reactors");
+}
+
+fn clone_row(r: &Row) -> Row {
+    Row {
+        workload: r.workload.clone(),
+        mode: r.mode,
+        result: r.result.clone(),
+        runs: Vec::new(),
+    }
+}
+
+fn find<'a>(cells: &'a [Cell2], workload: &str, mode: &str) -> &'a RunResult {
+    &cells
+        .iter()
+        .find(|c| c.row.workload == workload && c.row.mode == mode)
+        .expect("row")
+        .row
+        .result
+}
+
+/// The comparisons the send modes are judged by, as ratios.
+fn ratios(cells: &[Cell2]) {
+    println!();
+    for w in ["randread", "randwrite"] {
+        let tls = format!("qd128 x 1 {w} tls");
+        let (inl, def, ada) = (
+            find(cells, &tls, "inline"),
+            find(cells, &tls, "deferred"),
+            find(cells, &tls, "adaptive"),
+        );
+        println!(
+            "{tls}: deferred vs inline: records/IO {:.2}x fewer, CPU/IO {:.0}% lower, IOPS {:.2}x; adaptive/best IOPS {:.2}",
+            inl.records_per_io / def.records_per_io.max(1e-9),
+            100.0 * (1.0 - def.cpu_us_per_io / inl.cpu_us_per_io),
+            def.iops / inl.iops,
+            ada.iops / inl.iops.max(def.iops)
+        );
+        let plain = format!("qd128 x 1 {w}");
+        let best = |wl: &str| {
+            SendMode::ALL
+                .iter()
+                .map(|m| find(cells, wl, m.name()).iops)
+                .fold(0.0, f64::max)
+        };
+        println!(
+            "{w} qd128: TLS reaches {:.0}% of the IOPS without TLS (best mode each)",
+            100.0 * best(&tls) / best(&plain)
+        );
+        for suffix in ["", " tls"] {
+            let q1 = format!("qd1 x 1 {w}{suffix}");
+            let (inl, def, ada) = (
+                find(cells, &q1, "inline"),
+                find(cells, &q1, "deferred"),
+                find(cells, &q1, "adaptive"),
+            );
+            println!(
+                "{q1}: mean us inline {:.2} / deferred {:.2} / adaptive {:.2}; p99 us {:.1} / {:.1} / {:.1}",
+                inl.mean_us, def.mean_us, ada.mean_us, inl.p99_us, def.p99_us, ada.p99_us
+            );
+        }
+    }
 }
