@@ -49,7 +49,7 @@ struct Args {
     nqn: String,
 
     /// Size of a RAM namespace (bytes, or with a K, M, G or T suffix: powers of 1024). Its contents are lost
-    /// when the target stops. Default: 1G when no --file is given, none otherwise.
+    /// when the target stops. Default: 1G when no --file or --pcie is given, none otherwise.
     #[arg(long, value_parser = parse_size)]
     ram: Option<u64>,
 
@@ -57,6 +57,12 @@ struct Args {
     /// cache (Flush runs fdatasync). May be given several times.
     #[arg(long)]
     file: Vec<PathBuf>,
+
+    /// A namespace backed by namespace 1 of a local NVMe controller bound to vfio-pci (see `nvpoll-setup
+    /// bind`), driven by nvpoll's PCIe driver: the target exports the SSD over NVMe/TCP. Its block size is the
+    /// SSD's. May be given several times.
+    #[arg(long, value_name = "BDF")]
+    pcie: Vec<nvpoll::trid::PciAddress>,
 
     /// Logical block size of every namespace: 512 or 4096.
     #[arg(long, default_value_t = 512, value_parser = parse_block_size)]
@@ -144,7 +150,7 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(serial) = &args.serial {
         subsys.serial = serial.clone();
     }
-    let ram = match (args.ram, args.file.is_empty()) {
+    let ram = match (args.ram, args.file.is_empty() && args.pcie.is_empty()) {
         (Some(bytes), _) => Some(bytes),
         (None, true) => Some(1 << 30),
         (None, false) => None,
@@ -160,6 +166,19 @@ fn run(args: Args) -> Result<(), String> {
     }
     for path in &args.file {
         subsys = subsys.namespace(Backing::File(path.clone()), args.block_size);
+    }
+    for bdf in &args.pcie {
+        let pool = nvpoll::mem::DmaPool::builder()
+            .class(4096, 256)
+            .class(1 << 20, 8)
+            .build()
+            .map_err(|e| format!("DMA pool for {bdf}: {e}"))?;
+        let ctrl = nvpoll_pcie::PcieController::open(*bdf, pool.clone(), nvpoll_pcie::PcieOptions::default())
+            .map_err(|e| format!("--pcie {bdf}: {e}"))?;
+        let dev = nvpoll_tcp::target::QueuePairDevice::new(ctrl, pool, 1, format!("PCIe {bdf}"))
+            .map_err(|e| format!("--pcie {bdf}: {e}"))?;
+        let bs = nvpoll_tcp::target::BlockDevice::block_size(&dev);
+        subsys = subsys.namespace(Backing::Device(std::sync::Arc::new(dev)), bs);
     }
     let verbose = args.verbose;
     let mut config = TargetConfig::new(args.listen)

@@ -589,3 +589,71 @@ fn vm_pcie_vfio_refuses_a_device_not_bound_to_vfio() {
     let e = VfioDevice::open(twin).unwrap_err().to_string();
     assert!(e.contains("nvpoll-setup bind"), "{e}");
 }
+
+/// A helper for scripts/vm-tests/50-target-exports-pcie.sh: with NVPOLL_PCIE_FILE=path and
+/// NVPOLL_PCIE_OFFSET=bytes, writes the file to the vfio-bound namespace at that offset
+/// (NVPOLL_PCIE_OP=write) or checks that the namespace holds it there (NVPOLL_PCIE_OP=check). Without
+/// NVPOLL_PCIE_FILE it has nothing to do.
+#[test]
+fn vm_pcie_file_io_from_env() {
+    if !in_vm() {
+        return;
+    }
+    let Ok(path) = std::env::var("NVPOLL_PCIE_FILE") else {
+        println!("nothing to do: NVPOLL_PCIE_FILE is not set (the export script sets it)");
+        return;
+    };
+    let offset: u64 = env("NVPOLL_PCIE_OFFSET")
+        .parse()
+        .expect("NVPOLL_PCIE_OFFSET is a byte offset");
+    let op = env("NVPOLL_PCIE_OP");
+    let bytes = std::fs::read(&path).expect("NVPOLL_PCIE_FILE is readable");
+    let pool = pool();
+    let mut ctrl = open(&pool);
+    let ns = ctrl.namespaces()[0].clone();
+    let bs = u64::from(ns.block_size);
+    assert!(
+        offset % bs == 0 && bytes.len() as u64 % bs == 0,
+        "block-aligned offset and length"
+    );
+    let chunk_len = ctrl.max_transfer().unwrap_or(128 * 1024).min(1 << 20) as usize;
+    let mut qp = ctrl.create_queue_pair(4).expect("queue pair");
+    for (i, chunk) in bytes.chunks(chunk_len).enumerate() {
+        let lba = (offset + (i * chunk_len) as u64) / bs;
+        let blocks = (chunk.len() as u64 / bs) as u32;
+        let mut buf = pool.alloc(chunk.len()).unwrap();
+        let io = if op == "write" {
+            buf.as_mut_slice().copy_from_slice(chunk);
+            IoOp::Write
+        } else {
+            IoOp::Read
+        };
+        qp.submit(IoRequest {
+            op: io,
+            nsid: ns.nsid,
+            lba,
+            blocks,
+            buf: Some(buf),
+            tag: i as u64,
+        })
+        .map_err(|r| r.error)
+        .unwrap();
+        qp.flush().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let c = loop {
+            qp.poll(1).unwrap();
+            if let Some(c) = qp.pop_completion() {
+                break c;
+            }
+            assert!(Instant::now() < deadline, "no completion");
+        };
+        c.result.unwrap();
+        if io == IoOp::Read {
+            assert!(
+                c.buf.unwrap().as_slice() == chunk,
+                "chunk {i} at lba {lba} differs from {path}"
+            );
+        }
+    }
+    println!("{op} of {} bytes at offset {offset}: ok", bytes.len());
+}

@@ -41,12 +41,14 @@
 
 mod admin;
 mod controller;
+mod device;
 mod discovery;
 mod io;
 mod session;
 mod store;
 mod subsystem;
 
+pub use device::{BlockDevice, QueuePairDevice};
 pub use subsystem::{Backing, NamespaceConfig, SubsystemConfig, DISCOVERY_NQN, MAX_NQN_LEN};
 
 use std::cell::Cell;

@@ -16,13 +16,29 @@ pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 pub const MAX_NQN_LEN: usize = 223;
 
 /// What backs a namespace.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Backing {
     /// Memory of this many bytes, zeroed, lost when the target stops.
     Ram(u64),
     /// An existing regular file or block device, read and written through the page cache.
     File(PathBuf),
+    /// Another NVMe namespace, for instance a local SSD through nvpoll-pcie (see [`super::QueuePairDevice`]).
+    /// The exported namespace's block size must be the device's.
+    Device(std::sync::Arc<dyn super::device::BlockDevice>),
 }
+
+impl PartialEq for Backing {
+    fn eq(&self, other: &Backing) -> bool {
+        match (self, other) {
+            (Backing::Ram(a), Backing::Ram(b)) => a == b,
+            (Backing::File(a), Backing::File(b)) => a == b,
+            (Backing::Device(a), Backing::Device(b)) => std::sync::Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Backing {}
 
 /// One namespace of a subsystem.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,6 +113,17 @@ impl Namespace {
             Backing::Ram(bytes) => Store::ram(*bytes),
             Backing::File(path) => Store::open(path)
                 .map_err(|e| Error::io(format!("open namespace file {}", path.display()), e))?,
+            Backing::Device(d) => {
+                if d.block_size() != cfg.block_size {
+                    return Err(Error::InvalidArgument(format!(
+                        "namespace {nsid}: {} has {}-byte blocks, not {}",
+                        d.describe(),
+                        d.block_size(),
+                        cfg.block_size
+                    )));
+                }
+                Store::Device(std::sync::Arc::clone(d))
+            }
         };
         let blocks = store.len() / u64::from(cfg.block_size);
         if blocks == 0 {
