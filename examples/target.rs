@@ -173,8 +173,12 @@ fn run(args: Args) -> Result<(), String> {
             .class(1 << 20, 8)
             .build()
             .map_err(|e| format!("DMA pool for {bdf}: {e}"))?;
-        let ctrl = nvpoll_pcie::PcieController::open(*bdf, pool.clone(), nvpoll_pcie::PcieOptions::default())
-            .map_err(|e| format!("--pcie {bdf}: {e}"))?;
+        let ctrl = nvpoll_pcie::PcieController::open(
+            *bdf,
+            pool.clone(),
+            nvpoll_pcie::PcieOptions::default(),
+        )
+        .map_err(|e| format!("--pcie {bdf}: {e}"))?;
         let dev = nvpoll_tcp::target::QueuePairDevice::new(ctrl, pool, 1, format!("PCIe {bdf}"))
             .map_err(|e| format!("--pcie {bdf}: {e}"))?;
         let bs = nvpoll_tcp::target::BlockDevice::block_size(&dev);
