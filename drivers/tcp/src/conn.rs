@@ -52,11 +52,16 @@ pub struct ConnStats {
 #[derive(Debug)]
 struct TlsWire {
     session: Session,
-    /// Sealed records not yet written.
+    /// Sealed records not yet written: `out[out_sent..out_end]`. The Vec only grows (records are sealed
+    /// straight into it, with no zero-fill per record).
     out: Vec<u8>,
     out_sent: usize,
-    /// Received ciphertext not yet opened (a partial record at most, after each fill).
+    out_end: usize,
+    /// Received ciphertext not yet opened: `inb[inb_start..inb_end]` (a partial record at most, after each
+    /// fill). Fixed size: reads go into the free tail without zero-filling.
     inb: Vec<u8>,
+    inb_start: usize,
+    inb_end: usize,
 }
 
 /// Ciphertext read per `read` call with TLS.
@@ -162,7 +167,7 @@ impl Conn {
 
     /// Bytes waiting to leave: plaintext not yet sent (or sealed) plus sealed records not yet written.
     pub fn tx_pending(&self) -> usize {
-        self.tx.len() - self.tx_sent + self.tls.as_ref().map_or(0, |t| t.out.len() - t.out_sent)
+        self.tx.len() - self.tx_sent + self.tls.as_ref().map_or(0, |t| t.out_end - t.out_sent)
     }
 
     /// Whether the connection runs TLS.
@@ -201,24 +206,42 @@ impl Conn {
         loop {
             // Drain sealed records first; seal more only once the wire is empty, so that plaintext queued
             // behind a slow peer leaves in full records.
-            while tls.out_sent < tls.out.len() {
-                match write_some(&mut self.stream, &tls.out[tls.out_sent..], &mut self.stats)? {
+            while tls.out_sent < tls.out_end {
+                match write_some(
+                    &mut self.stream,
+                    &tls.out[tls.out_sent..tls.out_end],
+                    &mut self.stats,
+                )? {
                     Some(n) => tls.out_sent += n,
                     None => return Ok(false),
                 }
             }
-            tls.out.clear();
             tls.out_sent = 0;
-            tls.session.write_pending(&mut tls.out)?;
+            tls.out_end = 0;
+            if tls.session.has_pending() {
+                // A KeyUpdate reply (rare): through a small Vec.
+                let mut owed = Vec::new();
+                tls.session.write_pending(&mut owed)?;
+                ensure_len(&mut tls.out, owed.len());
+                tls.out[..owed.len()].copy_from_slice(&owed);
+                tls.out_end = owed.len();
+            }
             if self.tx_sent < self.tx.len() {
                 let plain = &self.tx[self.tx_sent..];
-                let records = tls.session.seal(&[plain], &mut tls.out)?;
+                ensure_len(
+                    &mut tls.out,
+                    tls.out_end + crate::tls::KEY_UPDATE_LEN + Session::sealed_len(plain.len()),
+                );
+                let (records, written) = tls
+                    .session
+                    .seal_to_slice(&[plain], &mut tls.out[tls.out_end..])?;
+                tls.out_end += written;
                 self.stats.records += records as u64;
                 self.stats.record_bytes += plain.len() as u64;
                 self.tx.clear();
                 self.tx_sent = 0;
             }
-            if tls.out.is_empty() {
+            if tls.out_end == 0 {
                 return Ok(true);
             }
         }
@@ -262,58 +285,82 @@ impl Conn {
 
     fn fill_tls(&mut self) -> Result<usize, Error> {
         let tls = self.tls.as_mut().expect("TLS connection");
-        let have = tls.inb.len();
-        tls.inb.resize(have + TLS_READ, 0);
+        if tls.inb_end == tls.inb.len() {
+            // Make room: move the partial record to the front (or grow for an oversized one, which the
+            // record layer rejects as soon as its header is there).
+            tls.inb.copy_within(tls.inb_start..tls.inb_end, 0);
+            tls.inb_end -= tls.inb_start;
+            tls.inb_start = 0;
+            if tls.inb_end == tls.inb.len() {
+                let n = tls.inb.len() * 2;
+                tls.inb.resize(n, 0);
+            }
+        }
         let r = read_some(
             &mut self.stream,
-            &mut tls.inb[have..],
+            &mut tls.inb[tls.inb_end..],
             &mut self.stats,
             &mut self.closed,
         );
         let n = *r.as_ref().unwrap_or(&0);
-        tls.inb.truncate(have + n);
+        tls.inb_end += n;
         // Records received before a close are still opened; the close is reported after them.
         let read_error = r.err();
-        if !tls.inb.is_empty() {
-            // Open into the plaintext buffer: keep it a Vec whose length is the end of valid data.
-            if self.rx_start > 0 && self.rx_start == self.rx_end {
-                self.rx_start = 0;
-                self.rx_end = 0;
-            } else if self.rx_start > self.rx.len() / 2 {
-                self.rx.copy_within(self.rx_start..self.rx_end, 0);
-                self.rx_end -= self.rx_start;
-                self.rx_start = 0;
+        let mut used = tls.inb_start;
+        while used < tls.inb_end {
+            // Decrypt straight into the receive buffer, after the data not yet consumed.
+            let room = (tls.inb_end - used).min(crate::tls::MAX_CIPHERTEXT + 512);
+            if self.rx.len() - self.rx_end < room {
+                if self.rx_start > 0 {
+                    self.rx.copy_within(self.rx_start..self.rx_end, 0);
+                    self.rx_end -= self.rx_start;
+                    self.rx_start = 0;
+                }
+                if self.rx.len() - self.rx_end < room {
+                    let want = self.rx_end + room;
+                    self.rx.resize(want, 0);
+                }
             }
-            self.rx.truncate(self.rx_end);
-            let opened = tls.session.open(&tls.inb, &mut self.rx);
-            self.rx_end = self.rx.len();
-            match opened {
-                Ok(used) => {
-                    tls.inb.drain(..used);
+            match tls
+                .session
+                .open_to_slice(&tls.inb[used..tls.inb_end], &mut self.rx[self.rx_end..])
+            {
+                Ok((0, _)) => break, // a partial record: wait for the rest
+                Ok((consumed, written)) => {
+                    used += consumed;
+                    self.rx_end += written;
                 }
                 Err(crate::tls::TlsError::Closed) => {
                     self.closed = true;
+                    tls.inb_start = used;
+                    if self.rx_end > self.rx_start {
+                        return Ok(n);
+                    }
                     return Err(Error::Closed);
                 }
                 Err(e) => {
                     // The fatal alert is owed to the peer: best effort, the connection is over anyway.
-                    let _ = tls.session.write_pending(&mut tls.out);
-                    let _ = write_some(&mut self.stream, &tls.out[tls.out_sent..], &mut self.stats);
+                    let mut alert = Vec::new();
+                    let _ = tls.session.write_pending(&mut alert);
+                    let _ = write_some(&mut self.stream, &alert, &mut self.stats);
                     self.closed = true;
                     return Err(e.into());
                 }
             }
-            if tls.session.has_pending() && read_error.is_none() {
-                // A KeyUpdate reply is owed.
-                self.flush()?;
-            }
+        }
+        if used == tls.inb_end {
+            tls.inb_start = 0;
+            tls.inb_end = 0;
+        } else {
+            tls.inb_start = used;
+        }
+        if tls.session.has_pending() && read_error.is_none() {
+            // A KeyUpdate reply is owed.
+            self.flush()?;
         }
         match read_error {
-            Some(e) if self.rx_end > self.rx_start => {
-                // Hand out what arrived first; the next fill reports the close.
-                let _ = e;
-                Ok(n)
-            }
+            // Hand out what arrived first; the next fill reports the close.
+            Some(_) if self.rx_end > self.rx_start => Ok(n),
             Some(e) => Err(e),
             None => Ok(n),
         }
@@ -332,21 +379,12 @@ impl Conn {
         if self.rx_start == self.rx_end {
             self.rx_start = 0;
             self.rx_end = 0;
-            if self.tls.is_some() {
-                self.rx.clear();
-            }
         }
     }
 
     /// Makes sure the receive buffer can hold a PDU of `len` bytes.
     pub fn reserve_rx(&mut self, len: usize) {
-        if self.tls.is_some() {
-            // Plaintext is appended by decryption: reserve capacity (from the start of the valid data).
-            let want = self.rx_start + len;
-            if self.rx.capacity() < want {
-                self.rx.reserve(want - self.rx.len());
-            }
-        } else if self.rx.len() < len {
+        if self.rx.len() < len {
             self.rx.resize(len, 0);
         }
     }
@@ -460,20 +498,18 @@ impl Conn {
     }
 
     fn install_tls(&mut self, session: Session, leftover: Vec<u8>) {
+        let inb_end = leftover.len();
         let mut inb = leftover;
-        inb.reserve(TLS_READ);
+        inb.resize(inb_end.max(TLS_READ) * 2, 0);
         self.tls = Some(Box::new(TlsWire {
             session,
-            out: Vec::with_capacity(TX_INITIAL + 4096),
+            out: vec![0; TX_INITIAL + 4096],
             out_sent: 0,
+            out_end: 0,
             inb,
+            inb_start: 0,
+            inb_end,
         }));
-        // The plaintext receive buffer becomes a Vec whose length is the end of the valid data.
-        let cap = self.rx.len();
-        self.rx.clear();
-        self.rx.reserve(cap);
-        self.rx_start = 0;
-        self.rx_end = 0;
         // Records that arrived with the handshake's last flight stay in `inb` and are opened at the next fill.
     }
 
@@ -539,5 +575,12 @@ fn read_some(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(Error::io("recv", e)),
         }
+    }
+}
+
+/// Makes `v` at least `len` long (zero-filling only what it grows by).
+fn ensure_len(v: &mut Vec<u8>, len: usize) {
+    if v.len() < len {
+        v.resize(len, 0);
     }
 }
