@@ -191,6 +191,10 @@ impl Rng {
 /// Marks a unit's generation as uncertain: a write to it failed, so the media holds that generation or the one
 /// before.
 const UNCERTAIN: u64 = 1 << 63;
+/// Marks a unit of which at least one write of this run was acknowledged.
+const ACKED: u64 = 1 << 62;
+/// The generation bits of a unit's state.
+const GEN: u64 = ACKED - 1;
 
 /// Verify stamp at the start of every block: LBA, generation, CRC32C of the rest of the block.
 fn stamp(block: &mut [u8], lba: u64, gen: u64) {
@@ -203,25 +207,27 @@ fn stamp(block: &mut [u8], lba: u64, gen: u64) {
     block[16..20].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// Checks a block read back: `Ok` if it carries the expected LBA and generation and its CRC holds, or if it
-/// was never written (all zero) and `gen` is 0.
+/// Checks a block read back: true if it carries the expected LBA and generation and its CRC holds, or if this
+/// run never wrote it (`gen` 0: its contents are unknown).
 fn check_stamp(block: &[u8], lba: u64, gen: u64) -> bool {
-    if gen & UNCERTAIN != 0 {
-        // A failed write left the unit at this generation or an earlier one (or never written).
-        let gen = gen & !UNCERTAIN;
-        let l = u64::from_le_bytes(block[0..8].try_into().unwrap());
-        let g = u64::from_le_bytes(block[8..16].try_into().unwrap());
-        let crc = u32::from_le_bytes(block[16..20].try_into().unwrap());
-        return block.iter().all(|&b| b == 0)
-            || (l == lba && g <= gen && crc == crc32c::crc32c(&block[20..]));
-    }
-    if gen == 0 {
-        return block.iter().all(|&b| b == 0);
-    }
     let l = u64::from_le_bytes(block[0..8].try_into().unwrap());
     let g = u64::from_le_bytes(block[8..16].try_into().unwrap());
-    let crc = u32::from_le_bytes(block[16..20].try_into().unwrap());
-    l == lba && g == gen && crc == crc32c::crc32c(&block[20..])
+    let crc_ok =
+        || u32::from_le_bytes(block[16..20].try_into().unwrap()) == crc32c::crc32c(&block[20..]);
+    if gen & UNCERTAIN != 0 {
+        // A failed write left the unit at its generation or an earlier one of ours; before any of our writes
+        // was acknowledged, it may also still hold what was there before the run.
+        if gen & ACKED == 0 {
+            return true;
+        }
+        return l == lba && g >= 1 && g <= gen & GEN && crc_ok();
+    }
+    let gen = gen & GEN;
+    if gen == 0 {
+        // Not written by this run: whatever was there before (zeroes, or an earlier program's data) is fine.
+        return true;
+    }
+    l == lba && g == gen && crc_ok()
 }
 
 /// One queue pair kept at its queue depth from a reactor poller.
@@ -311,8 +317,9 @@ impl<Q: QueuePair> Job<Q> {
         let blocks = (self.spec.io_size / bs) as u32;
         let mut buf = self.bufs.pop().expect("one buffer per slot");
         if !read && self.spec.verify {
-            let gen = (self.gens[unit as usize] & !UNCERTAIN) + 1;
-            self.gens[unit as usize] = gen | (self.gens[unit as usize] & UNCERTAIN);
+            let state = self.gens[unit as usize];
+            let gen = (state & GEN) + 1;
+            self.gens[unit as usize] = gen | (state & !GEN);
             for (i, block) in buf.as_mut_slice().chunks_mut(bs as usize).enumerate() {
                 stamp(block, lba + i as u64, gen);
             }
@@ -459,7 +466,7 @@ impl<Q: QueuePair> Job<Q> {
                     self.completed_ok += 1;
                     if self.spec.verify && !read {
                         // Acknowledged: the unit holds exactly this generation again.
-                        self.gens[unit as usize] &= !UNCERTAIN;
+                        self.gens[unit as usize] = (self.gens[unit as usize] & GEN) | ACKED;
                     }
                     if self.spec.verify && read {
                         let bs = self.ns.block_size as usize;
