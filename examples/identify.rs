@@ -6,7 +6,6 @@ use nvpoll::mem::DmaPool;
 use nvpoll::trid::TransportId;
 use nvpoll_pcie::{PcieController, PcieOptions};
 use nvpoll_tcp::host::{ConnectOptions, TcpController};
-use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 
 /// Print the controller and namespace summary of an NVMe controller.
 #[derive(Parser, Debug)]
@@ -51,18 +50,9 @@ fn run(args: Args) -> Result<(), String> {
     let mut opts = ConnectOptions::from_trid(&trid, args.hostnqn.as_deref())
         .map_err(|e| format!("--trid: {e}"))?;
     if let Some(k) = &args.psk {
-        let key = ConfiguredKey::parse(k).map_err(|e| format!("--psk: {e}"))?;
-        opts = match &args.psk_identity {
-            Some(id) => opts.with_tls_identity(&key, id),
-            None => opts.with_tls_key(
-                &key,
-                if args.psk_identity_version == 0 {
-                    IdentityVersion::V0
-                } else {
-                    IdentityVersion::V1
-                },
-            ),
-        };
+        opts = opts
+            .with_psk_args(k, args.psk_identity.as_deref(), args.psk_identity_version)
+            .map_err(|e| format!("--psk: {e}"))?;
     }
     let addr = opts.addr;
     let pool = DmaPool::builder()

@@ -133,6 +133,29 @@ impl ConnectOptions {
         }
     }
 
+    /// Turns on TLS from command-line style arguments: `key` in the interchange format, and either an identity
+    /// given directly or the identity version (0 or 1) to derive.
+    pub fn with_psk_args(
+        self,
+        key: &str,
+        identity: Option<&str>,
+        version: u8,
+    ) -> Result<Self, Error> {
+        let key = crate::tls::ConfiguredKey::parse(key)
+            .map_err(|e| Error::InvalidArgument(format!("PSK: {e}")))?;
+        Ok(match identity {
+            Some(id) => self.with_tls_identity(&key, id),
+            None => self.with_tls_key(
+                &key,
+                if version == 0 {
+                    crate::tls::IdentityVersion::V0
+                } else {
+                    crate::tls::IdentityVersion::V1
+                },
+            ),
+        })
+    }
+
     /// Turns on TLS with a configured PSK and an identity given directly (for instance one a target expects
     /// verbatim): the TLS PSK is derived from the key's retained PSK with that identity as context.
     pub fn with_tls_identity(mut self, key: &crate::tls::ConfiguredKey, identity: &str) -> Self {
