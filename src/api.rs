@@ -162,6 +162,24 @@ pub struct Namespace {
 }
 
 impl Namespace {
+    /// The namespace an Identify Namespace page describes: `Ok(None)` for an inactive one (NSZE 0), an error
+    /// naming what is wrong for a page that does not parse or whose current LBA format is invalid.
+    pub fn from_identify(nsid: u32, page: &[u8]) -> Result<Option<Namespace>, String> {
+        let ns = crate::spec::IdentifyNamespace::parse(page)
+            .map_err(|e| format!("Identify Namespace {nsid}: {e}"))?;
+        if ns.nsze == 0 {
+            return Ok(None);
+        }
+        let block_size = ns
+            .block_size()
+            .ok_or_else(|| format!("namespace {nsid} reports an invalid LBA format"))?;
+        Ok(Some(Namespace {
+            nsid,
+            block_size,
+            blocks: ns.nsze,
+        }))
+    }
+
     /// Capacity in bytes.
     pub fn capacity_bytes(&self) -> u64 {
         self.blocks * u64::from(self.block_size)

@@ -17,7 +17,7 @@ use crossbeam_queue::ArrayQueue;
 use nvpoll::api::{Completion, IoOp, IoRequest, Namespace, QueuePair, QueueStats, Rejected};
 use nvpoll::mem::{DmaBuf, DmaPool};
 use nvpoll::send::SendMode;
-use nvpoll::spec::{self, Cqe, IdentifyController, IdentifyNamespace, Sqe};
+use nvpoll::spec::{self, Cqe, IdentifyController, Sqe};
 
 use crate::queue::{DataDir, HostQueue, Orphan, QueueParams};
 use crate::Error;
@@ -401,21 +401,11 @@ fn scan_namespaces(
     let mut out = Vec::with_capacity(nsids.len());
     for nsid in nsids {
         let page = identify(admin, pool, spec::cns::NAMESPACE, nsid, t)?;
-        let ns = IdentifyNamespace::parse(page.as_slice())
-            .map_err(|e| Error::Protocol(e.to_string()))?;
-        if ns.nsze == 0 {
-            continue;
+        if let Some(ns) =
+            Namespace::from_identify(nsid, page.as_slice()).map_err(Error::Protocol)?
+        {
+            out.push(ns);
         }
-        let Some(block_size) = ns.block_size() else {
-            return Err(Error::Protocol(format!(
-                "namespace {nsid} reports an invalid LBA format"
-            )));
-        };
-        out.push(Namespace {
-            nsid,
-            block_size,
-            blocks: ns.nsze,
-        });
     }
     Ok(out)
 }
