@@ -152,6 +152,10 @@ pub struct RunResult {
     pub bytes_per_record: f64,
     /// Send system calls (or doorbells) per I/O.
     pub writes_per_io: f64,
+    /// PDUs (or SQEs) posted per I/O.
+    pub pdus_per_io: f64,
+    /// End-of-iteration flushes that sent something, per I/O.
+    pub flushes_per_io: f64,
     /// Send and receive system calls per I/O (receive polls that found nothing included).
     pub syscalls_per_io: f64,
     /// I/Os that failed.
@@ -729,6 +733,8 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
             max_stall = max_stall.max(r.max_stall);
             qs.retried += r.stats.retried;
             qs.writes += r.stats.writes;
+            qs.pdus += r.stats.pdus;
+            qs.flushes += r.stats.flushes;
             qs.reads += r.stats.reads;
             qs.records += r.stats.records;
             qs.record_bytes += r.stats.record_bytes;
@@ -747,6 +753,8 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
                 0.0
             },
             writes_per_io: per_io(qs.writes),
+            pdus_per_io: per_io(qs.pdus),
+            flushes_per_io: per_io(qs.flushes),
             syscalls_per_io: per_io(qs.writes + qs.reads),
             iops: ios as f64 / secs,
             mib_s: bytes as f64 / secs / (1 << 20) as f64,
@@ -839,8 +847,9 @@ pub fn json(rows: &[Row], machine: &str) -> String {
     let run = |x: &RunResult| {
         format!(
             "{{\"iops\":{:.1},\"mib_s\":{:.3},\"mean_us\":{:.3},\"p50_us\":{:.3},\"p99_us\":{:.3},\"p999_us\":{:.3},\
-             \"cpu_us_per_io\":{:.4},\"records_per_io\":{:.4},\"bytes_per_record\":{:.1},\"writes_per_io\":{:.4},\
-             \"syscalls_per_io\":{:.4},\"errors\":{},\"mismatches\":{}}}",
+             \"cpu_us_per_io\":{:.4},\"records_per_io\":{:.4},\"bytes_per_record\":{:.1},\"writes_per_io\":{:.4},\"pdus_per_io\":{:.4},\"flushes_per_io\":{:.4},\
+             \"syscalls_per_io\":{:.4},\"errors\":{},\"mismatches\":{},\"submitted\":{},\"completed_ok\":{},\
+             \"rejected\":{},\"retried\":{},\"lost\":{},\"max_stall_s\":{:.4}}}",
             x.iops,
             x.mib_s,
             x.mean_us,
@@ -851,9 +860,17 @@ pub fn json(rows: &[Row], machine: &str) -> String {
             x.records_per_io,
             x.bytes_per_record,
             x.writes_per_io,
+            x.pdus_per_io,
+            x.flushes_per_io,
             x.syscalls_per_io,
             x.errors,
-            x.mismatches
+            x.mismatches,
+            x.submitted,
+            x.completed_ok,
+            x.rejected,
+            x.retried,
+            x.lost,
+            x.max_stall.as_secs_f64()
         )
     };
     let rows: Vec<String> = rows
