@@ -113,6 +113,10 @@ struct Args {
     /// After a lost connection, wait this long between reconnect attempts (nvme-cli's --reconnect-delay).
     #[arg(long, default_value = "2s", value_parser = loadgen::parse_duration)]
     reconnect_delay: Duration,
+    /// Keep Alive Timeout asked for at connect (a Keep Alive goes out every half of it; one unanswered for a
+    /// whole KATO means the target stopped answering). 0 turns keep-alive off.
+    #[arg(long, default_value = "10s", value_parser = loadgen::parse_duration)]
+    kato: Duration,
     /// Give a lost controller up after this long (nvme-cli's --ctrl-loss-tmo); then its I/O fails.
     #[arg(long, default_value = "60s", value_parser = loadgen::parse_duration)]
     ctrl_loss_tmo: Duration,
@@ -424,6 +428,7 @@ fn run(args: Args) -> Result<(), String> {
                 };
                 o = o.with_tls_key(k, version);
             }
+            o.kato = args.kato;
             o.reconnect_delay = args.reconnect_delay;
             o.ctrl_loss_tmo = args.ctrl_loss_tmo;
             o.io_timeout = args.io_timeout;
