@@ -1,0 +1,327 @@
+#!/usr/bin/env bash
+# scripts/fault-test.sh - fault injection against nvpoll's NVMe/TCP initiator and target (host side, needs root).
+#
+# usage: scripts/fault-test.sh
+#
+# Creates a network namespace nvpoll-fault-<pid> joined to this one by a veth pair (a /30 in 10.201.0.0/16),
+# runs our target (examples/target.rs) inside it on a file namespace, and runs `perf --verify --faults`
+# from here against it, one scenario at a time. Each scenario is one perf run of 8 to 12 s; the fault is
+# injected a few seconds in, and every fault is undone by the script itself:
+#   kill -9 + restart   the target is killed and started again 1 s later on the same file (twice: with
+#                       --recovery retry, and with --recovery fail-fast, where failed I/O is expected)
+#   tcp reset           an nft/iptables rule in the namespace answers the target's port with TCP resets for 1 s
+#   blackhole           all traffic of the target's port is dropped for 4 s, longer than a 2 s KATO
+#   lossy link          netem delay 5ms loss 2% on the namespace's veth for the whole run (without netem in the
+#                       kernel: 2% random loss with nft/iptables and a 40 Mbit/s tbf instead, said loudly)
+#   kill -9 + restart, TLS   as the first, with a TLS PSK: the reconnects redo the handshake
+# Then it prints one table and exits non-zero if any run lost an I/O, found a verify mismatch, failed I/O
+# under the retry policy, or did not see its fault. Traffic goes only to the namespace this script creates;
+# the namespace, the veth pair, the processes and the temporary files go away on any exit.
+#
+# Knobs (environment):
+#   NVPOLL_EXAMPLES_DIR      folder with the built perf and target examples (default: builds them, see below)
+#   NVPOLL_FAULT_PROFILE     debug | release: the profile to build when NVPOLL_EXAMPLES_DIR is unset (debug)
+#   NVPOLL_FAULT_KEEP=0      1: keep the work folder (perf and target logs)
+# Needs: root, ip (iproute2, with network namespace and veth support), tc, nft (nftables) or iptables.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+PROG=fault-test
+PORT=4420
+NQN=nqn.2024-01.io.nvpoll:fault-test
+# Test vector of the NVMe TLS PSK interchange format (shared/notes/tls-psk.md); a test-only key.
+PSK='NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:'
+HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:$(cat /proc/sys/kernel/random/uuid)
+
+die() { echo "$PROG: error: $*" >&2; exit 2; }
+say() { echo "$PROG: $*"; }
+
+PATH=$PATH:/usr/sbin:/sbin   # ip, tc, nft live there
+[ "$(id -u)" = 0 ] || die "must run as root (it creates a network namespace and a veth pair)"
+for c in ip tc ss timeout; do command -v "$c" >/dev/null || die "'$c' not found (install iproute2 / coreutils)"; done
+if command -v nft >/dev/null; then FW=nft
+elif command -v iptables >/dev/null; then FW=iptables
+else die "neither nft (apt-get install nftables) nor iptables found"
+fi
+
+# ---------------------------------------------------------------------------------------------------------------
+# the examples
+# ---------------------------------------------------------------------------------------------------------------
+if [ -n "${NVPOLL_EXAMPLES_DIR:-}" ]; then
+    BIN=$NVPOLL_EXAMPLES_DIR
+else
+    profile=${NVPOLL_FAULT_PROFILE:-debug}
+    case "$profile" in
+        debug) flags=() ;;
+        release) flags=(--release) ;;
+        *) die "NVPOLL_FAULT_PROFILE must be debug or release, not '$profile'" ;;
+    esac
+    say "building the perf and target examples ($profile)"
+    (cd "$ROOT" && cargo build -q "${flags[@]}" --example perf --example target) || die "the build failed"
+    meta=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps)
+    [[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"
+    BIN=${BASH_REMATCH[1]}/$profile/examples
+fi
+if [ ! -x "$BIN/perf" ] || [ ! -x "$BIN/target" ]; then die "no perf and target examples in $BIN"; fi
+
+# ---------------------------------------------------------------------------------------------------------------
+# namespace, veth pair, cleanup
+# ---------------------------------------------------------------------------------------------------------------
+NS=nvpoll-fault-$$
+VETH_OUT=nvpf$$o    # stays here
+VETH_IN=nvpf$$i     # moves into the namespace
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/nvpoll-fault.XXXXXX")
+TARGET_PID='' PERF_PID=''
+
+# shellcheck disable=SC2317  # invoked by the traps
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [ -n "$PERF_PID" ]; then
+        # PERF_PID is timeout(1): it passes SIGTERM on to perf, and SIGKILLs it 5 s later if need be
+        kill -TERM "$PERF_PID" 2>/dev/null || true
+        { wait "$PERF_PID"; } 2>/dev/null || true
+    fi
+    [ -z "$TARGET_PID" ] || kill -9 "$TARGET_PID" 2>/dev/null || true
+    if ip netns list 2>/dev/null | grep -qw "$NS"; then
+        # anything still running in our namespace was started by this script
+        local p
+        for p in $(ip netns pids "$NS" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
+        ip netns del "$NS" 2>/dev/null || true
+    fi
+    ip link del "$VETH_OUT" 2>/dev/null || true
+    if [ "${NVPOLL_FAULT_KEEP:-0}" = 1 ]; then echo "$PROG: kept $WORK" >&2; else rm -rf "$WORK"; fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# A free /30 in 10.201.0.0/16, picked from our pid so that parallel runs do not collide.
+net=''
+for i in $(seq 0 63); do
+    n=$(( ($$ + i) % 16384 ))
+    cand=10.201.$((n / 64)).$(( (n % 64) * 4 ))
+    if ! ip -o -4 addr show | grep -q " 10\.201\.$((n / 64))\.$(( (n % 64) * 4 + 1 ))/"; then net=$cand; break; fi
+done
+[ -n "$net" ] || die "no free /30 in 10.201.0.0/16"
+HOST_IP=${net%.*}.$(( ${net##*.} + 1 ))
+TARGET_IP=${net%.*}.$(( ${net##*.} + 2 ))
+
+ip netns add "$NS" || die "ip netns add failed (no network namespaces?)"
+ip link add "$VETH_OUT" type veth peer name "$VETH_IN" || die "ip link add type veth failed (no veth in this kernel?)"
+ip link set "$VETH_IN" netns "$NS"
+ip addr add "$HOST_IP/30" dev "$VETH_OUT"
+ip link set "$VETH_OUT" up
+ip -n "$NS" addr add "$TARGET_IP/30" dev "$VETH_IN"
+ip -n "$NS" link set "$VETH_IN" up
+ip -n "$NS" link set lo up
+in_ns() { ip netns exec "$NS" "$@"; }
+
+IMG=$WORK/ns.img
+truncate -s 64M "$IMG"
+say "namespace $NS: target at $TARGET_IP:$PORT (veth $VETH_IN), initiator at $HOST_IP ($VETH_OUT); firewall: $FW"
+
+# ---------------------------------------------------------------------------------------------------------------
+# target, firewall rules, link faults
+# ---------------------------------------------------------------------------------------------------------------
+TLS_ARGS=()
+start_target() {   # starts the target in the namespace and waits until it listens
+    # not through in_ns: a backgrounded function is a subshell, and $! must be the target itself
+    ip netns exec "$NS" "$BIN/target" --listen "$TARGET_IP:$PORT" --nqn "$NQN" --file "$IMG" --cores 1 "${TLS_ARGS[@]}" \
+        >> "$WORK/target.log" 2>&1 &
+    TARGET_PID=$!
+    local i
+    for i in $(seq 100); do
+        if in_ns ss -Hltn "sport = :$PORT" | grep -q .; then return 0; fi
+        kill -0 "$TARGET_PID" 2>/dev/null || break
+        sleep 0.05
+    done
+    echo "---- target log ----" >&2; tail -n 20 "$WORK/target.log" >&2
+    die "the target did not start listening on $TARGET_IP:$PORT"
+}
+stop_target() {   # SIGNAL
+    [ -n "$TARGET_PID" ] || return 0
+    kill "-$1" "$TARGET_PID" 2>/dev/null || true
+    local i
+    for i in $(seq 100); do kill -0 "$TARGET_PID" 2>/dev/null || break; sleep 0.05; done
+    kill -9 "$TARGET_PID" 2>/dev/null || true
+    { wait "$TARGET_PID"; } 2>/dev/null || true   # (quietly: no "Killed" job message)
+    TARGET_PID=''
+}
+
+fw() {   # reset | blackhole | loss | clear: rules in the namespace for the target's port
+    local what=$1
+    if [ "$FW" = nft ]; then
+        in_ns nft delete table inet nvpoll_fault 2>/dev/null || true
+        local in='' out=''
+        case "$what" in
+            reset) in="tcp dport $PORT reject with tcp reset" ;;
+            blackhole) in="tcp dport $PORT drop"; out="tcp sport $PORT drop" ;;
+            loss) in="tcp dport $PORT numgen random mod 100 < 2 drop"; out="tcp sport $PORT numgen random mod 100 < 2 drop" ;;
+            clear) return 0 ;;
+        esac
+        in_ns nft -f - <<EOF
+table inet nvpoll_fault {
+    chain input { type filter hook input priority 0; policy accept; $in; }
+    chain output { type filter hook output priority 0; policy accept; $out; }
+}
+EOF
+    else
+        in_ns iptables -F INPUT; in_ns iptables -F OUTPUT
+        case "$what" in
+            reset) in_ns iptables -A INPUT -p tcp --dport "$PORT" -j REJECT --reject-with tcp-reset ;;
+            blackhole)
+                in_ns iptables -A INPUT -p tcp --dport "$PORT" -j DROP
+                in_ns iptables -A OUTPUT -p tcp --sport "$PORT" -j DROP ;;
+            loss)
+                in_ns iptables -A INPUT -p tcp --dport "$PORT" -m statistic --mode random --probability 0.02 -j DROP
+                in_ns iptables -A OUTPUT -p tcp --sport "$PORT" -m statistic --mode random --probability 0.02 -j DROP ;;
+            clear) ;;
+        esac
+    fi
+}
+
+LOSSY_LABEL=''
+lossy_on() {   # the whole-run link fault: netem if the kernel has it, else firewall loss plus a rate limit
+    if in_ns tc qdisc add dev "$VETH_IN" root netem delay 5ms loss 2% 2>"$WORK/netem.err"; then
+        LOSSY_LABEL="netem delay 5ms loss 2%"
+        return
+    fi
+    cat >&2 <<EOF
+$PROG: ======================================================================================================
+$PROG: NOTE: tc netem is not available here ($(tr -d '\n' < "$WORK/netem.err")): this kernel
+$PROG: lacks sch_netem (CONFIG_NET_SCH_NETEM). Instead: 2% random loss each way with $FW, and a 40 Mbit/s
+$PROG: token bucket (tbf) on the target's veth for queueing delay. No fixed 5 ms delay is added.
+$PROG: ======================================================================================================
+EOF
+    fw loss
+    in_ns tc qdisc add dev "$VETH_IN" root tbf rate 40mbit burst 32kb latency 200ms ||
+        die "tc qdisc add tbf failed as well"
+    LOSSY_LABEL="loss 2% ($FW) + tbf 40mbit"
+}
+lossy_off() {
+    in_ns tc qdisc del dev "$VETH_IN" root 2>/dev/null || true
+    fw clear
+}
+
+# ---------------------------------------------------------------------------------------------------------------
+# one scenario: perf in the background, the fault from here, then checks
+# ---------------------------------------------------------------------------------------------------------------
+ROWS=() FAILS=0 RUNS=0
+row() { ROWS+=("$(printf '| %-34s | %9s | %9s | %6s | %7s | %4s | %10s | %19s | %-6s |' "$@")"); }
+
+run_scenario() {   # LABEL POLICY EXPECT SECONDS INJECT [perf args...]
+    # EXPECT: what must be seen besides lost 0 / mismatches 0 / perf exit 0:
+    #   retried  retry policy: no failed I/O, and some commands were retried (the fault hit outstanding I/O)
+    #   failed   fail-fast policy: some I/O failed or was refused
+    #   stall    retry policy: no failed I/O, and a stall of at least 1.5 s (the blackhole was seen)
+    #   clean    retry policy: no failed I/O
+    local label=$1 policy=$2 expect=$3 secs=$4 inject=$5; shift 5
+    [[ " $* " == *" --io-timeout "* ]] || set -- --io-timeout 5s "$@"
+    RUNS=$((RUNS + 1))
+    local log=$WORK/perf-$RUNS.log
+    say "---- $label ($policy): ${secs}s run"
+    echo "---- $label ($policy)" >> "$WORK/target.log"
+    timeout -k 5 $((secs + 60)) "$BIN/perf" \
+        --trid "trtype:tcp traddr:$TARGET_IP trsvcid:$PORT subnqn:$NQN" --hostnqn "$HOSTNQN" \
+        --verify --faults --quiet --qd 16 --time "${secs}s" --warmup 0s --runs 1 --workload randrw \
+        --send-mode deferred --cores 0 --reconnect-delay 200ms --ctrl-loss-tmo 20s --drain-timeout 30s \
+        --recovery "$policy" "$@" > "$log" 2>&1 &
+    PERF_PID=$!
+    "$inject"
+    local rc=0
+    wait "$PERF_PID" || rc=$?
+    PERF_PID=''
+    local line
+    line=$(grep -m1 '^faults: ' "$log" || true)
+    local why=()
+    if [ -z "$line" ]; then
+        why+=("perf printed no faults line (exit status $rc)")
+        row "$label ($policy)" - - - - - - - FAIL
+    else
+        echo "  $line"
+        local re='submitted ([0-9]+), ok ([0-9]+), failed ([0-9]+), refused ([0-9]+), retried ([0-9]+), lost ([0-9]+), mismatches ([0-9]+), longest stall ([0-9.]+) s'
+        [[ "$line" =~ $re ]] || die "cannot parse: $line"
+        local sub=${BASH_REMATCH[1]} ok=${BASH_REMATCH[2]} failed=${BASH_REMATCH[3]} refused=${BASH_REMATCH[4]}
+        local retried=${BASH_REMATCH[5]} lost=${BASH_REMATCH[6]} mism=${BASH_REMATCH[7]} stall=${BASH_REMATCH[8]}
+        [ "$rc" = 0 ] || why+=("perf exit status $rc")
+        [ "$lost" = 0 ] || why+=("$lost I/Os lost")
+        [ "$mism" = 0 ] || why+=("$mism verify mismatches")
+        [ "$sub" = $((ok + failed + lost)) ] || why+=("submitted $sub != ok + failed + lost")
+        [ "$ok" -gt 0 ] || why+=("no I/O completed")
+        case "$expect" in
+            failed) [ $((failed + refused)) -gt 0 ] || why+=("fail-fast failed no I/O: did the fault hit?") ;;
+            *) [ "$failed" = 0 ] || why+=("$failed I/Os failed under the retry policy") ;;
+        esac
+        case "$expect" in
+            retried) [ "$retried" -gt 0 ] || why+=("nothing was retried: did the fault hit?") ;;
+            stall) awk -v s="$stall" 'BEGIN { exit !(s >= 1.5) }' || why+=("longest stall ${stall}s: the blackhole was not seen") ;;
+        esac
+        local verdict=ok
+        [ ${#why[@]} = 0 ] || verdict=FAIL
+        row "$label ($policy)" "$sub" "$ok" "$failed" "$retried" "$lost" "$mism" "$stall" "$verdict"
+    fi
+    if [ ${#why[@]} -gt 0 ]; then
+        FAILS=$((FAILS + 1))
+        local w
+        for w in "${why[@]}"; do echo "$PROG: FAIL $label ($policy): $w" >&2; done
+        echo "---- perf output ----" >&2; tail -n 30 "$log" >&2
+        echo "---- target log ----" >&2; tail -n 20 "$WORK/target.log" >&2
+    fi
+    # a clean target for the next scenario (the fault may have left it stopped or stuck)
+    fw clear
+    stop_target TERM
+    start_target
+}
+
+# The injections (run in the foreground while perf runs in the background).
+inject_kill_restart() {
+    sleep 3
+    say "  kill -9 the target (pid $TARGET_PID); restart it in 1 s"
+    stop_target KILL
+    sleep 1
+    start_target
+}
+inject_reset() {
+    sleep 3
+    say "  TCP resets on port $PORT for 1 s"
+    fw reset
+    sleep 1
+    fw clear
+}
+inject_blackhole() {
+    sleep 3
+    say "  blackhole on port $PORT for 4 s (KATO 2 s)"
+    fw blackhole
+    sleep 4
+    fw clear
+}
+inject_none() { :; }
+
+# ---------------------------------------------------------------------------------------------------------------
+# the scenarios
+# ---------------------------------------------------------------------------------------------------------------
+T0=$SECONDS
+start_target
+run_scenario "kill -9 + restart" retry retried 10 inject_kill_restart
+run_scenario "kill -9 + restart" fail-fast failed 10 inject_kill_restart
+run_scenario "tcp reset 1 s" retry retried 10 inject_reset
+run_scenario "blackhole 4 s, KATO 2 s" retry stall 12 inject_blackhole --kato 2s --io-timeout 15s
+lossy_on
+run_scenario "$LOSSY_LABEL" retry clean 8 inject_none
+lossy_off
+stop_target TERM
+TLS_ARGS=(--psk "$HOSTNQN=$PSK" --tls required)
+start_target
+run_scenario "kill -9 + restart, TLS" retry retried 10 inject_kill_restart --psk "$PSK"
+stop_target TERM
+
+echo
+echo "| fault                              | submitted |        ok | failed | retried | lost | mismatches | time to recover (s) | result |"
+echo "|------------------------------------|-----------|-----------|--------|---------|------|------------|---------------------|--------|"
+printf '%s\n' "${ROWS[@]}"
+echo
+echo "fault-test: $((SECONDS - T0)) s; time to recover = perf's longest stall (no completion while I/O was outstanding)"
+echo "fault-test: $((RUNS - FAILS)) passed, $FAILS failed"
+[ "$FAILS" = 0 ]
