@@ -14,5 +14,7 @@ step "cargo test (host)"
 cargo test --workspace
 step "fuzz (briefly)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-15} scripts/fuzz.sh
+step "fault injection"
+scripts/fault-test.sh
 step "VM tests"
 scripts/vm-test.sh
