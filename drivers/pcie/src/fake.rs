@@ -9,8 +9,9 @@
 //! It walks PRPs as the specification describes (and refuses malformed ones), reads SGL data blocks (when
 //! [`FakeConfig::sgls`] says it supports them), keeps namespace data in memory
 //! (or throws it away, for benchmarks), and counts doorbells and PRP shapes. Faults can be injected: a fatal
-//! status ([`FakeDevice::set_fatal`]), surprise removal ([`FakeDevice::remove`]), and commands that never
-//! complete ([`FakeDevice::set_stalled`]).
+//! status ([`FakeDevice::set_fatal`]), surprise removal ([`FakeDevice::remove`]), commands that never
+//! complete ([`FakeDevice::set_stalled`], or I/O commands only: [`FakeDevice::set_io_stalled`]), and a
+//! controller that cannot be enabled again ([`FakeDevice::set_broken`]).
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -136,6 +137,8 @@ struct State {
     fatal: bool,
     removed: bool,
     stalled: bool,
+    io_stalled: bool,
+    broken: bool,
     stats: FakeStats,
     scratch: Vec<u8>,
 }
@@ -195,6 +198,8 @@ impl FakeDevice {
                 fatal: false,
                 removed: false,
                 stalled: false,
+                io_stalled: false,
+                broken: false,
                 stats: FakeStats::default(),
                 scratch: Vec::new(),
                 cfg,
@@ -227,6 +232,18 @@ impl FakeDevice {
     /// While set, commands are fetched but never completed.
     pub fn set_stalled(&self, stalled: bool) {
         self.lock().stalled = stalled;
+    }
+
+    /// While set, I/O commands are fetched but never completed; admin commands still are (so a reset
+    /// completes, and loses the I/O commands).
+    pub fn set_io_stalled(&self, stalled: bool) {
+        self.lock().io_stalled = stalled;
+    }
+
+    /// While set, enabling the controller (CC.EN 0 -> 1) fails with a fatal status: a reset cannot bring it
+    /// back.
+    pub fn set_broken(&self, broken: bool) {
+        self.lock().broken = broken;
     }
 
     /// The I/O submission queues that exist now.
@@ -351,7 +368,7 @@ impl State {
                 && asq != 0
                 && acq != 0;
             let mut csts = self.csts();
-            if !ok || self.fatal {
+            if !ok || self.fatal || self.broken {
                 csts.set_cfs(true);
                 self.set_csts(csts);
                 return;
@@ -404,7 +421,7 @@ impl State {
                 continue;
             }
             let sqe = Sqe::from_bytes(&raw).expect("64 bytes");
-            if self.stalled {
+            if self.stalled || (qid != 0 && self.io_stalled) {
                 continue;
             }
             self.stats.commands += 1;
