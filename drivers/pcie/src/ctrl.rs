@@ -10,9 +10,12 @@
 //!
 //! I/O queues are created on demand with interrupts disabled (polled), sized within CAP.MQES, with doorbells
 //! at the CAP.DSTRD stride. [`PcieController::poll_admin`] is the controller's health check: CSTS.CFS, a
-//! queue pair's command timeout, or a failed admin command makes it reset the controller; every outstanding
-//! command then completes with an error, and the old queue pairs refuse new work (create new ones).
-//! Dropping the controller shuts it down (CC.SHN) and unmaps its DMA memory.
+//! queue pair's command timeout, or a failed admin command makes it reset the controller. A reset moves the
+//! shared epoch when it begins (queue pairs stop touching their rings) and publishes it as ready once the
+//! controller is enabled and identified again; each queue pair then re-creates its own queues on its next
+//! poll, keeping its queue ID, and retries or fails its commands by its [`crate::Recovery`] policy. A
+//! controller that cannot be brought back after a few attempts, or that is removed, is lost: everything
+//! fails. Dropping the controller shuts it down (CC.SHN) and unmaps its DMA memory.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -27,13 +30,18 @@ use nvpoll::spec::{
 };
 use nvpoll::trid::PciAddress;
 
-use crate::qpair::{Failure, NsInfo, Queue, QueueLayout, SglMode};
+use crate::qpair::{lock_admin, CtrlLink, Failure, NsInfo, Queue, QueueLayout, SglMode};
 use crate::vfio::VfioDevice;
-use crate::{Device, Error, PcieQueuePair, QueueOptions};
+use crate::{Device, Error, PcieQueuePair, QueueOptions, Recovery};
 
 pub(crate) const STATE_RUNNING: u8 = 0;
 pub(crate) const STATE_REMOVED: u8 = 1;
 pub(crate) const STATE_DETACHED: u8 = 2;
+/// The controller could not be brought back by a reset.
+pub(crate) const STATE_FAILED: u8 = 3;
+
+/// Attempts at bringing the controller back (disable, enable, identify) before it is given up.
+const RESET_ATTEMPTS: u32 = 3;
 
 /// A queue pair's memory, handed back to the controller when the queue pair is dropped.
 pub(crate) struct Retired {
@@ -46,8 +54,12 @@ pub(crate) struct Retired {
 
 /// What the controller shares with its queue pairs (which live on other threads).
 pub(crate) struct Shared {
-    /// Bumped by every reset, removal and shutdown: a queue pair created in an older epoch is dead.
+    /// Bumped (while the admin queue is held) when a reset begins, and by removal, loss and shutdown: a
+    /// queue pair whose queues belong to an older epoch stops touching them.
     pub epoch: AtomicU64,
+    /// The epoch whose reset has completed (the controller is enabled and identified again): queue pairs
+    /// may re-create their queues once `ready == epoch`.
+    pub ready: AtomicU64,
     /// `STATE_*`: why the epoch last changed.
     pub state: AtomicU8,
     /// Set by a queue pair whose commands timed out.
@@ -74,6 +86,12 @@ pub struct PcieOptions {
     pub shutdown_timeout: Duration,
     /// Whether the driver's own memory (queues, PRP lists) comes from hugepages.
     pub hugepages: HugepageMode,
+    /// What a controller reset does to the commands of the queue pairs (unless a queue pair's
+    /// [`QueueOptions::recovery`] says otherwise): retried after the reset by default.
+    pub recovery: Recovery,
+    /// With [`Recovery::Retry`], how many times a command is submitted again after resets; a command still
+    /// outstanding at the reset after that fails with [`nvpoll::Error::Aborted`].
+    pub max_retries: u8,
 }
 
 impl Default for PcieOptions {
@@ -86,6 +104,8 @@ impl Default for PcieOptions {
             io_timeout: Duration::from_secs(30),
             shutdown_timeout: Duration::from_secs(10),
             hugepages: HugepageMode::Prefer,
+            recovery: Recovery::Retry,
+            max_retries: 5,
         }
     }
 }
@@ -95,7 +115,7 @@ impl Default for PcieOptions {
 pub struct CtrlStats {
     /// Admin commands run.
     pub admin_commands: u64,
-    /// Controller resets after bring-up.
+    /// Controller resets after bring-up (each attempt that disabled the controller).
     pub resets: u64,
     /// I/O queue pairs created.
     pub queues_created: u64,
@@ -103,15 +123,14 @@ pub struct CtrlStats {
     pub queues_deleted: u64,
 }
 
-const ADMIN_TAG: u64 = u64::MAX;
-
 /// The epoch of a retired queue that could not be deleted: its memory waits for a reset.
 const STUCK: u64 = u64::MAX;
 
 /// An NVMe controller driven from user space over PCIe.
 pub struct PcieController<D: Device = VfioDevice> {
     dev: Arc<D>,
-    admin: Queue<D>,
+    /// Shared with the queue pairs, which re-create their queues through it after a reset.
+    admin: Arc<Mutex<Queue<D>>>,
     /// Memory of the admin queue and of Identify buffers.
     admin_pool: DmaPool,
     /// The caller's pool for data buffers.
@@ -243,11 +262,12 @@ impl<D: Device> PcieController<D> {
         )?;
         let mut ctrl = PcieController {
             dev,
-            admin,
+            admin: Arc::new(Mutex::new(admin)),
             admin_pool,
             pool,
             shared: Arc::new(Shared {
                 epoch: AtomicU64::new(0),
+                ready: AtomicU64::new(0),
                 state: AtomicU8::new(STATE_RUNNING),
                 reset_requested: AtomicBool::new(false),
                 retired: Mutex::new(Vec::new()),
@@ -271,10 +291,14 @@ impl<D: Device> PcieController<D> {
     /// Disable, program the admin queue, enable, identify.
     fn bring_up(&mut self) -> Result<(), Error> {
         self.disable()?;
-        let aqa = Aqa::new(self.admin.entries(), self.admin.entries());
+        let (entries, asq, acq) = {
+            let aq = self.aq();
+            (aq.entries(), aq.sq_iova(), aq.cq_iova())
+        };
+        let aqa = Aqa::new(entries, entries);
         self.dev.write32(reg::AQA as usize, aqa.0);
-        self.dev.write64(reg::ASQ as usize, self.admin.sq_iova());
-        self.dev.write64(reg::ACQ as usize, self.admin.cq_iova());
+        self.dev.write64(reg::ASQ as usize, asq);
+        self.dev.write64(reg::ACQ as usize, acq);
         let mut cc = Cc(0);
         cc.set_css(Cc::CSS_NVM);
         cc.set_mps(0);
@@ -343,8 +367,13 @@ impl<D: Device> PcieController<D> {
         )?;
         let (nsq, ncq) = feature::num_queues_granted(cqe.dw0);
         self.io_queues_granted = nsq.min(ncq).min(u32::from(want)) as u16;
-        self.qids = vec![false; usize::from(self.io_queues_granted) + 1];
-        self.qids[0] = true;
+        // After a reset, the queue pairs still alive keep their queue IDs (they re-create their queues).
+        let mut qids = vec![false; usize::from(self.io_queues_granted) + 1];
+        qids[0] = true;
+        for (used, &was) in qids.iter_mut().zip(&self.qids).skip(1) {
+            *used = was;
+        }
+        self.qids = qids;
         self.namespaces = self.scan_namespaces()?;
         Ok(())
     }
@@ -397,15 +426,9 @@ impl<D: Device> PcieController<D> {
         len: u32,
         what: &'static str,
     ) -> Result<(Cqe, Option<DmaBuf>), Error> {
-        let (cqe, buf) = self.admin_raw(sqe, buf, len)?;
-        if cqe.status().is_success() {
-            Ok((cqe, buf))
-        } else {
-            Err(Error::Command {
-                what,
-                status: cqe.status(),
-            })
-        }
+        self.stats.admin_commands += 1;
+        let timeout = self.opts.admin_timeout;
+        self.aq().run_checked(sqe, buf, len, timeout, what)
     }
 
     /// Runs one admin command to completion and returns its completion, whatever the status.
@@ -415,38 +438,14 @@ impl<D: Device> PcieController<D> {
         buf: Option<DmaBuf>,
         len: u32,
     ) -> Result<(Cqe, Option<DmaBuf>), Error> {
-        if let Some(f) = self.admin.failure() {
-            return Err(f.clone().into_error());
-        }
         self.stats.admin_commands += 1;
-        self.admin
-            .submit(sqe, buf, len, ADMIN_TAG)
-            .map_err(|(e, _)| e)?;
-        self.admin.flush();
-        let deadline = Instant::now() + self.opts.admin_timeout;
-        loop {
-            self.admin.reap(usize::MAX);
-            if let Some(d) = self.admin.take_done(ADMIN_TAG) {
-                return match d.result {
-                    Ok(cqe) => Ok((cqe, d.buf)),
-                    Err(f) => Err(f.into_error()),
-                };
-            }
-            if let Some(f) = self.admin.failure() {
-                return Err(f.clone().into_error());
-            }
-            if Instant::now() >= deadline {
-                let why = self.admin.diagnose();
-                self.admin.fail(why.clone());
-                // Drop the failed command's completion; the caller gets the error.
-                let _ = self.admin.take_done(ADMIN_TAG);
-                return Err(match why {
-                    Failure::Timeout => Error::Timeout("an admin command completion"),
-                    other => other.into_error(),
-                });
-            }
-            std::hint::spin_loop();
-        }
+        let timeout = self.opts.admin_timeout;
+        self.aq().run(sqe, buf, len, timeout)
+    }
+
+    /// The admin queue (shared with the queue pairs).
+    fn aq(&self) -> std::sync::MutexGuard<'_, Queue<D>> {
+        lock_admin(&self.admin)
     }
 
     /// The Capabilities register.
@@ -481,7 +480,7 @@ impl<D: Device> PcieController<D> {
 
     /// The admin queue's counters.
     pub fn admin_stats(&self) -> crate::QueueStats {
-        self.admin.stats
+        self.aq().stats
     }
 
     /// Looks up an active namespace.
@@ -592,27 +591,33 @@ impl<D: Device> PcieController<D> {
                 blocks: n.blocks,
             })
             .collect();
-        Ok(PcieQueuePair::new(
-            q,
-            &qo,
-            self.max_transfer,
-            self.shared.epoch.load(Ordering::Acquire),
-            Arc::clone(&self.shared),
+        let link = CtrlLink {
+            shared: Arc::clone(&self.shared),
+            admin: Arc::clone(&self.admin),
+            admin_timeout: self.opts.admin_timeout,
+            epoch: self.shared.epoch.load(Ordering::Acquire),
+            recovery: self.opts.recovery,
+            max_retries: self.opts.max_retries,
+            max_transfer: self.max_transfer,
             namespaces,
-            pool,
-        ))
+        };
+        Ok(PcieQueuePair::new(q, &qo, link, pool))
     }
 
     fn ensure_running(&self) -> Result<(), Error> {
         match self.shared.state.load(Ordering::Acquire) {
             STATE_REMOVED => Err(Error::Removed),
             STATE_DETACHED => Err(Error::Dead("the controller was shut down".into())),
+            STATE_FAILED => Err(Error::Dead(
+                "the controller could not be reset and was given up".into(),
+            )),
             _ => Ok(()),
         }
     }
 
-    /// Deletes the queues of dropped queue pairs on the device and frees their memory. With `device_forgot`
-    /// (after a reset) nothing is deleted: the device no longer knows any I/O queue.
+    /// Deletes the queues of dropped queue pairs on the device, frees their memory and their queue IDs. With
+    /// `device_forgot` (after a reset) nothing is deleted: the device no longer knows any I/O queue; nor are
+    /// the queues of a queue pair dropped before it re-created them after a reset.
     fn process_retired(&mut self, device_forgot: bool) {
         let retired = std::mem::take(
             &mut *self
@@ -648,8 +653,10 @@ impl<D: Device> PcieController<D> {
                     keep.push(Retired { epoch: STUCK, ..r });
                     continue;
                 }
-                self.qids[usize::from(r.qid)] = false;
                 self.stats.queues_deleted += 1;
+            }
+            if let Some(used) = self.qids.get_mut(usize::from(r.qid)) {
+                *used = false;
             }
             let _ = self.dev.unmap_dma(&r.pool);
             drop(r.held);
@@ -665,18 +672,19 @@ impl<D: Device> PcieController<D> {
 
     /// The health check, for a timed poller: looks at CSTS, and resets the controller when it reports a
     /// fatal status, when a queue pair's commands timed out, or when the admin queue failed. Also deletes the
-    /// queues of dropped queue pairs. Returns `Ok(true)` when it reset the controller (the old queue pairs
-    /// are then dead: create new ones), and [`Error::Removed`] once the device is gone.
+    /// queues of dropped queue pairs. Returns `Ok(true)` when it reset the controller (the queue pairs
+    /// recover on their next poll, see [`crate::Recovery`]), and an error once the controller is lost for
+    /// good: [`Error::Removed`] when the device is gone, the reset's error when it could not be brought back.
     pub fn poll_admin(&mut self) -> Result<bool, Error> {
         self.ensure_running()?;
         let csts = self.dev.read32(reg::CSTS as usize);
         if csts == u32::MAX {
-            self.mark(STATE_REMOVED);
-            self.admin.fail(Failure::Removed);
+            self.lose(STATE_REMOVED, Failure::Removed);
             return Err(Error::Removed);
         }
         let requested = self.shared.reset_requested.swap(false, Ordering::AcqRel);
-        if Csts(csts).cfs() || requested || self.admin.failure().is_some() {
+        let admin_failed = self.aq().failure().is_some();
+        if Csts(csts).cfs() || requested || admin_failed {
             self.reset()?;
             return Ok(true);
         }
@@ -684,29 +692,58 @@ impl<D: Device> PcieController<D> {
         Ok(false)
     }
 
+    /// Moves the epoch with a new state. The caller holds the admin queue.
     fn mark(&self, state: u8) {
         self.shared.state.store(state, Ordering::Release);
         self.shared.epoch.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Resets the controller (CC.EN 1 -> 0 -> 1) and brings it up again. Every queue pair created before
-    /// fails its outstanding commands with [`nvpoll::Error::Aborted`] and refuses new ones; create new queue
-    /// pairs afterwards.
+    /// The controller is lost for good (`STATE_REMOVED` or `STATE_FAILED`): the queue pairs fail everything.
+    fn lose(&self, state: u8, why: Failure) {
+        let mut aq = self.aq();
+        self.mark(state);
+        aq.fail(why);
+        while aq.pop_done().is_some() {}
+    }
+
+    /// Resets the controller (CC.EN 1 -> 0 -> 1) and brings it up again, trying a few times. The queue
+    /// pairs then re-create their queues on their next poll and go on by their [`crate::Recovery`] policy.
+    /// If the controller cannot be brought back (or is removed) it is lost: every queue pair fails its
+    /// commands, and this returns the error.
     pub fn reset(&mut self) -> Result<(), Error> {
         self.ensure_running()?;
-        self.mark(STATE_RUNNING);
-        self.admin.fail(Failure::Reset);
-        while self.admin.pop_done().is_some() {}
-        let r = self.disable();
-        if let Err(Error::Removed) = r {
-            self.mark(STATE_REMOVED);
-            return Err(Error::Removed);
+        let mut last = None;
+        for _ in 0..RESET_ATTEMPTS {
+            match self.reset_once() {
+                Ok(()) => {
+                    let epoch = self.shared.epoch.load(Ordering::Acquire);
+                    self.shared.ready.store(epoch, Ordering::Release);
+                    return Ok(());
+                }
+                Err(Error::Removed) => {
+                    self.lose(STATE_REMOVED, Failure::Removed);
+                    return Err(Error::Removed);
+                }
+                Err(e) => last = Some(e),
+            }
         }
-        r?;
+        self.lose(STATE_FAILED, Failure::Lost);
+        Err(last.unwrap_or(Error::Dead("the controller could not be reset".into())))
+    }
+
+    /// One attempt: move the epoch (queue pairs stop touching their rings), disable, free the memory of
+    /// dropped queue pairs (the device forgot their queues), enable and identify.
+    fn reset_once(&mut self) -> Result<(), Error> {
+        {
+            let mut aq = self.aq();
+            self.mark(STATE_RUNNING);
+            aq.fail(Failure::Reset);
+            while aq.pop_done().is_some() {}
+        }
+        self.disable()?;
         self.stats.resets += 1;
-        // The device has forgotten every I/O queue: free the memory of dropped queue pairs.
         self.process_retired(true);
-        self.admin.reinit();
+        self.aq().reinit();
         self.bring_up()
     }
 
@@ -724,10 +761,14 @@ impl<D: Device> PcieController<D> {
         let was = self.shared.state.load(Ordering::Acquire);
         let csts = self.dev.read32(reg::CSTS as usize);
         let healthy = was == STATE_RUNNING && csts != u32::MAX && !Csts(csts).cfs();
-        if healthy && self.admin.failure().is_none() {
+        if healthy && self.aq().failure().is_none() {
             self.process_retired(false);
         }
-        self.mark(STATE_DETACHED);
+        {
+            let mut aq = self.aq();
+            self.mark(STATE_DETACHED);
+            aq.fail(Failure::Detached);
+        }
         let mut result = Ok(());
         if healthy {
             let mut cc = Cc(self.dev.read32(reg::CC as usize));
@@ -768,6 +809,10 @@ impl Failure {
             Failure::Removed => Error::Removed,
             Failure::Timeout => Error::Timeout("a command completion"),
             Failure::Protocol(s) => Error::Protocol(s),
+            Failure::Lost => {
+                Error::Dead("the controller could not be reset and was given up".into())
+            }
+            Failure::Retries => Error::Dead("the command's retries are used up".into()),
         }
     }
 }

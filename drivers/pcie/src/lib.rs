@@ -5,6 +5,8 @@
 //!
 //! - [`PcieController`] brings a controller up (reset, admin queue, enable, Identify, Number of Queues),
 //!   creates I/O queue pairs, watches for a fatal status, resets, and shuts the controller down on drop;
+//!   queue pairs survive a reset by re-creating their queues, and retry or fail their commands by their
+//!   [`Recovery`] policy (retry by default; counters in [`RecoveryStats`]);
 //! - [`PcieQueuePair`] is one I/O submission/completion queue pair, owned by one reactor: `submit` posts a
 //!   command (building PRPs in the tracker's own list page), `flush` rings the submission doorbell once for
 //!   everything posted since the last flush, and `poll` reaps completions by phase tag and rings the
@@ -46,7 +48,7 @@ pub mod vfio;
 
 pub use ctrl::{CtrlStats, PcieController, PcieOptions};
 pub use error::Error;
-pub use qpair::{PcieQueuePair, QueueOptions, QueueStats};
+pub use qpair::{PcieQueuePair, QueueOptions, QueueStats, Recovery, RecoveryStats};
 
 use nvpoll::mem::DmaPool;
 

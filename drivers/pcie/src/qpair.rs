@@ -10,14 +10,17 @@
 //!    batch.
 //! 4. [`PcieQueuePair::pop_completion`] hands the finished request back with its buffer.
 //!
-//! A queue pair fails as a whole (every outstanding command completes with an error, later submits are
-//! refused) when its controller is reset, removed or detached, when a command sees no progress within the
-//! timeout, or when the controller completes an unknown command ID.
+//! A queue pair survives a controller reset (see [`Recovery`]): once it sees that a reset has begun it stops
+//! touching its rings; once the controller has finished the reset, its next poll takes what the device
+//! completed before the reset from the old completion queue, re-creates its queues on the device (same queue
+//! ID and depth) and, by its recovery policy, submits the rest again or fails them. It fails as a whole
+//! (every command completes with an error, later submits are refused) when the controller is removed, shut
+//! down or lost for good, or when the controller completes an unknown command ID.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use nvpoll::api::{Completion, IoOp, IoRequest, QueuePair, QueueStats as ApiQueueStats, Rejected};
@@ -25,7 +28,7 @@ use nvpoll::mem::{DmaBuf, DmaPool};
 use nvpoll::send::{SendMode, SendPolicy};
 use nvpoll::spec::{reg, Cqe, Csts, SglDescriptor, Sqe, CQE_SIZE, SQE_SIZE};
 
-use crate::ctrl::{Retired, Shared, STATE_DETACHED, STATE_REMOVED};
+use crate::ctrl::{Retired, Shared, STATE_DETACHED, STATE_FAILED, STATE_REMOVED};
 use crate::mmio::{wmb, SharedMem};
 use crate::prp::{self, Shape, PAGE_SIZE};
 use crate::vfio::VfioDevice;
@@ -69,10 +72,14 @@ pub(crate) enum Failure {
     Timeout,
     /// The controller broke the protocol.
     Protocol(String),
+    /// The controller could not be brought back by a reset and was given up.
+    Lost,
+    /// The command was outstanding across more resets than the retry limit allows.
+    Retries,
 }
 
 impl Failure {
-    fn to_error(&self) -> nvpoll::Error {
+    pub(crate) fn to_error(&self) -> nvpoll::Error {
         match self {
             Failure::Reset => nvpoll::Error::Aborted("controller reset"),
             Failure::Detached => nvpoll::Error::Aborted("controller detached"),
@@ -80,19 +87,27 @@ impl Failure {
             Failure::Removed => nvpoll::Error::Transport("controller removed".into()),
             Failure::Timeout => nvpoll::Error::Timeout,
             Failure::Protocol(s) => nvpoll::Error::Transport(s.clone()),
+            Failure::Lost => {
+                nvpoll::Error::Transport("controller lost: it could not be reset".into())
+            }
+            Failure::Retries => {
+                nvpoll::Error::Aborted("controller reset (the command's retries are used up)")
+            }
         }
     }
 
     fn to_pcie(&self) -> Error {
         match self {
-            Failure::Reset => {
-                Error::Dead("the controller was reset; create a new queue pair".into())
-            }
+            Failure::Reset => Error::Dead("the controller is being reset".into()),
             Failure::Detached => Error::Dead("the controller was shut down".into()),
             Failure::Fatal => Error::Fatal,
             Failure::Removed => Error::Removed,
             Failure::Timeout => Error::Timeout("a command completion"),
             Failure::Protocol(s) => Error::Protocol(s.clone()),
+            Failure::Lost => {
+                Error::Dead("the controller could not be reset and was given up".into())
+            }
+            Failure::Retries => Error::Dead("the command's retries are used up".into()),
         }
     }
 }
@@ -116,13 +131,36 @@ pub(crate) enum SglMode {
     DwordAligned,
 }
 
-/// Per-command state: what to hand back, and the command's own PRP list memory.
+/// Per-command state: what to hand back, what to submit again after a controller reset, and the command's
+/// own PRP list memory.
 struct Tracker {
     tag: u64,
     busy: bool,
+    /// Times the command has been posted (1, plus one per retry after a reset).
+    posted: u8,
+    /// Data bytes (0: the data pointer is the caller's).
+    len: u32,
+    /// Submission order, to submit again in the same order.
+    seq: u64,
     buf: Option<DmaBuf>,
+    /// The command as posted (its command ID and data pointer are rewritten when it is posted again).
+    sqe: Sqe,
     list: SharedMem,
 }
+
+/// A command that is not on the device: taken back after a reset, or accepted while waiting for one.
+#[derive(Debug)]
+pub(crate) struct Held {
+    pub sqe: Sqe,
+    pub buf: Option<DmaBuf>,
+    pub len: u32,
+    pub tag: u64,
+    /// Times it has been posted to the device (0: accepted while the queue pair waited for a reset).
+    pub posted: u8,
+}
+
+/// The tag of the one command [`Queue::run`] runs at a time.
+const RUN_TAG: u64 = u64::MAX;
 
 /// How many empty polls with commands outstanding pass between two looks at the clock.
 const STALL_POLLS: u32 = 4096;
@@ -153,6 +191,7 @@ pub(crate) struct Queue<D: Device> {
     stall_polls: u32,
     stall_since: Option<Instant>,
     timeout: Duration,
+    next_seq: u64,
 }
 
 impl<D: Device> fmt::Debug for Queue<D> {
@@ -227,7 +266,11 @@ impl<D: Device> Queue<D> {
             trackers.push(Tracker {
                 tag: 0,
                 busy: false,
+                posted: 0,
+                len: 0,
+                seq: 0,
                 buf: None,
+                sqe: Sqe::default(),
                 list: alloc(layout.list_bytes)?,
             });
         }
@@ -254,6 +297,7 @@ impl<D: Device> Queue<D> {
             stall_polls: 0,
             stall_since: None,
             timeout,
+            next_seq: 0,
         })
     }
 
@@ -296,10 +340,29 @@ impl<D: Device> Queue<D> {
     #[inline]
     pub fn submit(
         &mut self,
+        sqe: Sqe,
+        buf: Option<DmaBuf>,
+        len: u32,
+        tag: u64,
+    ) -> Result<(), (Error, Option<DmaBuf>)> {
+        self.post(sqe, buf, len, tag, 0)
+    }
+
+    /// Posts a command taken back after a reset (or held while waiting for one). On error the buffer is
+    /// handed back.
+    pub fn submit_held(&mut self, h: Held) -> Result<(), (Error, Option<DmaBuf>)> {
+        self.post(h.sqe, h.buf, h.len, h.tag, h.posted)
+    }
+
+    /// [`Queue::submit`] of a command posted `posted` times before.
+    #[inline]
+    fn post(
+        &mut self,
         mut sqe: Sqe,
         buf: Option<DmaBuf>,
         len: u32,
         tag: u64,
+        posted: u8,
     ) -> Result<(), (Error, Option<DmaBuf>)> {
         if let Some(f) = &self.failed {
             return Err((f.to_pcie(), buf));
@@ -361,18 +424,24 @@ impl<D: Device> Queue<D> {
         t.tag = tag;
         t.buf = buf;
         t.busy = true;
+        t.posted = posted.saturating_add(1);
+        t.len = len;
+        t.seq = self.next_seq;
+        t.sqe = sqe;
+        self.next_seq += 1;
         self.outstanding += 1;
         self.stats.submitted += 1;
         Ok(())
     }
 
-    /// Rings the submission queue doorbell if the tail moved since the last ring.
-    #[inline]
     /// Commands posted and not yet announced by a doorbell.
+    #[inline]
     pub fn unrung(&self) -> usize {
         usize::from((self.sq_tail + self.entries - self.sq_rung) % self.entries)
     }
 
+    /// Rings the submission queue doorbell if the tail moved since the last ring.
+    #[inline]
     pub fn flush(&mut self) {
         if self.sq_tail != self.sq_rung {
             wmb();
@@ -521,6 +590,171 @@ impl<D: Device> Queue<D> {
             Failure::Timeout
         }
     }
+
+    /// After a controller reset has completed: reaps what the device completed before it from the old
+    /// completion queue, without ringing the doorbell of a queue the device no longer has. Returns how many
+    /// commands it completed.
+    pub fn drain_stale(&mut self) -> usize {
+        let mut n = 0;
+        while n < usize::from(self.entries) && self.failed.is_none() {
+            let Some(cqe) = self.cq.read_cqe(usize::from(self.cq_head), self.phase) else {
+                break;
+            };
+            self.cq_head += 1;
+            if self.cq_head == self.entries {
+                self.cq_head = 0;
+                self.phase = !self.phase;
+            }
+            n += 1;
+            self.complete(cqe);
+        }
+        self.stats.completed += n as u64;
+        n
+    }
+
+    /// Takes every outstanding command back, in submission order, and frees its tracker. Only once the
+    /// device can no longer touch them (after a reset).
+    pub fn take_outstanding(&mut self) -> Vec<Held> {
+        let mut taken = Vec::with_capacity(self.outstanding);
+        for (cid, t) in self.trackers.iter_mut().enumerate() {
+            if t.busy {
+                t.busy = false;
+                self.free.push(cid as u16);
+                taken.push((
+                    t.seq,
+                    Held {
+                        sqe: t.sqe,
+                        buf: t.buf.take(),
+                        len: t.len,
+                        tag: t.tag,
+                        posted: t.posted,
+                    },
+                ));
+            }
+        }
+        self.outstanding = 0;
+        taken.sort_unstable_by_key(|(seq, _)| *seq);
+        taken.into_iter().map(|(_, h)| h).collect()
+    }
+
+    /// Adds a finished command to the done list (one the queue pair completed itself).
+    pub fn push_done(&mut self, d: Done) {
+        self.done.push_back(d);
+    }
+
+    /// Finished commands not yet taken.
+    pub fn done_len(&self) -> usize {
+        self.done.len()
+    }
+
+    /// Runs one command to completion (the admin queue: bring-up, queue creation) and returns its completion,
+    /// whatever the status. Gives up after `timeout`, and early when the controller reports a fatal status
+    /// or is gone; the queue has failed then.
+    pub fn run(
+        &mut self,
+        sqe: Sqe,
+        buf: Option<DmaBuf>,
+        len: u32,
+        timeout: Duration,
+    ) -> Result<(Cqe, Option<DmaBuf>), Error> {
+        if let Some(f) = self.failure() {
+            return Err(f.clone().into_error());
+        }
+        self.submit(sqe, buf, len, RUN_TAG).map_err(|(e, _)| e)?;
+        self.flush();
+        let deadline = Instant::now() + timeout;
+        let mut spins = 0u32;
+        loop {
+            self.reap(usize::MAX);
+            if let Some(d) = self.take_done(RUN_TAG) {
+                return match d.result {
+                    Ok(cqe) => Ok((cqe, d.buf)),
+                    Err(f) => Err(f.into_error()),
+                };
+            }
+            if let Some(f) = self.failure() {
+                return Err(f.clone().into_error());
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 256 == 0 {
+                let why = self.diagnose();
+                if why != Failure::Timeout || Instant::now() >= deadline {
+                    self.fail(why.clone());
+                    // Drop the failed command's completion; the caller gets the error.
+                    let _ = self.take_done(RUN_TAG);
+                    return Err(match why {
+                        Failure::Timeout => Error::Timeout("an admin command completion"),
+                        other => other.into_error(),
+                    });
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// [`Queue::run`], with a non-success status as an [`Error::Command`] naming `what`.
+    pub fn run_checked(
+        &mut self,
+        sqe: Sqe,
+        buf: Option<DmaBuf>,
+        len: u32,
+        timeout: Duration,
+        what: &'static str,
+    ) -> Result<(Cqe, Option<DmaBuf>), Error> {
+        let (cqe, buf) = self.run(sqe, buf, len, timeout)?;
+        if cqe.status().is_success() {
+            Ok((cqe, buf))
+        } else {
+            Err(Error::Command {
+                what,
+                status: cqe.status(),
+            })
+        }
+    }
+}
+
+/// What a controller reset does to the commands of a queue pair.
+///
+/// A reset (after CSTS.CFS, a command timeout, a failed admin command, or [`crate::PcieController::reset`])
+/// makes the device forget every I/O queue. Each queue pair then waits until the controller has finished
+/// the reset, takes what the device completed before it from its old completion queue (those commands
+/// complete normally, once), re-creates its queues on the device with the same queue ID and depth, and deals
+/// with the rest by this policy. In both cases a command completes exactly once, a write completes
+/// successfully only if the device reported it done (before or after the reset), and nothing is handed back
+/// while the device may still write its buffer. If the device is removed or the controller cannot be
+/// brought back, every command fails and later submits are refused, whatever the policy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Recovery {
+    /// Keep the commands that were outstanding, with their buffers and tags, and submit them again on the
+    /// re-created queues (in their first submission order); commands submitted while waiting for the reset
+    /// are held and submitted after them. A command outstanding across more resets than
+    /// [`crate::PcieOptions::max_retries`] allows fails with [`nvpoll::Error::Aborted`].
+    #[default]
+    Retry,
+    /// Fail the outstanding commands as soon as the reset has stopped the device: with
+    /// [`nvpoll::Error::Timeout`] when this queue pair's own timeout asked for the reset, with
+    /// [`nvpoll::Error::Aborted`] otherwise. Submits are refused while waiting for the reset; the queue pair
+    /// takes new commands again once its queues are re-created.
+    FailFast,
+}
+
+/// Counters of a queue pair's recovery from controller resets, cumulative since it was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryStats {
+    /// Controller resets the queue pair went through.
+    pub resets: u64,
+    /// Times it re-created its queues on the device after a reset.
+    pub recreated: u64,
+    /// Commands posted to the device again after a reset (with [`Recovery::Retry`]).
+    pub retried: u64,
+    /// Commands accepted while waiting for a reset (held, and posted once it completed).
+    pub held: u64,
+    /// Commands the device had completed before a reset, found in the old completion queue after it.
+    pub completed_before_reset: u64,
+    /// Commands failed by the recovery: fail-fast, retries used up, removal, controller lost.
+    pub failed: u64,
+    /// Times the outstanding commands made no progress within the I/O timeout (each asked for a reset).
+    pub timeouts: u64,
 }
 
 /// Options of one I/O queue pair.
@@ -538,6 +772,9 @@ pub struct QueueOptions {
     /// byte alignment where the controller allows it). Creating the queue pair fails if the controller
     /// does not support SGLs (Identify Controller SGLS).
     pub sgl: bool,
+    /// What a controller reset does to this queue pair's commands; `None` (the default): the controller's
+    /// [`crate::PcieOptions::recovery`].
+    pub recovery: Option<Recovery>,
 }
 
 impl QueueOptions {
@@ -548,6 +785,7 @@ impl QueueOptions {
             prp_list_offset: 0,
             batch: 0,
             sgl: false,
+            recovery: None,
         }
     }
 }
@@ -560,22 +798,70 @@ pub(crate) struct NsInfo {
     pub blocks: u64,
 }
 
+/// What a queue pair gets from its controller.
+pub(crate) struct CtrlLink<D: Device> {
+    pub shared: Arc<Shared>,
+    /// The admin queue, to re-create the queues after a reset.
+    pub admin: Arc<Mutex<Queue<D>>>,
+    pub admin_timeout: Duration,
+    /// The epoch the queues were created in.
+    pub epoch: u64,
+    pub recovery: Recovery,
+    pub max_retries: u8,
+    pub max_transfer: u32,
+    pub namespaces: Vec<NsInfo>,
+}
+
+/// Locks the admin queue (a panic while it was held leaves it usable: its state is checked per command).
+pub(crate) fn lock_admin<D: Device>(admin: &Mutex<Queue<D>>) -> MutexGuard<'_, Queue<D>> {
+    admin.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where a queue pair stands with respect to controller resets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Link {
+    /// Its queues exist on the device in its epoch.
+    Live,
+    /// A reset has begun (or this queue pair asked for one): its rings are not touched until the reset has
+    /// completed.
+    Waiting,
+    /// Failed for good.
+    Dead,
+}
+
+/// Consecutive failed attempts at re-creating the queues after resets before the queue pair gives up.
+const RECREATE_ATTEMPTS: u32 = 3;
+
 /// An NVMe I/O queue pair over PCIe, owned by one reactor (or thread).
 ///
 /// Create it with [`crate::PcieController::create_queue_pair`] (or `create_queue_pair_with`), move it to
-/// its reactor, and drive it through [`nvpoll::api::QueuePair`]. Dropping it hands its memory back to the
-/// controller, which deletes the queues on the device before freeing it.
+/// its reactor, and drive it through [`nvpoll::api::QueuePair`]. It survives controller resets by its
+/// [`Recovery`] policy. Dropping it hands its memory back to the controller, which deletes the queues on
+/// the device before freeing it.
 pub struct PcieQueuePair<D: Device = VfioDevice> {
     q: Queue<D>,
     batch: usize,
     max_transfer: u32,
+    /// The epoch its queues exist in on the device (or last existed in, while waiting).
     epoch: u64,
+    link: Link,
     shared: Arc<Shared>,
     namespaces: Vec<NsInfo>,
     /// The queue's own memory (rings and PRP lists), mapped for DMA.
     pool: DmaPool,
     /// When the SQ tail doorbell is rung: inline from `submit`, at `flush`, or adaptive.
     policy: SendPolicy,
+    // Recovery (cold).
+    recovery: Recovery,
+    max_retries: u8,
+    /// Commands waiting for the re-created queues (Retry).
+    waiting: VecDeque<Held>,
+    /// Why the queue pair is waiting: a reset, or its own timeout that asked for one.
+    cause: Failure,
+    admin: Arc<Mutex<Queue<D>>>,
+    admin_timeout: Duration,
+    recreate_failures: u32,
+    rstats: RecoveryStats,
 }
 
 impl<D: Device> fmt::Debug for PcieQueuePair<D> {
@@ -583,6 +869,10 @@ impl<D: Device> fmt::Debug for PcieQueuePair<D> {
         f.debug_struct("PcieQueuePair")
             .field("q", &self.q)
             .field("epoch", &self.epoch)
+            .field("link", &self.link)
+            .field("recovery", &self.recovery)
+            .field("waiting", &self.waiting.len())
+            .field("rstats", &self.rstats)
             .finish()
     }
 }
@@ -598,10 +888,7 @@ impl<D: Device> PcieQueuePair<D> {
     pub(crate) fn new(
         q: Queue<D>,
         opts: &QueueOptions,
-        max_transfer: u32,
-        epoch: u64,
-        shared: Arc<Shared>,
-        namespaces: Vec<NsInfo>,
+        link: CtrlLink<D>,
         pool: DmaPool,
     ) -> PcieQueuePair<D> {
         let batch = if opts.batch == 0 {
@@ -609,15 +896,25 @@ impl<D: Device> PcieQueuePair<D> {
         } else {
             usize::from(opts.batch)
         };
+        let depth = q.depth();
         PcieQueuePair {
             q,
             batch,
-            max_transfer,
-            epoch,
-            shared,
-            namespaces,
+            max_transfer: link.max_transfer,
+            epoch: link.epoch,
+            link: Link::Live,
+            shared: link.shared,
+            namespaces: link.namespaces,
             pool,
             policy: SendPolicy::new(SendMode::Deferred),
+            recovery: opts.recovery.unwrap_or(link.recovery),
+            max_retries: link.max_retries,
+            waiting: VecDeque::with_capacity(depth),
+            cause: Failure::Reset,
+            admin: link.admin,
+            admin_timeout: link.admin_timeout,
+            recreate_failures: 0,
+            rstats: RecoveryStats::default(),
         }
     }
 
@@ -631,81 +928,306 @@ impl<D: Device> PcieQueuePair<D> {
         self.q.stats
     }
 
-    /// Why the queue pair failed, if it did.
+    /// Counters of the recovery from controller resets.
+    pub fn recovery_stats(&self) -> RecoveryStats {
+        self.rstats
+    }
+
+    /// The recovery policy of this queue pair.
+    pub fn recovery(&self) -> Recovery {
+        self.recovery
+    }
+
+    /// Whether the queue pair is waiting for a controller reset to complete (its commands are held, or
+    /// refused with [`Recovery::FailFast`]).
+    pub fn is_recovering(&self) -> bool {
+        self.link == Link::Waiting
+    }
+
+    /// Why the queue pair failed for good, if it did.
     pub fn failure(&self) -> Option<nvpoll::Error> {
         self.q.failure().map(Failure::to_error)
     }
 
-    /// Fails the queue if the controller was reset, removed or detached since it was created.
+    /// Whether its queues exist on the device in the controller's current epoch.
     #[inline]
-    fn check_epoch(&mut self) -> bool {
-        if self.shared.epoch.load(Ordering::Acquire) == self.epoch {
-            return true;
-        }
-        if self.q.failure().is_none() {
-            let why = match self.shared.state.load(Ordering::Acquire) {
-                STATE_DETACHED => Failure::Detached,
-                STATE_REMOVED => Failure::Removed,
-                _ => Failure::Reset,
-            };
-            self.q.fail(why);
-        }
-        false
+    fn is_live(&self) -> bool {
+        self.link == Link::Live && self.shared.epoch.load(Ordering::Acquire) == self.epoch
     }
 
     #[inline]
     fn ns(&self, nsid: u32) -> Option<&NsInfo> {
         self.namespaces.iter().find(|n| n.nsid == nsid)
     }
-}
 
-impl<D: Device> QueuePair for PcieQueuePair<D> {
-    #[inline]
-    fn submit(&mut self, mut req: IoRequest) -> Result<(), Rejected> {
-        if !self.check_epoch() {
-            let e = self
-                .q
-                .failure()
-                .map_or(Error::Dead("queue failed".into()), Failure::to_pcie);
-            return Err(reject(e, req));
+    /// Looks at the controller: fails everything if it is gone, and stops using the rings (waiting) if a
+    /// reset has begun.
+    #[cold]
+    fn sync_link(&mut self) {
+        if self.link == Link::Dead {
+            return;
         }
-        let Some(&ns) = self.ns(req.nsid) else {
-            let msg = format!("namespace {} is not active on this controller", req.nsid);
-            return Err(reject(nvpoll::Error::InvalidArgument(msg), req));
-        };
-        let (sqe, len) = match req.op {
-            IoOp::Flush => (Sqe::flush(req.nsid), 0),
-            op => {
-                if req.blocks == 0 || req.blocks > 0x1_0000 {
-                    let msg = format!("{} blocks: one command carries 1 to 65536", req.blocks);
-                    return Err(reject(nvpoll::Error::InvalidArgument(msg), req));
+        match self.shared.state.load(Ordering::Acquire) {
+            STATE_REMOVED => return self.die(Failure::Removed),
+            STATE_DETACHED => return self.die(Failure::Detached),
+            STATE_FAILED => return self.die(Failure::Lost),
+            _ => {}
+        }
+        if self.link == Link::Live && self.shared.epoch.load(Ordering::Acquire) != self.epoch {
+            self.link = Link::Waiting;
+            self.cause = Failure::Reset;
+        }
+    }
+
+    /// Fails every command (outstanding and held) with `why`; later submits are refused. Only once the
+    /// device can no longer write their buffers (it is gone, stopped, or the queue pair saw a protocol
+    /// violation).
+    fn die(&mut self, why: Failure) {
+        let n = self.q.outstanding() + self.waiting.len();
+        self.q.fail(why.clone());
+        while let Some(h) = self.waiting.pop_front() {
+            self.q.push_done(Done {
+                tag: h.tag,
+                buf: h.buf,
+                result: Err(why.clone()),
+            });
+        }
+        self.rstats.failed += n as u64;
+        self.link = Link::Dead;
+    }
+
+    fn dead_error(&self) -> nvpoll::Error {
+        self.q.failure().map_or(
+            nvpoll::Error::Transport("queue pair failed".into()),
+            Failure::to_error,
+        )
+    }
+
+    /// The outstanding commands made no progress within the timeout: ask for a reset and wait for it, or
+    /// fail everything if the device is gone.
+    #[cold]
+    fn on_stall(&mut self) {
+        self.rstats.timeouts += 1;
+        if self.q.diagnose() == Failure::Removed {
+            return self.die(Failure::Removed);
+        }
+        self.shared.reset_requested.store(true, Ordering::Release);
+        self.link = Link::Waiting;
+        self.cause = Failure::Timeout;
+    }
+
+    /// While waiting: once the controller has finished a reset, takes back what the device completed before
+    /// it, re-creates the queues, and retries or fails the rest by the policy.
+    #[cold]
+    fn recover(&mut self) {
+        let epoch = self.shared.epoch.load(Ordering::Acquire);
+        if epoch == self.epoch || self.shared.ready.load(Ordering::Acquire) != epoch {
+            return; // the reset has not begun (a timeout asked for it) or not finished
+        }
+        let admin = Arc::clone(&self.admin);
+        let mut aq = lock_admin(&admin);
+        // The controller moves the epoch only while it holds the admin queue: this look is stable.
+        if self.shared.state.load(Ordering::Acquire) != crate::ctrl::STATE_RUNNING
+            || self.shared.epoch.load(Ordering::Acquire) != epoch
+            || self.shared.ready.load(Ordering::Acquire) != epoch
+        {
+            return;
+        }
+        self.rstats.resets += 1;
+        // The device completed these before the reset: they complete now, once, and are not retried.
+        let n = self.q.drain_stale();
+        self.rstats.completed_before_reset += n as u64;
+        if let Some(f) = self.q.failure() {
+            let f = f.clone();
+            return self.die(f);
+        }
+        let taken = self.q.take_outstanding();
+        self.q.reinit();
+        let mut retry = Vec::with_capacity(taken.len());
+        for h in taken {
+            let why = match self.recovery {
+                Recovery::FailFast => self.cause.clone(),
+                Recovery::Retry if h.posted > self.max_retries => Failure::Retries,
+                Recovery::Retry => {
+                    retry.push(h);
+                    continue;
                 }
-                if req
-                    .lba
-                    .checked_add(u64::from(req.blocks))
-                    .is_none_or(|end| end > ns.blocks)
-                {
+            };
+            self.rstats.failed += 1;
+            self.q.push_done(Done {
+                tag: h.tag,
+                buf: h.buf,
+                result: Err(why),
+            });
+        }
+        // Retried commands go before those accepted while waiting.
+        for h in retry.into_iter().rev() {
+            self.waiting.push_front(h);
+        }
+        let created = self.recreate(&mut aq);
+        drop(aq);
+        match created {
+            Ok(()) => {
+                self.epoch = epoch;
+                self.link = Link::Live;
+                self.cause = Failure::Reset;
+                self.recreate_failures = 0;
+                self.rstats.recreated += 1;
+                self.resubmit();
+            }
+            Err(e @ Error::Command { .. }) => {
+                let msg = format!(
+                    "queue {} could not be re-created after a reset: {e}",
+                    self.qid()
+                );
+                self.die(Failure::Protocol(msg));
+            }
+            Err(e) => {
+                // The admin queue failed (timeout, fatal status): the controller resets again, and this queue
+                // pair tries again in the next epoch.
+                self.epoch = epoch;
+                self.recreate_failures += 1;
+                if self.recreate_failures >= RECREATE_ATTEMPTS {
                     let msg = format!(
-                        "blocks {}+{} are beyond the namespace's {}",
-                        req.lba, req.blocks, ns.blocks
+                        "queue {} could not be re-created after {} resets: {e}",
+                        self.qid(),
+                        self.recreate_failures
                     );
-                    return Err(reject(nvpoll::Error::InvalidArgument(msg), req));
-                }
-                let nlb = (req.blocks - 1) as u16;
-                let bytes = u64::from(req.blocks) << ns.block_shift;
-                match op {
-                    IoOp::WriteZeroes => (Sqe::write_zeroes(req.nsid, req.lba, nlb), 0),
-                    _ if bytes > u64::from(self.max_transfer) => {
-                        let msg = format!(
-                            "a transfer of {bytes} bytes exceeds the controller's maximum of {}",
-                            self.max_transfer
-                        );
-                        return Err(reject(nvpoll::Error::InvalidArgument(msg), req));
-                    }
-                    IoOp::Read => (Sqe::read(req.nsid, req.lba, nlb), bytes as u32),
-                    _ => (Sqe::write(req.nsid, req.lba, nlb), bytes as u32),
+                    self.die(Failure::Protocol(msg));
+                } else {
+                    self.shared.reset_requested.store(true, Ordering::Release);
                 }
             }
+        }
+    }
+
+    /// Creates the completion and submission queues on the device again, over the same (zeroed) rings.
+    fn recreate(&mut self, aq: &mut Queue<D>) -> Result<(), Error> {
+        let (qid, size, t) = (self.q.qid(), self.q.entries() - 1, self.admin_timeout);
+        aq.run_checked(
+            Sqe::create_io_cq(qid, size, self.q.cq_iova(), None),
+            None,
+            0,
+            t,
+            "Create I/O Completion Queue",
+        )?;
+        let sq = aq.run_checked(
+            Sqe::create_io_sq(qid, size, self.q.sq_iova(), qid),
+            None,
+            0,
+            t,
+            "Create I/O Submission Queue",
+        );
+        if let Err(e) = sq {
+            let _ = aq.run(Sqe::delete_io_cq(qid), None, 0, t);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Posts every waiting command on the re-created queues and rings the doorbell.
+    fn resubmit(&mut self) {
+        while let Some(h) = self.waiting.pop_front() {
+            let (tag, again) = (h.tag, h.posted > 0);
+            match self.q.submit_held(h) {
+                Ok(()) if again => self.rstats.retried += 1,
+                Ok(()) => {}
+                Err((e, buf)) => {
+                    // Cannot happen (the request was checked, and the queue is empty); fail it rather than
+                    // lose it.
+                    self.rstats.failed += 1;
+                    self.q.push_done(Done {
+                        tag,
+                        buf,
+                        result: Err(Failure::Protocol(format!(
+                            "submitting a command again after a reset: {e}"
+                        ))),
+                    });
+                }
+            }
+        }
+        self.q.flush();
+    }
+
+    /// Builds the command for a request, or says why it cannot be sent.
+    #[inline]
+    fn command(&self, req: &IoRequest) -> Result<(Sqe, u32), nvpoll::Error> {
+        let Some(&ns) = self.ns(req.nsid) else {
+            let msg = format!("namespace {} is not active on this controller", req.nsid);
+            return Err(nvpoll::Error::InvalidArgument(msg));
+        };
+        if req.op == IoOp::Flush {
+            return Ok((Sqe::flush(req.nsid), 0));
+        }
+        if req.blocks == 0 || req.blocks > 0x1_0000 {
+            let msg = format!("{} blocks: one command carries 1 to 65536", req.blocks);
+            return Err(nvpoll::Error::InvalidArgument(msg));
+        }
+        if req
+            .lba
+            .checked_add(u64::from(req.blocks))
+            .is_none_or(|end| end > ns.blocks)
+        {
+            let msg = format!(
+                "blocks {}+{} are beyond the namespace's {}",
+                req.lba, req.blocks, ns.blocks
+            );
+            return Err(nvpoll::Error::InvalidArgument(msg));
+        }
+        let nlb = (req.blocks - 1) as u16;
+        let bytes = u64::from(req.blocks) << ns.block_shift;
+        match req.op {
+            IoOp::WriteZeroes => Ok((Sqe::write_zeroes(req.nsid, req.lba, nlb), 0)),
+            _ if bytes > u64::from(self.max_transfer) => {
+                let msg = format!(
+                    "a transfer of {bytes} bytes exceeds the controller's maximum of {}",
+                    self.max_transfer
+                );
+                Err(nvpoll::Error::InvalidArgument(msg))
+            }
+            IoOp::Read => Ok((Sqe::read(req.nsid, req.lba, nlb), bytes as u32)),
+            _ => Ok((Sqe::write(req.nsid, req.lba, nlb), bytes as u32)),
+        }
+    }
+
+    /// Submit while not live: refused when dead (or waiting, fail-fast), held when waiting (retry).
+    #[cold]
+    fn submit_recovering(&mut self, mut req: IoRequest) -> Result<(), Rejected> {
+        self.sync_link();
+        match self.link {
+            Link::Dead => return Err(reject(self.dead_error(), req)),
+            Link::Waiting if self.recovery == Recovery::FailFast => {
+                let e = nvpoll::Error::Transport(
+                    "the queue pair is waiting for a controller reset to complete".into(),
+                );
+                return Err(reject(e, req));
+            }
+            Link::Waiting => {}
+            Link::Live => return self.submit_live(req),
+        }
+        let (sqe, len) = match self.command(&req) {
+            Ok(c) => c,
+            Err(e) => return Err(reject(e, req)),
+        };
+        if self.outstanding() >= self.depth() {
+            return Err(reject(nvpoll::Error::QueueFull, req));
+        }
+        self.waiting.push_back(Held {
+            sqe,
+            buf: req.buf.take(),
+            len,
+            tag: req.tag,
+            posted: 0,
+        });
+        self.rstats.held += 1;
+        Ok(())
+    }
+
+    #[inline]
+    fn submit_live(&mut self, mut req: IoRequest) -> Result<(), Rejected> {
+        let (sqe, len) = match self.command(&req) {
+            Ok(c) => c,
+            Err(e) => return Err(reject(e, req)),
         };
         let buf = req.buf.take();
         match self.q.submit(sqe, buf, len, req.tag) {
@@ -724,38 +1246,57 @@ impl<D: Device> QueuePair for PcieQueuePair<D> {
         }
     }
 
+    /// Poll while not live: notices resets and removal, and recovers once a reset has completed.
+    #[cold]
+    fn poll_recovering(&mut self) -> nvpoll::Result<usize> {
+        let before = self.q.done_len();
+        self.sync_link();
+        if self.link == Link::Waiting {
+            self.recover();
+        }
+        let n = self.q.done_len() - before;
+        match self.link {
+            Link::Dead => Err(self.dead_error()),
+            _ => Ok(n),
+        }
+    }
+}
+
+impl<D: Device> QueuePair for PcieQueuePair<D> {
+    #[inline]
+    fn submit(&mut self, req: IoRequest) -> Result<(), Rejected> {
+        if self.is_live() {
+            self.submit_live(req)
+        } else {
+            self.submit_recovering(req)
+        }
+    }
+
     #[inline]
     fn flush(&mut self) -> nvpoll::Result<()> {
-        if let Some(f) = self.q.failure() {
-            return Err(f.to_error());
+        match self.link {
+            Link::Live => self.q.flush(),
+            Link::Waiting => {} // held commands leave once the queues are re-created
+            Link::Dead => return Err(self.dead_error()),
         }
-        self.q.flush();
         Ok(())
     }
 
     #[inline]
     fn poll(&mut self, max: usize) -> nvpoll::Result<usize> {
-        if !self.check_epoch() {
-            return Err(self.q.failure().map_or(
-                nvpoll::Error::Aborted("controller reset"),
-                Failure::to_error,
-            ));
-        }
-        if let Some(f) = self.q.failure() {
-            return Err(f.to_error());
+        if !self.is_live() {
+            return self.poll_recovering();
         }
         let n = self.q.reap(max.min(self.batch));
         if n == 0 && self.q.stalled() {
-            let why = self.q.diagnose();
-            if why != Failure::Removed {
-                self.shared.reset_requested.store(true, Ordering::Release);
-            }
-            self.q.fail(why);
+            self.on_stall();
         }
-        match self.q.failure() {
-            Some(f) => Err(f.to_error()),
-            None => Ok(n),
+        if let Some(f) = self.q.failure() {
+            // A protocol violation (or removal found by the stall check): every command has been failed.
+            self.link = Link::Dead;
+            return Err(f.to_error());
         }
+        Ok(n)
     }
 
     #[inline]
@@ -775,7 +1316,7 @@ impl<D: Device> QueuePair for PcieQueuePair<D> {
 
     #[inline]
     fn outstanding(&self) -> usize {
-        self.q.outstanding()
+        self.q.outstanding() + self.waiting.len()
     }
 
     #[inline]
@@ -798,7 +1339,7 @@ impl<D: Device> QueuePair for PcieQueuePair<D> {
             records: 0,
             record_bytes: 0,
             flushes: s.sq_doorbells,
-            retried: 0,
+            retried: self.rstats.retried,
         }
     }
 }
@@ -806,8 +1347,10 @@ impl<D: Device> QueuePair for PcieQueuePair<D> {
 impl<D: Device> Drop for PcieQueuePair<D> {
     fn drop(&mut self) {
         // The device may still write the rings and the buffers of outstanding commands until the controller
-        // deletes the queues (or is reset), so both go to the controller rather than back to their pools.
-        let held = self.q.take_buffers();
+        // deletes the queues (or is reset), so both go to the controller rather than back to their pools;
+        // so do the buffers of held commands (the reset they wait for may not have stopped the device yet).
+        let mut held = self.q.take_buffers();
+        held.extend(self.waiting.drain(..).filter_map(|h| h.buf));
         let retired = Retired {
             qid: self.q.qid(),
             epoch: self.epoch,

@@ -1,5 +1,6 @@
 //! The driver against the memory-backed controller stand-in: bring-up, every PRP shape, doorbell batching,
-//! argument checks, and recovery from a fatal status, a timeout and surprise removal.
+//! argument checks, and fail-fast recovery from a fatal status, a timeout and surprise removal (the retry
+//! policy is in recovery.rs).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,7 +9,9 @@ use nvpoll::api::{Completion, Controller, IoOp, IoRequest, QueuePair};
 use nvpoll::mem::{DmaPool, HugepageMode};
 use nvpoll::spec::{feature, reg, Csts, Sqe};
 use nvpoll_pcie::fake::{FakeConfig, FakeDevice};
-use nvpoll_pcie::{Device, Error, PcieController, PcieOptions, PcieQueuePair, QueueOptions};
+use nvpoll_pcie::{
+    Device, Error, PcieController, PcieOptions, PcieQueuePair, QueueOptions, Recovery,
+};
 
 fn opts() -> PcieOptions {
     PcieOptions {
@@ -348,10 +351,17 @@ fn drain_errors(qp: &mut PcieQueuePair<FakeDevice>) -> Vec<nvpoll::Error> {
     out
 }
 
+fn fail_fast(depth: u16) -> QueueOptions {
+    QueueOptions {
+        recovery: Some(Recovery::FailFast),
+        ..QueueOptions::new(depth)
+    }
+}
+
 #[test]
-fn fatal_status_resets_the_controller_and_fails_outstanding_commands() {
+fn fatal_status_resets_the_controller_and_fail_fast_fails_outstanding_commands() {
     let (dev, pool, mut ctrl) = attach(FakeConfig::default(), opts());
-    let mut qp = ctrl.create_queue_pair(8).unwrap();
+    let mut qp = ctrl.create_queue_pair_with(fail_fast(8)).unwrap();
     dev.set_fatal();
     submit_four(&pool, &mut qp);
     assert_eq!(qp.poll(8).unwrap(), 0);
@@ -362,48 +372,49 @@ fn fatal_status_resets_the_controller_and_fails_outstanding_commands() {
     );
     assert_eq!(dev.stats().resets, 1);
     assert_eq!(ctrl.stats().resets, 1);
-    let e = qp.poll(8).unwrap_err();
-    assert!(matches!(e, nvpoll::Error::Aborted(_)), "{e}");
+    assert_eq!(qp.poll(8).unwrap(), 4, "the four fail on the next poll");
     let errs = drain_errors(&mut qp);
     assert_eq!(errs.len(), 4);
     assert!(errs.iter().all(|e| matches!(e, nvpoll::Error::Aborted(_))));
     assert_eq!(qp.outstanding(), 0);
-    let r = qp.submit(io(IoOp::Flush, 0, 0, None, 0)).unwrap_err();
-    assert!(r.error.to_string().contains("reset"), "{}", r.error);
-    drop(qp);
-    // The controller works again, with new queue pairs.
-    let mut qp = ctrl.create_queue_pair(8).unwrap();
-    assert_eq!(qp.qid(), 1);
+    assert_eq!(qp.recovery_stats().failed, 4);
+    // The queue pair re-created its queues (same queue ID) and takes work again.
+    assert_eq!(dev.io_queues(), vec![1]);
     round_trip(&dev, &pool, &mut qp, 100, 8192, 0, 3);
     assert!(!ctrl.poll_admin().unwrap());
+    // A new queue pair gets the next queue ID: the old one kept its own through the reset.
+    assert_eq!(ctrl.create_queue_pair(8).unwrap().qid(), 2);
 }
 
 #[test]
-fn a_command_timeout_fails_the_queue_and_triggers_a_reset() {
+fn a_command_timeout_triggers_a_reset_and_fail_fast_fails_the_commands() {
     let o = PcieOptions {
         io_timeout: Duration::from_millis(50),
         ..opts()
     };
     let (dev, pool, mut ctrl) = attach(FakeConfig::default(), o);
-    let mut qp = ctrl.create_queue_pair(8).unwrap();
+    let mut qp = ctrl.create_queue_pair_with(fail_fast(8)).unwrap();
     dev.set_stalled(true);
     submit_four(&pool, &mut qp);
     let start = Instant::now();
-    let e = loop {
-        match qp.poll(8) {
-            Ok(0) => assert!(start.elapsed() < Duration::from_secs(10), "no timeout"),
-            Ok(n) => panic!("{n} completions from a stalled device"),
-            Err(e) => break e,
-        }
-    };
-    assert!(matches!(e, nvpoll::Error::Timeout), "{e}");
+    while !qp.is_recovering() {
+        assert_eq!(qp.poll(8).unwrap(), 0, "completions from a stalled device");
+        assert!(start.elapsed() < Duration::from_secs(10), "no timeout");
+    }
     assert!(start.elapsed() >= Duration::from_millis(50));
+    assert_eq!(qp.recovery_stats().timeouts, 1);
+    // Until the reset, nothing is handed back (the device may still write the buffers) and submits are
+    // refused.
+    assert_eq!(qp.poll(8).unwrap(), 0);
+    assert_eq!(qp.outstanding(), 4);
+    let r = qp.submit(io(IoOp::Flush, 0, 0, None, 9)).unwrap_err();
+    assert!(r.error.to_string().contains("reset"), "{}", r.error);
+    dev.set_stalled(false);
+    assert!(ctrl.poll_admin().unwrap(), "the queue asked for a reset");
+    assert_eq!(qp.poll(8).unwrap(), 4);
     let errs = drain_errors(&mut qp);
     assert_eq!(errs.len(), 4);
     assert!(errs.iter().all(|e| matches!(e, nvpoll::Error::Timeout)));
-    dev.set_stalled(false);
-    assert!(ctrl.poll_admin().unwrap(), "the queue asked for a reset");
-    let mut qp = ctrl.create_queue_pair(8).unwrap();
     round_trip(&dev, &pool, &mut qp, 0, 4096, 4, 9);
 }
 
