@@ -528,55 +528,132 @@ fn vm_pcie_queue_pairs_on_two_reactors_at_qd1_and_qd128() {
     println!("pcie IOPS as (queue depth, queue pairs, IOPS); guest under TCG emulation, a sanity check only: {report:?}");
 }
 
+/// Polls until `n` completions came back, checking that no tag comes back twice.
+fn collect_tags(
+    qp: &mut PcieQueuePair,
+    n: usize,
+) -> std::collections::BTreeMap<u64, nvpoll::api::Completion> {
+    let mut got = std::collections::BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < n {
+        qp.poll(64).unwrap();
+        while let Some(c) = qp.pop_completion() {
+            let tag = c.tag;
+            assert!(got.insert(tag, c).is_none(), "tag {tag} completed twice");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} completions in 30 s: {qp:?}",
+            got.len()
+        );
+    }
+    // Nothing more comes back.
+    for _ in 0..1000 {
+        qp.poll(64).unwrap();
+        assert!(qp.pop_completion().is_none(), "a completion too many");
+    }
+    got
+}
+
 #[test]
-fn vm_pcie_reset_fails_outstanding_and_recovers() {
+fn vm_pcie_reset_with_outstanding_reads_keeps_the_queue_pairs_working() {
     if !in_vm() {
         return;
     }
     let pool = pool();
     let mut ctrl = open(&pool);
-    let nsid = ctrl.namespaces()[0].nsid;
-    let mut qp = ctrl.create_queue_pair(32).unwrap();
-    for i in 0..16 {
-        let req = IoRequest {
-            op: IoOp::Read,
-            nsid,
-            lba: i * 8,
-            blocks: 8,
-            buf: Some(pool.alloc(4096).unwrap()),
-            tag: i,
-        };
-        qp.submit(req).unwrap();
-    }
-    // Posted but not kicked: the reset must fail them all, exactly once each.
-    ctrl.reset().unwrap();
-    assert!(qp.poll(32).is_err());
-    let mut n = 0;
-    while let Some(c) = qp.pop_completion() {
+    let ns = ctrl.namespaces()[0].clone();
+    assert_eq!(ns.block_size, 512);
+    let base = ns.blocks - 64 * 8; // 64 blocks of 4 KiB at the end of the namespace
+    let lba = |i: u64| base + i * 8;
+    let req = |op: IoOp, i: u64, tag: u64, buf: DmaBuf| IoRequest {
+        op,
+        nsid: ns.nsid,
+        lba: lba(i),
+        blocks: 8,
+        buf: Some(buf),
+        tag,
+    };
+    let check = |i: u64, c: &nvpoll::api::Completion| {
+        if let Err(e) = &c.result {
+            panic!("read of block {i}: {e}");
+        }
+        let mut want = pool.alloc(4096).unwrap();
+        fill(&mut want, 0xdead_0000 ^ i);
         assert!(
-            matches!(c.result, Err(nvpoll::Error::Aborted(_))),
-            "{:?}",
-            c.result
+            c.buf.as_ref().unwrap().as_slice() == want.as_slice(),
+            "block {i} read back differently"
         );
-        assert!(c.buf.is_some());
-        n += 1;
+    };
+    let mut qp = ctrl.create_queue_pair(64).unwrap();
+    for i in 0..64 {
+        let mut w = pool.alloc(4096).unwrap();
+        fill(&mut w, 0xdead_0000 ^ i);
+        run_one(&mut qp, req(IoOp::Write, i, i, w));
     }
-    assert_eq!(n, 16);
-    drop(qp);
-    let mut qp = ctrl.create_queue_pair(32).unwrap();
-    let got = run_one(
-        &mut qp,
-        IoRequest {
-            op: IoOp::Read,
-            nsid,
-            lba: 0,
-            blocks: 8,
-            buf: Some(pool.alloc(4096).unwrap()),
-            tag: 1,
-        },
-    );
-    assert_eq!(got.len(), 4096);
-    assert_eq!(ctrl.stats().resets, 1);
+
+    // Retry (the default): 16 reads kicked (in flight in QEMU's controller) and 16 posted, then a reset.
+    for i in 0..32 {
+        qp.submit(req(IoOp::Read, i, i, pool.alloc(4096).unwrap()))
+            .unwrap();
+        if i == 15 {
+            qp.flush().unwrap();
+        }
+    }
+    ctrl.reset().unwrap();
+    let got = collect_tags(&mut qp, 32);
+    for (i, c) in &got {
+        check(*i, c);
+    }
+    let rs = qp.recovery_stats();
+    println!("retry: {rs:?}");
+    assert_eq!((rs.resets, rs.recreated, rs.failed), (1, 1, 0));
+    assert_eq!(rs.completed_before_reset + rs.retried, 32);
+    assert_eq!(QueuePair::stats(&qp).retried, rs.retried);
+
+    // Fail-fast: each outstanding read completes once, either done before the reset or aborted.
+    let mut ff = ctrl
+        .create_queue_pair_with(QueueOptions {
+            recovery: Some(nvpoll_pcie::Recovery::FailFast),
+            ..QueueOptions::new(32)
+        })
+        .unwrap();
+    for i in 0..16 {
+        ff.submit(req(IoOp::Read, i, i, pool.alloc(4096).unwrap()))
+            .unwrap();
+    }
+    ff.flush().unwrap();
+    ctrl.reset().unwrap();
+    let got = collect_tags(&mut ff, 16);
+    let mut aborted = 0;
+    for (i, c) in &got {
+        match &c.result {
+            Err(nvpoll::Error::Aborted(_)) => aborted += 1,
+            _ => check(*i, c),
+        }
+        assert!(c.buf.is_some());
+    }
+    let rs = ff.recovery_stats();
+    println!("fail-fast: {rs:?}");
+    assert_eq!(rs.failed, aborted);
+    assert_eq!(rs.completed_before_reset + aborted, 16);
+
+    // Both queue pairs keep working on their re-created queues (same queue IDs).
+    assert!(!ctrl.poll_admin().unwrap());
+    for (q, i) in [(&mut qp, 40u64), (&mut ff, 41)] {
+        let mut w = pool.alloc(4096).unwrap();
+        fill(&mut w, 0xbeef ^ i);
+        run_one(q, req(IoOp::Write, i, 1, w));
+        let r = run_one(q, req(IoOp::Read, i, 2, pool.alloc(4096).unwrap()));
+        let mut want = pool.alloc(4096).unwrap();
+        fill(&mut want, 0xbeef ^ i);
+        assert!(r.as_slice() == want.as_slice(), "queue {}", q.qid());
+    }
+    assert_eq!((qp.qid(), ff.qid()), (1, 2));
+    assert_eq!(ctrl.stats().resets, 2);
+    drop((qp, ff));
+    assert!(!ctrl.poll_admin().unwrap());
+    assert_eq!(ctrl.stats().queues_deleted, 2);
 }
 
 #[test]
