@@ -834,10 +834,10 @@ const RECREATE_ATTEMPTS: u32 = 3;
 
 /// An NVMe I/O queue pair over PCIe, owned by one reactor (or thread).
 ///
-/// Create it with [`crate::PcieController::create_queue_pair`] (or `create_queue_pair_with`), move it to
-/// its reactor, and drive it through [`nvpoll::api::QueuePair`]. It survives controller resets by its
-/// [`Recovery`] policy. Dropping it hands its memory back to the controller, which deletes the queues on
-/// the device before freeing it.
+/// Create it with [`nvpoll::api::Controller::create_queue_pair`] (or
+/// [`crate::PcieController::create_queue_pair_with`]), move it to its reactor, and drive it through
+/// [`nvpoll::api::QueuePair`]. It survives controller resets by its [`Recovery`] policy. Dropping it hands
+/// its memory back to the controller, which deletes the queues on the device before freeing it.
 pub struct PcieQueuePair<D: Device = VfioDevice> {
     q: Queue<D>,
     batch: usize,
