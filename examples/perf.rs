@@ -409,7 +409,15 @@ fn run(args: Args) -> Result<(), String> {
     if !pcie.is_empty() {
         let mut ctrls = Vec::new();
         for bdf in &pcie {
-            let c = PcieController::open(*bdf, pool.clone(), PcieOptions::default())
+            let opts = PcieOptions {
+                recovery: if args.recovery == "fail-fast" {
+                    nvpoll_pcie::Recovery::FailFast
+                } else {
+                    nvpoll_pcie::Recovery::Retry
+                },
+                ..PcieOptions::default()
+            };
+            let c = PcieController::open(*bdf, pool.clone(), opts)
                 .map_err(|e| format!("opening {bdf}: {e}"))?;
             ctrls.push(c);
         }

@@ -24,10 +24,7 @@ use std::time::{Duration, Instant};
 
 use nvpoll::api::{Controller, Namespace};
 use nvpoll::mem::{DmaBuf, DmaPool, HugepageMode};
-use nvpoll::spec::{
-    self, cns, feature, reg, Aqa, Cap, Cc, Cqe, Csts, IdentifyController, IdentifyNamespace, Sqe,
-    Vs,
-};
+use nvpoll::spec::{self, cns, feature, reg, Aqa, Cap, Cc, Cqe, Csts, IdentifyController, Sqe, Vs};
 use nvpoll::trid::PciAddress;
 
 use crate::qpair::{lock_admin, CtrlLink, Failure, NsInfo, Queue, QueueLayout, SglMode};
@@ -389,21 +386,9 @@ impl<D: Device> PcieController<D> {
         let mut out = Vec::new();
         for nsid in spec::decode_ns_list(&list) {
             let page = self.identify_page(cns::NAMESPACE, nsid)?;
-            let ns = IdentifyNamespace::parse(&page)
-                .map_err(|e| Error::Protocol(format!("Identify Namespace {nsid}: {e}")))?;
-            if ns.nsze == 0 {
-                continue;
+            if let Some(ns) = Namespace::from_identify(nsid, &page).map_err(Error::Protocol)? {
+                out.push(ns);
             }
-            let Some(block_size) = ns.block_size() else {
-                return Err(Error::Protocol(format!(
-                    "namespace {nsid} reports an invalid LBA format"
-                )));
-            };
-            out.push(Namespace {
-                nsid,
-                block_size,
-                blocks: ns.nsze,
-            });
         }
         Ok(out)
     }
