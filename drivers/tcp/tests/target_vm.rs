@@ -68,13 +68,21 @@ fn block_device(nqn: &str) -> String {
                 };
                 for c in children.flatten() {
                     let name = c.file_name().to_string_lossy().into_owned();
+                    // A disk node (nvmeXnY, not a path node nvmeXcYnZ) whose namespace ID is 1: the kernel
+                    // numbers the nodes in scan order, which is not always namespace order.
                     let disk = name.strip_prefix("nvme").is_some_and(|rest| {
                         rest.split_once('n').is_some_and(|(a, b)| {
-                            !a.is_empty() && a.bytes().all(|x| x.is_ascii_digit()) && b == "1"
+                            !a.is_empty()
+                                && a.bytes().all(|x| x.is_ascii_digit())
+                                && !b.is_empty()
+                                && b.bytes().all(|x| x.is_ascii_digit())
                         })
                     });
+                    let nsid = std::fs::read_to_string(format!("/sys/block/{name}/nsid"))
+                        .ok()
+                        .and_then(|s| s.trim().parse::<u32>().ok());
                     let dev = format!("/dev/{name}");
-                    if disk && Path::new(&dev).exists() {
+                    if disk && nsid == Some(1) && Path::new(&dev).exists() {
                         return dev;
                     }
                 }
@@ -116,10 +124,18 @@ fn read_back(addr: SocketAddr, nqn: &str, offset: u64, expect: &[u8]) {
             assert!(Instant::now() < deadline, "read timed out");
         };
         c.result.expect("read");
-        assert!(
-            c.buf.unwrap().as_slice() == chunk,
-            "bytes at {at} differ from what the kernel wrote"
-        );
+        let got = c.buf.unwrap();
+        if let Some(i) = got.as_slice().iter().zip(chunk).position(|(a, b)| a != b) {
+            let end = (i + 16).min(chunk.len());
+            panic!(
+                "bytes at {at} differ from what the kernel wrote: first at +{i}: got {:02x?}, want {:02x?}; \
+                 {} of {} bytes differ",
+                &got.as_slice()[i..end],
+                &chunk[i..end],
+                got.as_slice().iter().zip(chunk).filter(|(a, b)| a != b).count(),
+                chunk.len()
+            );
+        }
     }
     drop(qp);
     ctrl.shutdown().expect("shutdown");
