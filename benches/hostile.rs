@@ -1,0 +1,402 @@
+//! A well-behaved host's throughput against our target, alone and while hostile hosts hammer the same target.
+//!
+//! The good host is our initiator: one queue pair, qd32 4 KiB random reads, driven by `nvpoll::loadgen` on its
+//! own reactor core; the target runs on another. The hostile hosts are plain threads (not pinned, so on a small
+//! machine they compete with both reactors for the same cores):
+//!
+//! - a connection flood: connections that never send ICReq, each held until the target's connect timeout;
+//! - slowloris hosts: ICReq one byte every 50 ms, until the connect timeout closes them;
+//! - a capsule flooder: an I/O queue of 4 entries that receives 1004 write capsules at once, again and again;
+//! - TLS garbage: a ClientHello record of garbage (the target's TLS is optional), again and again.
+//!
+//! Three phases, interleaved run by run and reported as medians: alone, with the hostile hosts unpaced (as
+//! fast as they can: up to 200 flood connections open, 50 slowloris hosts, the flooder and the garbage sender
+//! back to back), and paced (20 flood connections per second, 4 slowloris hosts, a capsule flood every 500 ms
+//! and a garbage handshake every 100 ms). It prints each phase's IOPS and its ratio to the alone phase.
+//!
+//! `cargo bench --bench hostile` (NVPOLL_BENCH_TIME=3s, NVPOLL_BENCH_WARMUP=500ms, NVPOLL_BENCH_RUNS=5).
+//! The machine's load average is printed before and after: other work on the same cores moves the numbers..
+
+#[path = "../drivers/tcp/tests/target_common/mod.rs"]
+mod target_common;
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use nvpoll::api::Controller;
+use nvpoll::loadgen::{self, LoadGen, Phase, RunResult, RunSpec, Workload};
+use nvpoll::mem::DmaPool;
+use nvpoll::reactor::{CoreList, Reactors};
+use nvpoll::send::SendMode;
+use nvpoll::spec::{SglDescriptor, Sqe};
+use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
+use nvpoll_tcp::pdu::{self, Digests};
+use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig, TargetTls};
+use nvpoll_tcp::tls::ConfiguredKey;
+use target_common::{fill_pattern, RawHost, HOSTNQN, NQN};
+
+const KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
+/// The target's time for ICReq and Connect: what bounds how long a stalled hostile connection lives.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// A slowloris host's pace.
+const PACE: Duration = Duration::from_millis(50);
+
+fn env_duration(key: &str, default: &str) -> Duration {
+    let v = std::env::var(key).unwrap_or_else(|_| default.to_string());
+    loadgen::parse_duration(&v).unwrap_or_else(|e| panic!("{key}: {e}"))
+}
+
+/// How hard the hostile hosts push.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pace {
+    /// As fast as they can.
+    Unpaced,
+    /// Bounded rates.
+    Paced,
+}
+
+impl Pace {
+    /// Flood connections open at once at most, and new ones per second (None: no limit).
+    fn flood(self) -> (usize, Option<u32>) {
+        match self {
+            Pace::Unpaced => (200, None),
+            Pace::Paced => (20, Some(20)),
+        }
+    }
+
+    fn slowloris_hosts(self) -> usize {
+        match self {
+            Pace::Unpaced => 50,
+            Pace::Paced => 4,
+        }
+    }
+
+    /// The time between two capsule floods, and between two garbage handshakes.
+    fn gaps(self) -> (Duration, Duration) {
+        match self {
+            Pace::Unpaced => (Duration::ZERO, Duration::ZERO),
+            Pace::Paced => (Duration::from_millis(500), Duration::from_millis(100)),
+        }
+    }
+}
+
+/// What the hostile hosts did.
+#[derive(Default)]
+struct HostileCounts {
+    flood: AtomicU64,
+    slowloris: AtomicU64,
+    capsule_floods: AtomicU64,
+    garbage: AtomicU64,
+}
+
+/// The hostile hosts, one thread each, until dropped.
+struct Hostile {
+    stop: Arc<AtomicBool>,
+    counts: Arc<HostileCounts>,
+    threads: Vec<JoinHandle<()>>,
+    started: Instant,
+}
+
+impl Hostile {
+    fn start(addr: SocketAddr, pace: Pace) -> Hostile {
+        let stop = Arc::new(AtomicBool::new(false));
+        let counts = Arc::new(HostileCounts::default());
+        let kinds: [fn(SocketAddr, Pace, &AtomicBool, &HostileCounts); 4] =
+            [flood, slowloris, capsule_flooder, tls_garbage];
+        let threads = kinds
+            .into_iter()
+            .map(|f| {
+                let (stop, counts) = (Arc::clone(&stop), Arc::clone(&counts));
+                thread::spawn(move || f(addr, pace, &stop, &counts))
+            })
+            .collect();
+        Hostile {
+            stop,
+            counts,
+            threads,
+            started: Instant::now(),
+        }
+    }
+
+    /// Stops the threads; returns connections per second of each kind.
+    fn finish(mut self) -> [f64; 4] {
+        self.stop.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            t.join().expect("hostile host thread");
+        }
+        let secs = self.started.elapsed().as_secs_f64();
+        let c = &self.counts;
+        [&c.flood, &c.slowloris, &c.capsule_floods, &c.garbage]
+            .map(|a| a.load(Ordering::Relaxed) as f64 / secs)
+    }
+}
+
+/// Sleeps `gap` in small steps, returning early once `stop` is set.
+fn pause(gap: Duration, stop: &AtomicBool) {
+    let end = Instant::now() + gap;
+    while Instant::now() < end && !stop.load(Ordering::Acquire) {
+        thread::sleep(Duration::from_millis(10).min(end - Instant::now()));
+    }
+}
+
+/// Reads and drops what the target sends until it closes the connection (or `limit` passes).
+fn until_closed(s: &mut TcpStream, limit: Duration) {
+    let _ = s.set_read_timeout(Some(limit));
+    let mut sink = [0u8; 16384];
+    while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+}
+
+/// Connections that never send ICReq, each held a little longer than the connect timeout (by then the target
+/// has closed it).
+fn flood(addr: SocketAddr, pace: Pace, stop: &AtomicBool, counts: &HostileCounts) {
+    let (max_open, per_second) = pace.flood();
+    let gap = per_second.map_or(Duration::ZERO, |n| Duration::from_secs(1) / n);
+    let mut open: VecDeque<(TcpStream, Instant)> = VecDeque::new();
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        let now = Instant::now();
+        while open
+            .front()
+            .is_some_and(|(_, t)| now - *t > CONNECT_TIMEOUT + Duration::from_millis(100))
+        {
+            open.pop_front();
+        }
+        if open.len() < max_open && now >= next {
+            if let Ok(s) = TcpStream::connect(addr) {
+                counts.flood.fetch_add(1, Ordering::Relaxed);
+                open.push_back((s, now));
+            }
+            next = now + gap;
+        } else {
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Hosts that send ICReq one byte every `PACE`; each is replaced when the target closes it.
+fn slowloris(addr: SocketAddr, pace: Pace, stop: &AtomicBool, counts: &HostileCounts) {
+    let mut icreq = Vec::new();
+    pdu::encode_ic_req(&mut icreq, &pdu::IcReq::default());
+    let mut hosts: Vec<Option<(TcpStream, usize)>> =
+        (0..pace.slowloris_hosts()).map(|_| None).collect();
+    while !stop.load(Ordering::Acquire) {
+        for h in hosts.iter_mut() {
+            if h.is_none() {
+                *h = TcpStream::connect(addr).ok().map(|s| (s, 0));
+                counts.slowloris.fetch_add(1, Ordering::Relaxed);
+            }
+            let Some((s, sent)) = h else { continue };
+            // A write fails once the target has closed the connection (the byte before drew a reset).
+            if *sent >= icreq.len() || s.write_all(&icreq[*sent..*sent + 1]).is_err() {
+                *h = None;
+            } else {
+                *sent += 1;
+            }
+        }
+        pause(PACE, stop);
+    }
+}
+
+/// An admin queue, then again and again: an I/O queue of 4 entries and 1004 writes at once (waiting for R2T,
+/// the first four fill it; the fifth is a protocol error), until the target terminates the connection.
+fn capsule_flooder(addr: SocketAddr, pace: Pace, stop: &AtomicBool, counts: &HostileCounts) {
+    let (_admin, cntlid) = RawHost::admin_queue(addr, NQN, 0);
+    let mut batch = Vec::new();
+    for cid in 0..1004u16 {
+        let mut sqe = Sqe::write(1, u64::from(cid % 64) * 8, 7);
+        sqe.cid = cid;
+        sqe.set_sgl(&SglDescriptor::transport_data_block(32768));
+        pdu::encode_capsule_cmd(&mut batch, &sqe, &[], Digests::NONE, 0);
+    }
+    let (gap, _) = pace.gaps();
+    let mut qid = 0u16;
+    while !stop.load(Ordering::Acquire) {
+        // A closed queue's ID is released when its session is dropped: take turns over several.
+        qid = qid % 32 + 1;
+        let (mut q, cqe) = RawHost::io_queue(addr, cntlid, qid, 3, 0, Digests::NONE);
+        if cqe.status().is_success() {
+            let _ = q.s.write_all(&batch);
+            until_closed(&mut q.s, Duration::from_secs(5));
+            counts.capsule_floods.fetch_add(1, Ordering::Relaxed);
+        }
+        pause(gap, stop);
+    }
+}
+
+/// A ClientHello record of garbage, then waiting for the target to close the connection, again and again.
+fn tls_garbage(addr: SocketAddr, pace: Pace, stop: &AtomicBool, counts: &HostileCounts) {
+    let (_, gap) = pace.gaps();
+    let mut seed = 0u64;
+    while !stop.load(Ordering::Acquire) {
+        seed += 1;
+        let mut junk = vec![0u8; 261];
+        fill_pattern(&mut junk, seed);
+        junk[..5].copy_from_slice(&[0x16, 0x03, 0x01, 0x01, 0x00]);
+        if let Ok(mut s) = TcpStream::connect(addr) {
+            let _ = s.write_all(&junk);
+            until_closed(&mut s, Duration::from_secs(5));
+            counts.garbage.fetch_add(1, Ordering::Relaxed);
+        }
+        pause(gap, stop);
+    }
+}
+
+/// The first three fields of /proc/loadavg.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn main() {
+    let time = env_duration("NVPOLL_BENCH_TIME", "3s");
+    let warmup = env_duration("NVPOLL_BENCH_WARMUP", "500ms");
+    let runs: usize = std::env::var("NVPOLL_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let all = CoreList::all();
+    let (icore, tcore) = match all.cores() {
+        [only] => (*only, *only),
+        cores => (cores[0], cores[cores.len() - 1]),
+    };
+    let icores = CoreList::parse(&icore.to_string()).expect("initiator core");
+    let tcores = CoreList::parse(&tcore.to_string()).expect("target core");
+
+    // TLS optional: the good host speaks plain TCP, and garbage that starts like a record reaches the handshake.
+    let mut config = TargetConfig::new("127.0.0.1:0".parse().expect("address literal"))
+        .subsystem(SubsystemConfig::new(NQN).namespace(Backing::Ram(256 << 20), 4096));
+    config.connect_timeout = CONNECT_TIMEOUT;
+    config.tls = Some(TargetTls::with_host_keys(
+        false,
+        &[(HOSTNQN.to_string(), ConfiguredKey::parse(KEY).expect("key"))],
+        &[NQN.to_string()],
+    ));
+    let target_reactors = Reactors::start(&tcores).expect("target reactors");
+    let target = Target::bind(config)
+        .expect("bind target")
+        .start(&target_reactors)
+        .expect("start target");
+    let addr = target.local_addr();
+    let pool = DmaPool::builder()
+        .class(4096, 256)
+        .build()
+        .expect("DMA pool");
+    let reactors = Reactors::start(&icores).expect("initiator reactors");
+    let mut ctrl = TcpController::connect(ConnectOptions::new(addr, NQN, HOSTNQN), pool.clone())
+        .expect("connect to our target");
+    let ns = ctrl.namespaces()[0].clone();
+    let mut gen: LoadGen<TcpQueuePair> = LoadGen::new(pool.clone(), 32, true);
+    let spec = RunSpec {
+        qd: 32,
+        jobs: 1,
+        io_size: 4096,
+        workload: Workload::Randread,
+        rwmix: 0,
+        verify: false,
+        warmup,
+        time,
+        send_mode: SendMode::Deferred,
+        drain_timeout: Duration::from_secs(30),
+    };
+    println!(
+        "hostile: initiator core {icore}, target core {tcore}, qd32 x 1 4 KiB randread, median of {runs} x \
+         {time:?} (after {warmup:?}) per phase, phases interleaved; target connect timeout {CONNECT_TIMEOUT:?}; \
+         load average before: {}",
+        load_average()
+    );
+    let phases = [None, Some(Pace::Unpaced), Some(Pace::Paced)];
+    let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); phases.len()];
+    let mut rates: Vec<Vec<[f64; 4]>> = vec![Vec::new(); phases.len()];
+    let ctrl_cell = RefCell::new(&mut ctrl);
+    for _ in 0..runs {
+        for (i, pace) in phases.iter().enumerate() {
+            let hostile = pace.map(|p| Hostile::start(addr, p));
+            let mut connect = |_: usize, depth: u16| -> nvpoll::Result<_> {
+                Ok((ctrl_cell.borrow_mut().connect_io_queue(depth)?, ns.clone()))
+            };
+            let mut tick =
+                |_: Phase| -> nvpoll::Result<()> { Ok(ctrl_cell.borrow_mut().poll_admin()?) };
+            let r = gen
+                .run(&reactors, spec, &mut connect, &mut tick)
+                .expect("run");
+            if let Some(h) = hostile {
+                rates[i].push(h.finish());
+            }
+            assert!(
+                r.failures.is_empty() && r.errors == 0 && r.lost == 0,
+                "the good host failed: {:?}",
+                r.failures
+            );
+            results[i].push(r);
+        }
+    }
+    let spread: Vec<(f64, f64)> = results
+        .iter()
+        .map(|runs| {
+            let iops = runs.iter().map(|r| r.iops);
+            (
+                iops.clone().fold(f64::MAX, f64::min),
+                iops.fold(0.0, f64::max),
+            )
+        })
+        .collect();
+    let medians: Vec<RunResult> = results.into_iter().map(loadgen::median).collect();
+    let alone = medians[0].iops;
+    println!("load average after: {}", load_average());
+    println!(
+        "\n| {:<18} | {:>9} | {:>17} | {:>8} | {:>7} | {:>35} |",
+        "phase", "IOPS", "min - max", "p99 us", "ratio", "hostile conn/s: flood/slow/caps/tls"
+    );
+    for (((pace, m), r), (lo, hi)) in phases.iter().zip(&medians).zip(&rates).zip(&spread) {
+        let label = match pace {
+            None => "alone",
+            Some(Pace::Unpaced) => "hostile, unpaced",
+            Some(Pace::Paced) => "hostile, paced",
+        };
+        let rate = if r.is_empty() {
+            "-".to_string()
+        } else {
+            let mean = |k: usize| r.iter().map(|x| x[k]).sum::<f64>() / r.len() as f64;
+            format!(
+                "{:.0}/{:.0}/{:.1}/{:.0}",
+                mean(0),
+                mean(1),
+                mean(2),
+                mean(3)
+            )
+        };
+        println!(
+            "| {:<18} | {:>9.0} | {:>17} | {:>8.1} | {:>7.3} | {:>35} |",
+            label,
+            m.iops,
+            format!("{lo:.0} - {hi:.0}"),
+            m.p99_us,
+            m.iops / alone,
+            rate
+        );
+    }
+    gen.release_queue_pairs();
+    ctrl.shutdown().expect("controller shutdown");
+    reactors.stop().expect("stop initiator reactors");
+    // Every hostile connection was closed again and none hit a bug in the target.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let c = loop {
+        let c = target.counters();
+        if c.closed == c.accepted || Instant::now() > deadline {
+            break c;
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    println!("\ntarget: {c}");
+    assert_eq!(c.closed, c.accepted, "connections left open");
+    assert_eq!(c.internal_errors, 0, "the target panicked");
+    target.stop();
+    target_reactors.stop().expect("stop target reactors");
+}
