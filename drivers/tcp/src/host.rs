@@ -869,6 +869,12 @@ impl TcpQueuePair {
     /// The connection failed: keep (or fail) its outstanding commands, drop it, and ask the controller to
     /// reconnect.
     fn lose_connection(&mut self) {
+        self.drop_connection();
+        self.shared.reset_requested.store(true, Ordering::Release);
+    }
+
+    /// Keeps (or fails) the outstanding commands of the connection and drops it.
+    fn drop_connection(&mut self) {
         let Some(mut q) = self.q.take() else { return };
         // What completed before the failure (and, fail-fast, the failed commands) is handed out as usual.
         while let Some(d) = q.pop_done() {
@@ -879,7 +885,6 @@ impl TcpQueuePair {
         }
         self.waiting.extend(q.take_orphans());
         self.recovery.losses += 1;
-        self.shared.reset_requested.store(true, Ordering::Release);
         self.next_attempt = Instant::now();
     }
 
@@ -1079,6 +1084,14 @@ impl QueuePair for TcpQueuePair {
     fn poll(&mut self, _max: usize) -> nvpoll::Result<usize> {
         let before = self.done.len();
         self.check_timeouts();
+        if self.q.is_some() && self.shared.generation.load(Ordering::Acquire) != self.gen {
+            // The controller reconnected (its old incarnation, and so this connection, is gone on the target):
+            // move to the new one now instead of waiting for the old connection to fail.
+            if let Some(q) = self.q.as_mut() {
+                q.fail("the controller reconnected");
+            }
+            self.drop_connection();
+        }
         match self.q.as_mut() {
             Some(q) => {
                 if q.poll().is_err() {
