@@ -285,9 +285,15 @@ inject_kill_restart() {
 }
 inject_reset() {
     sleep 3
-    say "  TCP resets on port $PORT for 1 s"
+    say "  TCP resets on port $PORT until the target's connections are gone (1 to 6 s)"
     fw reset
     sleep 1
+    # On a loaded machine nothing may cross the link in a fixed second: keep the rule until every connection
+    # to the target has actually been reset.
+    for _ in $(seq 50); do
+        [ "$(ip netns exec "$NS" ss -Htn state established "( sport = :$PORT )" | wc -l)" = 0 ] && break
+        sleep 0.1
+    done
     fw clear
 }
 inject_blackhole() {
