@@ -277,6 +277,8 @@ pub(crate) struct Session {
     /// The TLS handshake while [`Phase::Tls`] runs, and the bytes it has not consumed yet.
     tls_hs: Option<crate::tls::Handshake>,
     tls_inb: Vec<u8>,
+    /// Before Ready: the target clock (ms) at which an idle session is next looked at.
+    setup_next_poll_ms: u64,
     queue: Option<Queue>,
     slots: Vec<Slot>,
     busy_slots: usize,
@@ -328,6 +330,7 @@ impl Session {
             },
             tls_hs: None,
             tls_inb: Vec::new(),
+            setup_next_poll_ms: 0,
             digests: Digests::NONE,
             hpda: 0,
             decode: pdu::DecodeConfig::new(pdu::Direction::ToController, Digests::NONE, 0),
@@ -363,6 +366,24 @@ impl Session {
 
     /// Reads and handles whatever the host sent, and checks the timers. Never blocks.
     pub fn poll(&mut self) -> Progress {
+        // A connection that has not finished Fabrics Connect and had nothing to do last time is looked at once
+        // per millisecond, not on every iteration: idle half-open connections (a flood, a slowloris) then
+        // cost the reactor almost nothing, and an active handshake still runs at full speed.
+        if self.phase != Phase::Ready && self.closing.is_none() {
+            let now = self.target.now_ms();
+            if now < self.setup_next_poll_ms {
+                return Progress::Idle;
+            }
+            let p = self.poll_now();
+            if matches!(p, Progress::Idle) {
+                self.setup_next_poll_ms = now + 1;
+            }
+            return p;
+        }
+        self.poll_now()
+    }
+
+    fn poll_now(&mut self) -> Progress {
         if let Some((_, deadline)) = &self.closing {
             let deadline = *deadline;
             return self.drain(deadline);
