@@ -217,12 +217,16 @@ run_scenario() {   # LABEL POLICY EXPECT SECONDS INJECT [perf args...]
     #   failed   fail-fast policy: some I/O failed or was refused
     #   stall    retry policy: no failed I/O, and a stall of at least 1.5 s (the blackhole was seen)
     #   clean    retry policy: no failed I/O
+    #   reconnected  retry policy: no failed I/O, and the initiator connected again (the target saw a second
+    #            admin queue): a reset may hit while no command is outstanding, so nothing needs a retry
     local label=$1 policy=$2 expect=$3 secs=$4 inject=$5; shift 5
     [[ " $* " == *" --io-timeout "* ]] || set -- --io-timeout 5s "$@"
     RUNS=$((RUNS + 1))
     local log=$WORK/perf-$RUNS.log
     say "---- $label ($policy): ${secs}s run"
     echo "---- $label ($policy)" >> "$WORK/target.log"
+    local log_from
+    log_from=$(wc -l < "$WORK/target.log")
     timeout -k 5 $((secs + 60)) "$BIN/perf" \
         --trid "trtype:tcp traddr:$TARGET_IP trsvcid:$PORT subnqn:$NQN" --hostnqn "$HOSTNQN" \
         --verify --faults --quiet --qd 16 --time "${secs}s" --warmup 0s --runs 1 --workload randrw \
@@ -257,6 +261,10 @@ run_scenario() {   # LABEL POLICY EXPECT SECONDS INJECT [perf args...]
         case "$expect" in
             retried) [ "$retried" -gt 0 ] || why+=("nothing was retried: did the fault hit?") ;;
             stall) awk -v s="$stall" 'BEGIN { exit !(s >= 1.5) }' || why+=("longest stall ${stall}s: the blackhole was not seen") ;;
+            reconnected)
+                local admins
+                admins=$(tail -n +"$((log_from + 1))" "$WORK/target.log" | grep -c 'admin queue of controller' || true)
+                [ "$admins" -ge 2 ] || why+=("the initiator never reconnected ($admins admin queue(s)): did the fault hit?") ;;
         esac
         local verdict=ok
         [ ${#why[@]} = 0 ] || verdict=FAIL
@@ -312,7 +320,7 @@ T0=$SECONDS
 start_target
 run_scenario "kill -9 + restart" retry retried 10 inject_kill_restart
 run_scenario "kill -9 + restart" fail-fast failed 10 inject_kill_restart
-run_scenario "tcp reset 1 s" retry retried 10 inject_reset
+run_scenario "tcp resets" retry reconnected 10 inject_reset
 run_scenario "blackhole 4 s, KATO 2 s" retry stall 12 inject_blackhole --kato 2s --io-timeout 15s
 lossy_on
 run_scenario "$LOSSY_LABEL" retry clean 8 inject_none
