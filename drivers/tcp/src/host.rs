@@ -1129,7 +1129,11 @@ impl QueuePair for TcpQueuePair {
 
     fn stats(&self) -> QueueStats {
         let Some(q) = self.q.as_ref() else {
-            return QueueStats::default();
+            // Reconnecting: no connection counters, but the recovery's own count goes on.
+            return QueueStats {
+                retried: self.recovery.retried,
+                ..QueueStats::default()
+            };
         };
         let c = q.conn_stats();
         QueueStats {
