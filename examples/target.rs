@@ -50,7 +50,7 @@ struct Args {
 
     /// Size of a RAM namespace (bytes, or with a K, M, G or T suffix: powers of 1024). Its contents are lost
     /// when the target stops. Default: 1G when no --file or --pcie is given, none otherwise.
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = nvpoll::loadgen::parse_size)]
     ram: Option<u64>,
 
     /// A namespace backed by an existing regular file or block device, read and written through the page
@@ -93,28 +93,6 @@ struct Args {
     /// closes only when something went wrong).
     #[arg(short, long)]
     verbose: bool,
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (digits, shift) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 30),
-        Some('T' | 't') => (&t[..t.len() - 1], 40),
-        _ => (t, 0),
-    };
-    let n: u64 = digits
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size like 1G, 512M or 4096"))?;
-    n.checked_shl(shift)
-        .filter(|v| v >> shift == n && *v > 0)
-        .ok_or_else(|| format!("{s:?} is zero or too large"))
 }
 
 fn parse_block_size(s: &str) -> Result<u32, String> {
@@ -258,22 +236,6 @@ fn run(args: Args) -> Result<(), String> {
         );
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("512M"), Ok(512 << 20));
-        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("1X").is_err());
-        assert!(parse_size("99999999T").is_err());
-    }
 }
 
 /// A --psk argument for an error message, without the key.

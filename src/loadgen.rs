@@ -46,21 +46,28 @@ impl Workload {
     }
 }
 
-/// Parses a size such as `512`, `4k`, `128K`, `1m`, `1GiB`.
+/// Parses a size such as `512`, `4k`, `128K`, `1m`, `1G`, `1TiB` (powers of 1024); zero and overflow are
+/// errors.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim().to_ascii_lowercase();
-    let (num, mult) = match t.trim_end_matches(['b', 'i']).char_indices().last() {
-        Some((i, 'k')) => (&t[..i], 1u64 << 10),
-        Some((i, 'm')) => (&t[..i], 1 << 20),
-        Some((i, 'g')) => (&t[..i], 1 << 30),
-        _ => (t.as_str(), 1),
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (digits, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
     };
-    let n: u64 = num
+    let n: u64 = digits
+        .trim()
         .parse()
-        .map_err(|_| format!("'{s}' is not a size (e.g. 512, 4k, 1m, 1g)"))?;
-    n.checked_mul(mult)
-        .filter(|&v| v > 0)
-        .ok_or_else(|| format!("'{s}' is not a usable size"))
+        .map_err(|_| format!("{s:?} is not a size like 1G, 512M, 4k or 4096"))?;
+    n.checked_shl(shift)
+        .filter(|v| v >> shift == n && *v > 0)
+        .ok_or_else(|| format!("{s:?} is zero or too large"))
 }
 
 /// Parses a duration such as `10s`, `500ms`, `2m`.
@@ -891,4 +898,28 @@ pub fn json(rows: &[Row], machine: &str) -> String {
         machine.replace('"', "'"),
         rows.join(",")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("1X").is_err());
+        assert!(parse_size("99999999T").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert!(parse_duration("ten").is_err());
+    }
 }
