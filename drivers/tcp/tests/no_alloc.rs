@@ -4,23 +4,35 @@
 mod target_common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
+use nvpoll::reactor::{CoreList, Reactors};
 use nvpoll::send::SendMode;
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
 use nvpoll_tcp::target::TargetTls;
+use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
-use target_common::{pool, TestTarget, HOSTNQN, NQN};
+use target_common::{pool, HOSTNQN, NQN, NS1_BYTES, NS2_BYTES};
 
 struct Counting;
 
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 
+thread_local! {
+    /// Set on the initiator's thread and on the target's reactor while measuring: only their allocations
+    /// count, not those of unrelated threads of the test harness (a const, drop-free thread local: reading it
+    /// never allocates).
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        if COUNTING.try_with(Cell::get).unwrap_or(false) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
         // SAFETY: forwarded unchanged to the system allocator.
         unsafe { System.alloc(layout) }
     }
@@ -64,24 +76,42 @@ fn run(qp: &mut TcpQueuePair, bufs: &mut Vec<nvpoll::mem::DmaBuf>, rounds: u64) 
     }
 }
 
-/// The counter is process-wide: the tests of this file take turns.
+/// The counter is shared: the tests of this file take turns.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn no_allocations(tls: bool) {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let key = ConfiguredKey::parse(KEY).unwrap();
-    let target = TestTarget::start(|mut c| {
-        if tls {
-            c.tls = Some(TargetTls::with_host_keys(
-                true,
-                &[(HOSTNQN.to_string(), key.clone())],
-                &[NQN.to_string()],
-            ));
+    let subsys = SubsystemConfig::new(NQN)
+        .namespace(Backing::Ram(NS1_BYTES), 512)
+        .namespace(Backing::Ram(NS2_BYTES), 4096);
+    let mut config = TargetConfig::new("127.0.0.1:0".parse().unwrap()).subsystem(subsys);
+    if tls {
+        config.tls = Some(TargetTls::with_host_keys(
+            true,
+            &[(HOSTNQN.to_string(), key.clone())],
+            &[NQN.to_string()],
+        ));
+    }
+    let reactors = Reactors::start(&"0".parse::<CoreList>().unwrap()).unwrap();
+    let handle = Target::bind(config).unwrap().start(&reactors).unwrap();
+    // Switch counting on the target's reactor with a plain message and an atomic acknowledgement: the
+    // message is allocated here (not counted) and nothing on the reactor allocates to answer.
+    let counting_on_target = |on: bool| {
+        let ack = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = std::sync::Arc::clone(&ack);
+        reactors
+            .send(0, move |_| {
+                COUNTING.with(|c| c.set(on));
+                done.store(true, Ordering::Release);
+            })
+            .unwrap();
+        while !ack.load(Ordering::Acquire) {
+            std::hint::spin_loop();
         }
-        c
-    });
+    };
     let p = pool();
-    let mut o = ConnectOptions::new(target.addr, NQN, HOSTNQN);
+    let mut o = ConnectOptions::new(handle.local_addr(), NQN, HOSTNQN);
     if tls {
         o = o.with_tls_key(&key, IdentityVersion::V0);
     }
@@ -95,7 +125,11 @@ fn no_allocations(tls: bool) {
         // Warm up: buffers grow to their working size, the target's session settles.
         run(&mut qp, &mut bufs, 20);
         let before = ALLOCS.load(Ordering::Relaxed);
+        counting_on_target(true);
+        COUNTING.with(|c| c.set(true));
         run(&mut qp, &mut bufs, 100);
+        COUNTING.with(|c| c.set(false));
+        counting_on_target(false);
         let allocs = ALLOCS.load(Ordering::Relaxed) - before;
         assert_eq!(
             allocs, 0,
