@@ -396,55 +396,18 @@ impl Conn {
         cfg: crate::tls::ClientConfig,
         timeout: Duration,
     ) -> Result<(), Error> {
-        let (mut hs, first) = Handshake::client(cfg)?;
+        let (hs, first) = Handshake::client(cfg)?;
+        // The ClientHello goes out with the first step's flush, in the clear (no TLS state exists yet).
+        self.tx.extend_from_slice(&first);
+        let mut hs = Some(hs);
+        let mut inb = Vec::with_capacity(TLS_READ);
         let deadline = Instant::now() + timeout;
-        let mut out = first;
-        let mut inb: Vec<u8> = Vec::with_capacity(TLS_READ);
-        let mut sent = 0;
-        loop {
-            while sent < out.len() {
-                match write_some(&mut self.stream, &out[sent..], &mut self.stats)? {
-                    Some(n) => sent += n,
-                    None => break,
-                }
-            }
-            if sent == out.len() {
-                out.clear();
-                sent = 0;
-            }
-            if hs.is_done() && out.is_empty() {
-                break;
-            }
-            if !hs.is_done() {
-                let have = inb.len();
-                inb.resize(have + TLS_READ, 0);
-                let r = read_some(
-                    &mut self.stream,
-                    &mut inb[have..],
-                    &mut self.stats,
-                    &mut self.closed,
-                );
-                inb.truncate(have + *r.as_ref().unwrap_or(&0));
-                r?;
-                let p = hs.read(&inb, &mut out);
-                match p {
-                    Ok(p) => {
-                        inb.drain(..p.consumed);
-                    }
-                    Err(e) => {
-                        // The fatal alert is in `out`: best effort, then fail.
-                        let _ = write_some(&mut self.stream, &out[sent..], &mut self.stats);
-                        return Err(e.into());
-                    }
-                }
-            }
+        while !self.tls_step(&mut hs, &mut inb)? {
             if Instant::now() >= deadline {
                 return Err(Error::Timeout("TLS handshake"));
             }
             std::thread::yield_now();
         }
-        let session = hs.into_session()?;
-        self.install_tls(session, inb);
         Ok(())
     }
 
