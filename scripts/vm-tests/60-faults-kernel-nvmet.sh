@@ -6,9 +6,12 @@
 # perf --verify --faults (qd 8, 7 s runs, retry policy) against $VM_NVMET_ADDR:$VM_NVMET_PORT while:
 #   a) port unlinked   the subsystem's link under the nvmet port is removed for 1 s (nvmet drops the
 #                      subsystem's controllers on that port and stops listening), then made again;
-#   b) lossy lo        tc netem delay 5ms loss 2% on lo for the whole run (needs sch_netem; without it,
+#   b) tcp resets      nft rejects the initiator's packets to the port with TCP resets for 2 s;
+#   c) blackhole       nft drops the port's traffic both ways for 4 s, longer than a 2 s KATO;
+#   d) lossy lo        tc netem delay 5ms loss 2% on lo for the whole run (needs sch_netem; without it,
 #                      2% loss with nft if nf_tables is there, else the scenario is skipped, loudly).
-# Every run must lose nothing, find no verify mismatch and fail no I/O; a) must also have retried commands.
+# Every run must lose nothing, find no verify mismatch and fail no I/O; a) to c) must also have retried
+# commands (the fault hit outstanding I/O).
 # At least one scenario must run. Every fault is undone on any exit.
 set -euo pipefail
 
@@ -54,15 +57,17 @@ trap 'exit 143' TERM
 ROWS=() FAILS=0 RAN=0 SKIPPED=0
 row() { ROWS+=("$(printf '| %-30s | %9s | %7s | %6s | %7s | %4s | %10s | %19s | %-6s |' "$@")"); }
 
-run_scenario() {   # LABEL EXPECT INJECT: perf in the background, INJECT here, then the checks
-    local label=$1 expect=$2 inject=$3 log rc=0
+run_scenario() {   # LABEL EXPECT INJECT SECONDS [PERF ARGS...]: perf in the background, INJECT here, checks
+    local label=$1 expect=$2 inject=$3 secs=$4 log rc=0
+    shift 4
+    [[ " $* " == *" --io-timeout "* ]] || set -- --io-timeout 10s "$@"
     RAN=$((RAN + 1))
     log=$(mktemp)
-    say "---- $label: 7 s run"
+    say "---- $label: $secs s run"
     timeout -k 5 90 "$bin/perf" \
         --trid "trtype:tcp traddr:$VM_NVMET_ADDR trsvcid:$VM_NVMET_PORT subnqn:$VM_NVMET_NQN" \
-        --verify --faults --quiet --qd 8 --time 7s --warmup 0s --runs 1 --workload randrw --send-mode deferred \
-        --reconnect-delay 200ms --ctrl-loss-tmo 20s --io-timeout 10s --drain-timeout 30s --recovery retry \
+        --verify --faults --quiet --qd 8 --time "${secs}s" --warmup 0s --runs 1 --workload randrw --send-mode deferred \
+        --reconnect-delay 200ms --ctrl-loss-tmo 20s --drain-timeout 30s --recovery retry "$@" \
         > "$log" 2>&1 &
     perf_pid=$!
     "$inject"
@@ -110,15 +115,50 @@ inject_unlink() {
 }
 inject_none() { :; }
 
+have_nft() { command -v nft >/dev/null && modprobe nf_tables 2>/dev/null && nft list tables >/dev/null 2>&1; }
+nft_rules() {   # RULES: a table whose input chain (on lo) holds RULES
+    modprobe nft_reject_inet 2>/dev/null || true
+    nft -f - <<EOF
+table inet nvpoll_fault {
+    chain input { type filter hook input priority 0; policy accept; $1 }
+}
+EOF
+    nft_table=1
+}
+nft_clear() { nft delete table inet nvpoll_fault; nft_table=0; }
+inject_reset() {
+    sleep 2
+    say "  TCP resets to the initiator's packets for port $VM_NVMET_PORT for 2 s"
+    nft_rules "tcp dport $VM_NVMET_PORT reject with tcp reset;"
+    sleep 2
+    nft_clear
+}
+inject_blackhole() {
+    sleep 2
+    say "  blackhole on port $VM_NVMET_PORT for 4 s (KATO 2 s)"
+    nft_rules "tcp dport $VM_NVMET_PORT drop; tcp sport $VM_NVMET_PORT drop;"
+    sleep 4
+    nft_clear
+}
+
 # a) the port loses the subsystem for a second
 if [ -z "$port" ]; then
     loud "SKIP port unlinked: no nvmet port with trsvcid $VM_NVMET_PORT linking $VM_NVMET_NQN under $cfg/ports"
     SKIPPED=$((SKIPPED + 1))
 else
-    run_scenario "port unlinked 1 s" retried inject_unlink
+    run_scenario "port unlinked 1 s" retried inject_unlink 7
 fi
 
-# b) a slow, lossy lo for the whole run
+# b) TCP resets, and c) a blackhole longer than KATO
+if have_nft; then
+    run_scenario "tcp resets 2 s" retried inject_reset 8
+    run_scenario "blackhole 4 s, KATO 2 s" retried inject_blackhole 10 --kato 2s --io-timeout 15s
+else
+    loud "SKIP tcp resets and blackhole: no nft in the guest (apt-get install nftables on the host) or no nf_tables"
+    SKIPPED=$((SKIPPED + 2))
+fi
+
+# d) a slow, lossy lo for the whole run
 lossy=''
 if ! command -v tc >/dev/null; then
     loud "SKIP lossy lo: no tc in the guest (install iproute2 on the host: the guest runs on the host's root fs)"
@@ -139,7 +179,7 @@ else
     SKIPPED=$((SKIPPED + 1))
 fi
 if [ -n "$lossy" ]; then
-    run_scenario "$lossy" clean inject_none
+    run_scenario "$lossy" clean inject_none 7
     if [ "$lo_qdisc" = 1 ]; then tc qdisc del dev lo root; lo_qdisc=0; fi
     if [ "$nft_table" = 1 ]; then nft delete table inet nvpoll_fault; nft_table=0; fi
 fi
