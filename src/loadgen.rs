@@ -122,6 +122,7 @@ struct JobResult<Q> {
     completed_ok: u64,
     rejected: u64,
     lost: u64,
+    retried: u64,
     max_stall: Duration,
     ios: u64,
     bytes: u64,
@@ -274,6 +275,8 @@ struct Job<Q: QueuePair> {
     last_completion: Instant,
     /// Give up draining at this point: whatever is still outstanding is lost.
     drain_deadline: Instant,
+    /// The queue pair's retry count when the job started.
+    retried_base: u64,
     cpu_start: Option<Duration>,
     /// Queue-pair counters at the start of the measured window, and their change over it.
     stats_start: Option<QueueStats>,
@@ -371,6 +374,11 @@ impl<Q: QueuePair> Job<Q> {
 
     fn finish(&mut self, failure: Option<String>) {
         if let Some(tx) = self.done.take() {
+            // Over the whole run, like the other fault counts (a retry may come after the measured window).
+            let retried = self
+                .qp
+                .as_ref()
+                .map_or(0, |q| q.stats().retried.saturating_sub(self.retried_base));
             let hist = std::mem::replace(&mut self.hist, Histogram::new(1).expect("histogram"));
             self.bufs.clear();
             let qp = if failure.is_none() {
@@ -385,6 +393,7 @@ impl<Q: QueuePair> Job<Q> {
                 completed_ok: self.completed_ok,
                 rejected: self.rejected,
                 lost,
+                retried,
                 max_stall: self.max_stall,
                 ios: self.ios,
                 bytes: self.ios * self.spec.io_size,
@@ -609,6 +618,7 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
                 None => connect(j, self.qp_depth)?,
             };
             qp.set_send_mode(spec.send_mode)?;
+            let retried_base = qp.stats().retried;
             if spec.io_size % u64::from(ns.block_size) != 0 {
                 return Err(Error::InvalidArgument(format!(
                     "the I/O size {} is not a multiple of the block size {}",
@@ -659,6 +669,7 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
                 max_stall: Duration::ZERO,
                 last_completion: start,
                 drain_deadline: measure_end + spec.drain_timeout,
+                retried_base,
                 cpu_start: None,
                 stats_start: None,
                 stats: None,
@@ -738,7 +749,7 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
             rejected += r.rejected;
             lost += r.lost;
             max_stall = max_stall.max(r.max_stall);
-            qs.retried += r.stats.retried;
+            qs.retried += r.retried;
             qs.writes += r.stats.writes;
             qs.pdus += r.stats.pdus;
             qs.flushes += r.stats.flushes;
