@@ -2,8 +2,10 @@
 //! reactors.
 //!
 //! - [`Target::bind`] opens the namespaces and the listening socket; [`Target::start`] registers the listener
-//!   as a poller on reactor 0. Each accepted connection becomes a session poller on the next reactor, round
-//!   robin, and stays there: one owner per queue, no locks on the I/O path.
+//!   as a poller on reactor 0. Each accepted connection goes to the next reactor, round robin, and stays
+//!   there: one owner per queue, no locks on the I/O path. Until Fabrics Connect succeeds it sits in that
+//!   reactor's setup poller (idle half-open connections are looked at once per millisecond, all for one clock
+//!   read); then it becomes a session poller of its own, polled on every iteration.
 //! - A session (`session`) speaks NVMe/TCP: ICReq/ICResp, Fabrics Connect, and then commands: admin and
 //!   fabrics ones (`admin`), NVM I/O (`io`), and the discovery log (`discovery`) for the well-known
 //!   discovery subsystem, which every target serves.
@@ -724,7 +726,7 @@ impl Poller for ListenerPoller {
     }
 }
 
-/// Runs on the reactor that will own the connection.
+/// Runs on the reactor that will own the connection: the session starts in that reactor's setup poller.
 fn start_session(ctx: &mut ReactorContext, stream: std::net::TcpStream, shared: Arc<TargetShared>) {
     let peer = stream.peer_addr();
     match Session::new(stream, Arc::clone(&shared)) {
@@ -733,12 +735,7 @@ fn start_session(ctx: &mut ReactorContext, stream: std::net::TcpStream, shared: 
                 peer: session.peer(),
                 reactor: ctx.index(),
             });
-            let id = Rc::new(Cell::new(None));
-            let pid = ctx.add_poller(SessionPoller {
-                session: Some(session),
-                id: Rc::clone(&id),
-            });
-            id.set(Some(pid));
+            SetupPoller::adopt(ctx, &shared, session);
         }
         Err(e) => {
             shared.stats.dropped.fetch_add(1, Ordering::Relaxed);
@@ -756,8 +753,173 @@ fn start_session(ctx: &mut ReactorContext, stream: std::net::TcpStream, shared: 
     }
 }
 
-/// One connection as a reactor poller. A panic inside the session (a bug, never the host's input) closes that
-/// connection only: it must not take the reactor and every other connection down with it.
+/// How often a session that has not finished Fabrics Connect, and had nothing to do when last looked at, is
+/// looked at again.
+const SETUP_POLL_PERIOD: Duration = Duration::from_millis(1);
+
+/// A session that has not finished Fabrics Connect (or is closing before it did).
+struct SetupEntry {
+    session: Session,
+    /// When it is next looked at; `None`: on every iteration (it was busy last time).
+    next: Option<Instant>,
+}
+
+/// One reactor's sessions before Ready, for one target.
+#[derive(Default)]
+struct SetupSet {
+    entries: Vec<SetupEntry>,
+    /// Nothing needs looking at before this (`None`: look on the next iteration).
+    due: Option<Instant>,
+}
+
+/// The setup sets of this reactor's thread, keyed by target.
+type SetupSets = Vec<(usize, Rc<std::cell::RefCell<SetupSet>>)>;
+
+thread_local! {
+    static SETUP_SETS: std::cell::RefCell<SetupSets> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One poller per reactor (and target) for every connection that has not finished Fabrics Connect: the
+/// handshakes in progress, and whatever a hostile host leaves half-open (connection floods, slowloris ICReqs,
+/// TLS garbage). A session that was busy is polled again on the next iteration, an idle one once per
+/// [`SETUP_POLL_PERIOD`]; the whole set costs one clock read per iteration, not a clock read, a receive and a
+/// flush per connection. A session that reaches Ready becomes its own [`SessionPoller`], polled on every
+/// iteration.
+struct SetupPoller {
+    key: usize,
+    shared: Arc<TargetShared>,
+    sessions: Rc<std::cell::RefCell<SetupSet>>,
+    id: Rc<Cell<Option<PollerId>>>,
+}
+
+impl SetupPoller {
+    /// Hands `session` to this reactor's setup poller for `shared`, registering the poller on first use.
+    fn adopt(ctx: &mut ReactorContext, shared: &Arc<TargetShared>, session: Session) {
+        let key = Arc::as_ptr(shared) as usize;
+        let entry = SetupEntry {
+            session,
+            next: None,
+        };
+        SETUP_SETS.with(|sets| {
+            let mut sets = sets.borrow_mut();
+            if let Some((_, set)) = sets.iter().find(|(k, _)| *k == key) {
+                let mut set = set.borrow_mut();
+                set.entries.push(entry);
+                set.due = None;
+                return;
+            }
+            let set = Rc::new(std::cell::RefCell::new(SetupSet {
+                entries: vec![entry],
+                due: None,
+            }));
+            sets.push((key, Rc::clone(&set)));
+            let id = Rc::new(Cell::new(None));
+            let pid = ctx.add_poller(SetupPoller {
+                key,
+                shared: Arc::clone(shared),
+                sessions: set,
+                id: Rc::clone(&id),
+            });
+            id.set(Some(pid));
+        });
+    }
+
+    /// Unregisters the poller (once the target stopped and its last setup session is gone).
+    fn retire(&mut self, ctx: &mut ReactorContext) {
+        SETUP_SETS.with(|sets| sets.borrow_mut().retain(|(k, _)| *k != self.key));
+        if let Some(id) = self.id.take() {
+            ctx.remove_poller(id);
+        }
+    }
+}
+
+impl Poller for SetupPoller {
+    fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus {
+        let set = Rc::clone(&self.sessions);
+        let mut set = set.borrow_mut();
+        if set.entries.is_empty() {
+            if self.shared.stopping() {
+                self.retire(ctx);
+            }
+            return PollStatus::Idle;
+        }
+        let now = Instant::now();
+        // Stopping: every session looks at the flag (and closes) now.
+        let all = self.shared.stopping();
+        if !all && set.due.is_some_and(|t| now < t) {
+            return PollStatus::Idle;
+        }
+        let sessions = &mut set.entries;
+        let mut busy = false;
+        let mut due: Option<Instant> = None;
+        let mut hot = false;
+        let mut i = 0;
+        while i < sessions.len() {
+            let entry = &mut sessions[i];
+            if let Some(t) = entry.next.filter(|t| !all && now < *t) {
+                due = Some(due.map_or(t, |d| d.min(t)));
+                i += 1;
+                continue;
+            }
+            let session = &mut entry.session;
+            // A panic in a session (a bug, never the host's input) closes that connection only.
+            let progress = catch_unwind(AssertUnwindSafe(|| {
+                let p = session.poll();
+                if !matches!(p, Progress::Finished) {
+                    session.flush();
+                }
+                p
+            }));
+            match progress {
+                Ok(Progress::Busy) => {
+                    busy = true;
+                    hot = true;
+                    entry.next = None;
+                }
+                Ok(Progress::Idle) => {
+                    let t = now + SETUP_POLL_PERIOD;
+                    entry.next = Some(t);
+                    due = Some(due.map_or(t, |d| d.min(t)));
+                }
+                Ok(Progress::Finished) => {
+                    let gone = sessions.swap_remove(i);
+                    let _ = catch_unwind(AssertUnwindSafe(|| drop(gone)));
+                    busy = true;
+                    continue;
+                }
+                Err(_) => {
+                    let mut gone = sessions.swap_remove(i);
+                    gone.session.note_internal_error();
+                    let _ = catch_unwind(AssertUnwindSafe(|| drop(gone)));
+                    busy = true;
+                    continue;
+                }
+            }
+            if sessions[i].session.is_ready() {
+                // Connected: from now on polled on every iteration, by its own poller.
+                let entry = sessions.swap_remove(i);
+                let id = Rc::new(Cell::new(None));
+                let pid = ctx.add_poller(SessionPoller {
+                    session: Some(entry.session),
+                    id: Rc::clone(&id),
+                });
+                id.set(Some(pid));
+                continue;
+            }
+            i += 1;
+        }
+        set.due = if hot { None } else { due };
+        if busy {
+            PollStatus::Busy
+        } else {
+            PollStatus::Idle
+        }
+    }
+}
+
+/// A connection that finished Fabrics Connect, as a reactor poller. A panic inside the session (a bug, never the
+/// host's input) closes that connection only: it must not take the reactor and every other connection down
+/// with it.
 struct SessionPoller {
     session: Option<Session>,
     id: Rc<Cell<Option<PollerId>>>,

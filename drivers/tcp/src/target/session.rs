@@ -277,8 +277,6 @@ pub(crate) struct Session {
     /// The TLS handshake while [`Phase::Tls`] runs, and the bytes it has not consumed yet.
     tls_hs: Option<crate::tls::Handshake>,
     tls_inb: Vec<u8>,
-    /// Before Ready: the target clock (ms) at which an idle session is next looked at.
-    setup_next_poll_ms: u64,
     queue: Option<Queue>,
     slots: Vec<Slot>,
     busy_slots: usize,
@@ -299,6 +297,9 @@ impl std::fmt::Debug for Session {
     }
 }
 
+/// The receive buffer of a connection before Fabrics Connect.
+const SETUP_RX_BUFFER: usize = 8192;
+
 impl Session {
     /// Wraps an accepted connection.
     pub fn new(stream: TcpStream, target: Arc<TargetShared>) -> Result<Session, Error> {
@@ -316,8 +317,9 @@ impl Session {
             .set_tcp_keepalive(&keepalive)
             .map_err(|e| Error::io("SO_KEEPALIVE", e))?;
         let limits = &target.limits;
-        let max_data = limits.maxh2cdata.max(limits.incapsule_data);
-        let conn = Conn::from_stream(stream, max_data as usize + 4096)?;
+        // Small until Fabrics Connect succeeds (ICReq, Connect and its data fit; TLS grows it as records need):
+        // half-open connections from a flood then cost a few KiB each, not the full data buffer.
+        let conn = Conn::from_stream(stream, SETUP_RX_BUFFER)?;
         let connect_deadline = Instant::now() + limits.connect_timeout;
         Ok(Session {
             conn,
@@ -330,7 +332,6 @@ impl Session {
             },
             tls_hs: None,
             tls_inb: Vec::new(),
-            setup_next_poll_ms: 0,
             digests: Digests::NONE,
             hpda: 0,
             decode: pdu::DecodeConfig::new(pdu::Direction::ToController, Digests::NONE, 0),
@@ -364,26 +365,14 @@ impl Session {
         ));
     }
 
-    /// Reads and handles whatever the host sent, and checks the timers. Never blocks.
-    pub fn poll(&mut self) -> Progress {
-        // A connection that has not finished Fabrics Connect and had nothing to do last time is looked at once
-        // per millisecond, not on every iteration: idle half-open connections (a flood, a slowloris) then
-        // cost the reactor almost nothing, and an active handshake still runs at full speed.
-        if self.phase != Phase::Ready && self.closing.is_none() {
-            let now = self.target.now_ms();
-            if now < self.setup_next_poll_ms {
-                return Progress::Idle;
-            }
-            let p = self.poll_now();
-            if matches!(p, Progress::Idle) {
-                self.setup_next_poll_ms = now + 1;
-            }
-            return p;
-        }
-        self.poll_now()
+    /// Whether the session has finished Fabrics Connect and is not closing: from then on it is polled on every
+    /// iteration of its reactor (before, the target's setup poller looks at it when it has something to do).
+    pub fn is_ready(&self) -> bool {
+        self.phase == Phase::Ready && self.closing.is_none()
     }
 
-    fn poll_now(&mut self) -> Progress {
+    /// Reads and handles whatever the host sent, and checks the timers. Never blocks.
+    pub fn poll(&mut self) -> Progress {
         if let Some((_, deadline)) = &self.closing {
             let deadline = *deadline;
             return self.drain(deadline);
@@ -1001,6 +990,9 @@ impl Session {
                 });
                 self.queue = Some(q);
                 self.phase = Phase::Ready;
+                let limits = &self.target.limits;
+                let max_data = limits.maxh2cdata.max(limits.incapsule_data);
+                self.conn.reserve_rx(max_data as usize + 4096);
                 self.complete(cid, Status::SUCCESS, u32::from(cntlid), 0)
             }
             Err((status, dw0)) => {
