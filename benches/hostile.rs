@@ -14,7 +14,8 @@
 //! back to back), and paced (20 flood connections per second, 4 slowloris hosts, a capsule flood every 500 ms
 //! and a garbage handshake every 100 ms). It prints each phase's IOPS and its ratio to the alone phase.
 //!
-//! `cargo bench --bench hostile` (NVPOLL_BENCH_TIME=3s, NVPOLL_BENCH_WARMUP=500ms, NVPOLL_BENCH_RUNS=5).
+//! `cargo bench --bench hostile` (NVPOLL_BENCH_TIME=3s, NVPOLL_BENCH_WARMUP=500ms, NVPOLL_BENCH_RUNS=5,
+//! NVPOLL_BENCH_PHASES=unpaced,paced: the hostile phases to run besides the alone phase).
 //! The machine's load average is printed before and after: other work on the same cores moves the numbers..
 
 #[path = "../drivers/tcp/tests/target_common/mod.rs"]
@@ -247,6 +248,45 @@ fn tls_garbage(addr: SocketAddr, pace: Pace, stop: &AtomicBool, counts: &Hostile
     }
 }
 
+/// CPU seconds used so far by this process's threads, by group: the initiator's reactor, the target's
+/// reactor, and every other thread (the hostile hosts, and the main thread, which sleeps while a run lasts).
+/// Kernel work done in softirq context lands on whichever thread was running.
+fn thread_cpu(icore: usize, tcore: usize) -> [f64; 3] {
+    let mut out = [0.0; 3];
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ...: utime and stime are the 14th and 15th fields, in clock ticks (USER_HZ, 100).
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[open + 1..close];
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        // After the comm: state is field 3, so utime (14) and stime (15) are at indexes 11 and 12.
+        let secs = (ticks(11) + ticks(12)) / 100.0;
+        // Reactor threads are pinned, so the CPU they last ran on (field 39, index 36) tells them apart (the
+        // comm is cut to 15 bytes: "nvpoll-reactor-").
+        let cpu = fields.get(36).and_then(|v| v.parse::<usize>().ok());
+        let group = match (comm.starts_with("nvpoll-reactor"), cpu) {
+            (true, Some(c)) if c == icore && icore != tcore => 0,
+            (true, Some(c)) if c == tcore => 1,
+            _ => 2,
+        };
+        out[group] += secs;
+    }
+    out
+}
+
 /// The first three fields of /proc/loadavg.
 fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -311,12 +351,24 @@ fn main() {
          load average before: {}",
         load_average()
     );
-    let phases = [None, Some(Pace::Unpaced), Some(Pace::Paced)];
+    // NVPOLL_BENCH_PHASES=unpaced (say) runs the alone phase and that one only, e.g. under a profiler.
+    let wanted = std::env::var("NVPOLL_BENCH_PHASES").unwrap_or_else(|_| "unpaced,paced".into());
+    let mut phases = vec![None];
+    for w in wanted.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        phases.push(Some(match w {
+            "unpaced" => Pace::Unpaced,
+            "paced" => Pace::Paced,
+            other => panic!("NVPOLL_BENCH_PHASES: unknown phase {other:?} (unpaced, paced)"),
+        }));
+    }
     let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); phases.len()];
     let mut rates: Vec<Vec<[f64; 4]>> = vec![Vec::new(); phases.len()];
+    // Cores' worth of CPU per phase: initiator reactor, target reactor, other threads (the hostile hosts).
+    let mut cpu: Vec<Vec<[f64; 3]>> = vec![Vec::new(); phases.len()];
     let ctrl_cell = RefCell::new(&mut ctrl);
     for _ in 0..runs {
         for (i, pace) in phases.iter().enumerate() {
+            let (t0, cpu0) = (Instant::now(), thread_cpu(icore, tcore));
             let hostile = pace.map(|p| Hostile::start(addr, p));
             let mut connect = |_: usize, depth: u16| -> nvpoll::Result<_> {
                 Ok((ctrl_cell.borrow_mut().connect_io_queue(depth)?, ns.clone()))
@@ -326,6 +378,8 @@ fn main() {
             let r = gen
                 .run(&reactors, spec, &mut connect, &mut tick)
                 .expect("run");
+            let (cpu1, secs) = (thread_cpu(icore, tcore), t0.elapsed().as_secs_f64());
+            cpu[i].push([0, 1, 2].map(|k| (cpu1[k] - cpu0[k]) / secs));
             if let Some(h) = hostile {
                 rates[i].push(h.finish());
             }
@@ -351,10 +405,23 @@ fn main() {
     let alone = medians[0].iops;
     println!("load average after: {}", load_average());
     println!(
-        "\n| {:<18} | {:>9} | {:>17} | {:>8} | {:>7} | {:>35} |",
-        "phase", "IOPS", "min - max", "p99 us", "ratio", "hostile conn/s: flood/slow/caps/tls"
+        "\n| {:<18} | {:>9} | {:>17} | {:>8} | {:>7} | {:>35} | {:>21} |",
+        "phase",
+        "IOPS",
+        "min - max",
+        "p99 us",
+        "ratio",
+        "hostile conn/s: flood/slow/caps/tls",
+        "cores: ini/tgt/other"
     );
-    for (((pace, m), r), (lo, hi)) in phases.iter().zip(&medians).zip(&rates).zip(&spread) {
+    for ((((pace, m), r), (lo, hi)), c) in phases
+        .iter()
+        .zip(&medians)
+        .zip(&rates)
+        .zip(&spread)
+        .zip(&cpu)
+    {
+        let mean_cpu = |k: usize| c.iter().map(|x| x[k]).sum::<f64>() / c.len().max(1) as f64;
         let label = match pace {
             None => "alone",
             Some(Pace::Unpaced) => "hostile, unpaced",
@@ -373,13 +440,14 @@ fn main() {
             )
         };
         println!(
-            "| {:<18} | {:>9.0} | {:>17} | {:>8.1} | {:>7.3} | {:>35} |",
+            "| {:<18} | {:>9.0} | {:>17} | {:>8.1} | {:>7.3} | {:>35} | {:>21} |",
             label,
             m.iops,
             format!("{lo:.0} - {hi:.0}"),
             m.p99_us,
             m.iops / alone,
-            rate
+            rate,
+            format!("{:.2}/{:.2}/{:.2}", mean_cpu(0), mean_cpu(1), mean_cpu(2))
         );
     }
     gen.release_queue_pairs();
