@@ -10,7 +10,11 @@
 //!
 //! I/O queues are created on demand with interrupts disabled (polled), sized within CAP.MQES, with doorbells
 //! at the CAP.DSTRD stride. [`PcieController::poll_admin`] is the controller's health check: CSTS.CFS, a
-//! queue pair's command timeout, or a failed admin command makes it reset the controller. A reset moves the
+//! controller found disabled (CSTS.RDY = 0: reset from outside, e.g. a function-level reset through sysfs),
+//! a queue pair's command timeout, or a failed admin command makes it reset the controller; a request from
+//! the kernel to give the device back (VFIO's device request, on hot removal) or registers that read as all
+//! ones while the function no longer answers make it release the device ([`Device::release`]) and fail
+//! everything as removed. A reset moves the
 //! shared epoch when it begins (queue pairs stop touching their rings) and publishes it as ready once the
 //! controller is enabled and identified again; each queue pair then re-creates its own queues on its next
 //! poll, keeping its queue ID, and retries or fails its commands by its [`crate::Recovery`] policy. A
@@ -39,6 +43,10 @@ pub(crate) const STATE_FAILED: u8 = 3;
 
 /// Attempts at bringing the controller back (disable, enable, identify) before it is given up.
 const RESET_ATTEMPTS: u32 = 3;
+
+/// The pause before the second attempt at a reset (doubling after): a function-level reset keeps the
+/// controller's registers out of reach for about 100 ms, and what is written to them meanwhile is lost.
+const RESET_BACKOFF: Duration = Duration::from_millis(250);
 
 /// A queue pair's memory, handed back to the controller when the queue pair is dropped.
 pub(crate) struct Retired {
@@ -172,7 +180,14 @@ impl PcieController<VfioDevice> {
     }
 }
 
-/// Waits until `done(CSTS)` or the deadline; CSTS all ones means the device is gone.
+/// Whether a register read of all ones means the device is gone (rather than briefly out of reach, as during
+/// a function-level reset).
+fn gone<D: Device>(dev: &D, raw: u32) -> bool {
+    raw == u32::MAX && !dev.is_present()
+}
+
+/// Waits until `done(CSTS)` or the deadline; CSTS all ones means the device is gone (unless the function
+/// still answers: then it is waited out).
 fn wait_csts<D: Device>(
     dev: &D,
     timeout: Duration,
@@ -182,11 +197,11 @@ fn wait_csts<D: Device>(
     let deadline = Instant::now() + timeout;
     loop {
         let raw = dev.read32(reg::CSTS as usize);
-        if raw == u32::MAX {
+        if gone(dev, raw) {
             return Err(Error::Removed);
         }
         let csts = Csts(raw);
-        if done(csts) {
+        if raw != u32::MAX && done(csts) {
             return Ok(csts);
         }
         if Instant::now() >= deadline {
@@ -304,16 +319,40 @@ impl<D: Device> PcieController<D> {
         cc.set_iocqes(4);
         cc.set_en(true);
         self.dev.write32(reg::CC as usize, cc.0);
-        let csts = wait_csts(
-            &*self.dev,
-            self.ready_timeout(),
-            "CSTS.RDY = 1 after CC.EN = 1",
-            |c| c.rdy() || c.cfs(),
-        )?;
+        let csts = self.wait_ready()?;
         if csts.cfs() {
             return Err(Error::Fatal);
         }
         self.identify_all()
+    }
+
+    /// Waits for CSTS.RDY = 1 (or CFS) after CC.EN = 1. Fails early if CC.EN reads 0 again: the controller
+    /// was reset under the driver (a function-level reset in progress drops register writes), and the
+    /// bring-up has to start over.
+    fn wait_ready(&self) -> Result<Csts, Error> {
+        let deadline = Instant::now() + self.ready_timeout();
+        loop {
+            let raw = self.dev.read32(reg::CSTS as usize);
+            if gone(&*self.dev, raw) {
+                return Err(Error::Removed);
+            }
+            let csts = Csts(raw);
+            if raw != u32::MAX {
+                if csts.rdy() || csts.cfs() {
+                    return Ok(csts);
+                }
+                if !Cc(self.dev.read32(reg::CC as usize)).en() {
+                    return Err(Error::Dead(
+                        "the controller was reset during bring-up (CC.EN reads 0 after it was set)"
+                            .into(),
+                    ));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout("CSTS.RDY = 1 after CC.EN = 1"));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 
     fn ready_timeout(&self) -> Duration {
@@ -324,10 +363,10 @@ impl<D: Device> PcieController<D> {
     fn disable(&mut self) -> Result<(), Error> {
         let cc = Cc(self.dev.read32(reg::CC as usize));
         let csts = self.dev.read32(reg::CSTS as usize);
-        if csts == u32::MAX {
+        if gone(&*self.dev, csts) {
             return Err(Error::Removed);
         }
-        if cc.en() && !Csts(csts).rdy() && !Csts(csts).cfs() {
+        if cc.en() && csts != u32::MAX && !Csts(csts).rdy() && !Csts(csts).cfs() {
             // The specification asks the host to let an enable finish before disabling.
             let _ = wait_csts(&*self.dev, self.ready_timeout(), "CSTS.RDY = 1", |c| {
                 c.rdy() || c.cfs()
@@ -656,25 +695,46 @@ impl<D: Device> PcieController<D> {
     }
 
     /// The health check, for a timed poller: looks at CSTS, and resets the controller when it reports a
-    /// fatal status, when a queue pair's commands timed out, or when the admin queue failed. Also deletes the
-    /// queues of dropped queue pairs. Returns `Ok(true)` when it reset the controller (the queue pairs
-    /// recover on their next poll, see [`crate::Recovery`]), and an error once the controller is lost for
-    /// good: [`Error::Removed`] when the device is gone, the reset's error when it could not be brought back.
+    /// fatal status, when it was disabled from outside (CSTS.RDY = 0, e.g. by a function-level reset), when a
+    /// queue pair's commands timed out, or when the admin queue failed. Also deletes the queues of dropped
+    /// queue pairs. Returns `Ok(true)` when it reset the controller (the queue pairs recover on their next
+    /// poll, see [`crate::Recovery`]), and an error once the controller is lost for good:
+    /// [`Error::Removed`] when the device is gone or the kernel asked for it back (then the device has been
+    /// released, see [`Device::release`]), the reset's error when it could not be brought back.
     pub fn poll_admin(&mut self) -> Result<bool, Error> {
         self.ensure_running()?;
-        let csts = self.dev.read32(reg::CSTS as usize);
-        if csts == u32::MAX {
-            self.lose(STATE_REMOVED, Failure::Removed);
+        if self.dev.release_requested() {
+            self.remove();
             return Err(Error::Removed);
         }
+        let csts = self.dev.read32(reg::CSTS as usize);
+        if gone(&*self.dev, csts) {
+            self.remove();
+            return Err(Error::Removed);
+        }
+        // All ones from a function that still answers: its registers are out of reach for a moment (a
+        // function-level reset), which also leaves the controller disabled.
+        let reset_outside = csts == u32::MAX || !Csts(csts).rdy();
         let requested = self.shared.reset_requested.swap(false, Ordering::AcqRel);
         let admin_failed = self.aq().failure().is_some();
-        if Csts(csts).cfs() || requested || admin_failed {
+        if Csts(csts).cfs() || reset_outside || requested || admin_failed {
             self.reset()?;
             return Ok(true);
         }
         self.process_retired(false);
         Ok(false)
+    }
+
+    /// Whether the controller was given up as removed (and its device released).
+    pub fn is_removed(&self) -> bool {
+        self.shared.state.load(Ordering::Acquire) == STATE_REMOVED
+    }
+
+    /// The device is gone or wanted back by the kernel: release it first (from then on nothing reaches it:
+    /// no register access, no DMA into buffers the callers get back), then fail everything as removed.
+    fn remove(&self) {
+        self.dev.release();
+        self.lose(STATE_REMOVED, Failure::Removed);
     }
 
     /// Moves the epoch with a new state. The caller holds the admin queue.
@@ -698,7 +758,14 @@ impl<D: Device> PcieController<D> {
     pub fn reset(&mut self) -> Result<(), Error> {
         self.ensure_running()?;
         let mut last = None;
-        for _ in 0..RESET_ATTEMPTS {
+        for attempt in 0..RESET_ATTEMPTS {
+            if attempt > 0 {
+                std::thread::sleep(RESET_BACKOFF * (1 << (attempt - 1)));
+                if self.dev.release_requested() {
+                    self.remove();
+                    return Err(Error::Removed);
+                }
+            }
             match self.reset_once() {
                 Ok(()) => {
                     let epoch = self.shared.epoch.load(Ordering::Acquire);
@@ -706,7 +773,7 @@ impl<D: Device> PcieController<D> {
                     return Ok(());
                 }
                 Err(Error::Removed) => {
-                    self.lose(STATE_REMOVED, Failure::Removed);
+                    self.remove();
                     return Err(Error::Removed);
                 }
                 Err(e) => last = Some(e),
@@ -744,12 +811,17 @@ impl<D: Device> PcieController<D> {
         }
         self.shut_down = true;
         let was = self.shared.state.load(Ordering::Acquire);
+        if was == STATE_RUNNING && self.dev.release_requested() {
+            self.remove();
+        }
+        let was = self.shared.state.load(Ordering::Acquire);
         let csts = self.dev.read32(reg::CSTS as usize);
         let healthy = was == STATE_RUNNING && csts != u32::MAX && !Csts(csts).cfs();
         if healthy && self.aq().failure().is_none() {
             self.process_retired(false);
         }
-        {
+        if was != STATE_REMOVED {
+            // A removed controller stays removed (its queue pairs fail with that).
             let mut aq = self.aq();
             self.mark(STATE_DETACHED);
             aq.fail(Failure::Detached);

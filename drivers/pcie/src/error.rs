@@ -138,8 +138,9 @@ pub enum Error {
     /// The controller reported a fatal status (CSTS.CFS).
     #[error("the controller reports a fatal status (CSTS.CFS)")]
     Fatal,
-    /// Registers read as all ones: the device is gone (hot removal, or a surprise link down).
-    #[error("the controller is gone (its registers read as all ones: removed?)")]
+    /// The device is gone: hot removal (the kernel asked for it back, and the driver released it), or its
+    /// registers read as all ones while the function no longer answers (a surprise link down).
+    #[error("the controller was removed (hot removal, or its registers read as all ones)")]
     Removed,
     /// Something did not happen in time.
     #[error("timed out waiting for {0}")]

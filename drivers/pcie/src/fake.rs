@@ -10,8 +10,10 @@
 //! [`FakeConfig::sgls`] says it supports them), keeps namespace data in memory
 //! (or throws it away, for benchmarks), and counts doorbells and PRP shapes. Faults can be injected: a fatal
 //! status ([`FakeDevice::set_fatal`]), surprise removal ([`FakeDevice::remove`]), commands that never
-//! complete ([`FakeDevice::set_stalled`], or I/O commands only: [`FakeDevice::set_io_stalled`]), and a
-//! controller that cannot be enabled again ([`FakeDevice::set_broken`]).
+//! complete ([`FakeDevice::set_stalled`], or I/O commands only: [`FakeDevice::set_io_stalled`]), a
+//! controller that cannot be enabled again ([`FakeDevice::set_broken`]), a reset from outside the driver
+//! (a function-level reset: [`FakeDevice::function_reset`]), and the kernel asking for the device back
+//! (hot removal through VFIO's device request: [`FakeDevice::request_release`]).
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -136,6 +138,8 @@ struct State {
     granted: u16,
     fatal: bool,
     removed: bool,
+    release_requested: bool,
+    released: bool,
     stalled: bool,
     io_stalled: bool,
     broken: bool,
@@ -197,6 +201,8 @@ impl FakeDevice {
                 granted: 0,
                 fatal: false,
                 removed: false,
+                release_requested: false,
+                released: false,
                 stalled: false,
                 io_stalled: false,
                 broken: false,
@@ -227,6 +233,36 @@ impl FakeDevice {
     /// Surprise removal: from now on every register reads as all ones and writes are lost.
     pub fn remove(&self) {
         self.lock().removed = true;
+    }
+
+    /// The kernel asks for the device back (as VFIO's device request on hot removal): the device keeps
+    /// working until the driver releases it ([`crate::Device::release`]).
+    pub fn request_release(&self) {
+        self.lock().release_requested = true;
+    }
+
+    /// Whether the driver released the device (after which it reads as removed and maps nothing).
+    pub fn released(&self) -> bool {
+        self.lock().released
+    }
+
+    /// How many DMA regions are mapped now.
+    pub fn mapped_regions(&self) -> usize {
+        self.lock().mem.regions()
+    }
+
+    /// A reset from outside the driver (a function-level reset through sysfs): the controller is disabled,
+    /// every queue is gone and the admin queue registers are cleared.
+    pub fn function_reset(&self) {
+        let mut s = self.lock();
+        s.write_cc(Cc(0));
+        s.stats.resets += 1;
+        for r in [reg::AQA, reg::ASQ, reg::ASQ + 4, reg::ACQ, reg::ACQ + 4] {
+            s.regs[r as usize / 4] = 0;
+        }
+        s.sqs.iter_mut().for_each(|q| *q = None);
+        s.cqs.iter_mut().for_each(|q| *q = None);
+        s.set_csts(Csts(0));
     }
 
     /// While set, commands are fetched but never completed.
@@ -313,7 +349,11 @@ impl Device for FakeDevice {
     }
 
     fn map_dma(&self, pool: &DmaPool) -> Result<(), Error> {
-        self.lock().mem.add(pool);
+        let mut s = self.lock();
+        if s.released {
+            return Err(Error::Removed);
+        }
+        s.mem.add(pool);
         Ok(())
     }
 
@@ -324,6 +364,21 @@ impl Device for FakeDevice {
 
     fn name(&self) -> String {
         "fake".into()
+    }
+
+    fn is_present(&self) -> bool {
+        !self.lock().removed
+    }
+
+    fn release_requested(&self) -> bool {
+        self.lock().release_requested
+    }
+
+    fn release(&self) {
+        let mut s = self.lock();
+        s.removed = true;
+        s.released = true;
+        s.mem = HostMemory::new();
     }
 }
 

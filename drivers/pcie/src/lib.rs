@@ -84,6 +84,25 @@ pub trait Device: Send + Sync + 'static {
 
     /// A short name for messages (the PCI address).
     fn name(&self) -> String;
+
+    /// Whether the function is still there, asked when a register reads as all ones (which a removed device
+    /// answers, but also one whose memory decoding is briefly off, as during a function-level reset): true
+    /// means a transient, false that the device is gone. Default: true.
+    fn is_present(&self) -> bool {
+        true
+    }
+
+    /// Whether the kernel asks for the device back (a VFIO device request: the function is being removed or
+    /// unplugged). Must not block; the controller's health check asks it on every call. Default: never.
+    fn release_requested(&self) -> bool {
+        false
+    }
+
+    /// Gives the device back to the kernel: afterwards no access reaches the device (registers read as all
+    /// ones and writes are dropped), its DMA mappings are gone ([`Device::unmap_dma`] does nothing,
+    /// [`Device::map_dma`] fails with [`Error::Removed`]), and it is closed. Safe to call while other threads
+    /// still read and write registers. Default: nothing.
+    fn release(&self) {}
 }
 
 impl Device for vfio::VfioDevice {
@@ -107,5 +126,17 @@ impl Device for vfio::VfioDevice {
 
     fn name(&self) -> String {
         self.bdf().to_string()
+    }
+
+    fn is_present(&self) -> bool {
+        vfio::VfioDevice::is_present(self)
+    }
+
+    fn release_requested(&self) -> bool {
+        vfio::VfioDevice::release_requested(self)
+    }
+
+    fn release(&self) {
+        vfio::VfioDevice::release(self)
     }
 }

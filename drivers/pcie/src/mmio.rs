@@ -85,6 +85,52 @@ impl Bar {
     }
 }
 
+impl Bar {
+    /// Cuts the window off the device, atomically for every thread: the device mapping is replaced, in one
+    /// step, by private memory that reads as all ones (what a removed device answers). A register access
+    /// racing with this reaches either the device or that memory, never a hole; later writes land in that
+    /// memory, never on the device (the driver reads no register it wrote after this). The window stays valid (its address and length unchanged) until the `Bar` is dropped. Afterwards the
+    /// mapping no longer holds the device file, so the kernel can release the device once its fds close.
+    pub(crate) fn detach(&self) -> std::io::Result<()> {
+        // SAFETY: a fresh private anonymous mapping; the kernel picks an address where nothing lives.
+        let spare = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                self.len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if spare == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `spare` is the `len`-byte mapping just made, readable and writable, seen by no one else.
+        unsafe { std::ptr::write_bytes(spare.cast::<u8>(), 0xff, self.len) };
+        // SAFETY: moves the spare mapping onto the window's page-aligned range of the same length. The kernel
+        // unmaps the device mapping there and moves the spare in while holding the process's mmap lock, so a
+        // concurrent access (volatile 32-bit loads and stores only, see `read32`) faults into one or the
+        // other. The range stays mapped, and `Drop` unmaps it as before.
+        let moved = unsafe {
+            libc::mremap(
+                spare,
+                self.len,
+                self.len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                self.base.as_ptr().cast::<libc::c_void>(),
+            )
+        };
+        if moved == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: the spare mapping was not moved; it is ours alone and unmapped only here.
+            unsafe { libc::munmap(spare, self.len) };
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
 impl Drop for Bar {
     fn drop(&mut self) {
         // SAFETY: the mapping was made by mmap with this address and length and is unmapped only here.
@@ -286,6 +332,11 @@ impl HostMemory {
         }
     }
 
+    /// How many regions are mapped.
+    pub fn regions(&self) -> usize {
+        self.regions.len()
+    }
+
     /// Unmaps the regions of `pool`. Returns how many were mapped.
     pub fn remove(&mut self, pool: &DmaPool) -> usize {
         let gone = pool.regions();
@@ -406,6 +457,76 @@ mod tests {
         assert!(!host.contains(mem.iova() + 4090, 4096 * 4));
         assert_eq!(host.remove(&pool), 1);
         assert!(!host.contains(mem.iova(), 1));
+    }
+
+    /// A shared mapping of a 16 KiB file, standing in for a BAR mapped from the VFIO device fd.
+    fn file_bar() -> (std::fs::File, Bar) {
+        use std::os::fd::AsRawFd;
+        let path = std::env::temp_dir().join(format!("nvpoll-bar-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let _ = std::fs::remove_file(&path);
+        file.set_len(16384).unwrap();
+        // SAFETY: a fresh shared mapping of a file we own; the kernel picks the address.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                16384,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        // SAFETY: the live mapping just made, owned by nothing else.
+        let bar = unsafe { Bar::from_mmap(NonNull::new(base.cast()).unwrap(), 16384) };
+        (file, bar)
+    }
+
+    #[test]
+    fn a_detached_bar_reads_all_ones_and_no_longer_reaches_the_device() {
+        use std::os::unix::fs::FileExt;
+        let (file, bar) = file_bar();
+        bar.write32(0x1c, 1);
+        let mut b = [0u8; 4];
+        file.read_exact_at(&mut b, 0x1c).unwrap();
+        assert_eq!(u32::from_le_bytes(b), 1, "the mapping reaches the file");
+        let bar = std::sync::Arc::new(bar);
+        // Another thread keeps reading and writing registers while the window is cut off.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let t = {
+            let (bar, stop) = (bar.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let v = bar.read32(0x1c);
+                    assert!(v == 1 || v == u32::MAX, "read {v:#x}");
+                    bar.write32(0x1000, n as u32);
+                    n += 1;
+                }
+                n
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        bar.detach().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        stop.store(true, Ordering::Relaxed);
+        assert!(t.join().unwrap() > 0);
+        assert_eq!(bar.read32(0x1c), u32::MAX);
+        assert_eq!(bar.read32(0x3ffc), u32::MAX);
+        bar.write32(0x1c, 7);
+        file.read_exact_at(&mut b, 0x1c).unwrap();
+        assert_eq!(
+            u32::from_le_bytes(b),
+            1,
+            "a write after detach reached the file"
+        );
     }
 
     #[test]

@@ -579,11 +579,16 @@ impl<D: Device> Queue<D> {
             .collect()
     }
 
-    /// Why the controller stopped answering: removed (all-ones registers), fatal status, or plain timeout.
+    /// Why the controller stopped answering: removed (all-ones registers, and the function no longer
+    /// answers), fatal status, or plain timeout (also when the registers are briefly out of reach).
     pub fn diagnose(&self) -> Failure {
         let csts = self.dev.read32(reg::CSTS as usize);
         if csts == u32::MAX {
-            Failure::Removed
+            if self.dev.is_present() {
+                Failure::Timeout
+            } else {
+                Failure::Removed
+            }
         } else if Csts(csts).cfs() {
             Failure::Fatal
         } else {

@@ -17,10 +17,11 @@
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use nvpoll::mem::DmaPool;
@@ -44,6 +45,8 @@ const VFIO_GROUP_SET_CONTAINER: libc::c_ulong = vfio_io(4);
 const VFIO_GROUP_GET_DEVICE_FD: libc::c_ulong = vfio_io(6);
 const VFIO_DEVICE_GET_INFO: libc::c_ulong = vfio_io(7);
 const VFIO_DEVICE_GET_REGION_INFO: libc::c_ulong = vfio_io(8);
+const VFIO_DEVICE_GET_IRQ_INFO: libc::c_ulong = vfio_io(9);
+const VFIO_DEVICE_SET_IRQS: libc::c_ulong = vfio_io(10);
 const VFIO_IOMMU_GET_INFO: libc::c_ulong = vfio_io(12);
 const VFIO_IOMMU_MAP_DMA: libc::c_ulong = vfio_io(13);
 const VFIO_IOMMU_UNMAP_DMA: libc::c_ulong = vfio_io(14);
@@ -207,7 +210,29 @@ struct Mapping {
     _pool: DmaPool,
 }
 
+/// The open files of a device, until it is released.
+#[derive(Debug)]
+struct Files {
+    // Field order is drop order: the device fd closes before the group, the group before the container.
+    device: File,
+    _group: File,
+    container: File,
+}
+
+/// What [`VfioDevice`] changes after opening, under one lock: DMA mappings, and the files (gone once the
+/// device is released).
+#[derive(Debug)]
+struct Inner {
+    mappings: Vec<Mapping>,
+    files: Option<Files>,
+}
+
 /// A PCI function owned through VFIO: container, group, device fd, BAR0 and DMA mappings.
+///
+/// The kernel asks for the device back (hot removal, unplug) through the VFIO device request interrupt,
+/// which [`VfioDevice::release_requested`] polls; [`VfioDevice::release`] then gives it back while the
+/// driver may still be running: BAR0 is cut off atomically (it reads as all ones from then on), bus
+/// mastering is turned off, every DMA mapping is undone and the fds are closed.
 ///
 /// Dropping it unmaps every DMA mapping still there, unmaps BAR0 and closes the fds (which detaches the group
 /// from the container).
@@ -216,13 +241,15 @@ pub struct VfioDevice {
     bdf: PciAddress,
     group: u32,
     iommu: IommuInfo,
+    // Dropped (unmapped) before the files close.
     bar: Bar,
-    mappings: Mutex<Vec<Mapping>>,
-    // Field order is drop order: the device fd closes before the group, the group before the container.
-    device: File,
     config_offset: u64,
-    _group_file: File,
-    container: File,
+    inner: Mutex<Inner>,
+    /// The eventfd the kernel signals to ask for the device back (None: this kernel has no request IRQ).
+    request: Option<File>,
+    /// A request was seen (it is signalled once; this keeps it).
+    requested: AtomicBool,
+    released: AtomicBool,
 }
 
 fn region_info(device: &File, index: u32) -> Result<sys::vfio_region_info, Error> {
@@ -401,32 +428,41 @@ impl VfioDevice {
         // SAFETY: `base..base + len` is the live shared mapping just made, owned by nothing else.
         let bar = unsafe { Bar::from_mmap(base, len) };
 
+        let request = register_request(&device, bdf);
         let dev = VfioDevice {
             bdf,
             group,
             iommu,
             bar,
-            mappings: Mutex::new(Vec::new()),
-            device,
             config_offset,
-            _group_file: group_file,
-            container,
+            inner: Mutex::new(Inner {
+                mappings: Vec::new(),
+                files: Some(Files {
+                    device,
+                    _group: group_file,
+                    container,
+                }),
+            }),
+            request,
+            requested: AtomicBool::new(false),
+            released: AtomicBool::new(false),
         };
-        dev.enable_bus_master()?;
+        dev.set_command_bits(PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER, 0)?;
         Ok(dev)
     }
 
-    /// Turns on memory space decoding and bus mastering (PCI_COMMAND bits 1 and 2).
-    fn enable_bus_master(&self) -> Result<(), Error> {
-        let mut cmd = [0u8; 2];
-        self.device
-            .read_exact_at(&mut cmd, self.config_offset + PCI_COMMAND)
-            .map_err(|source| Error::Config {
-                offset: PCI_COMMAND,
-                source,
-            })?;
-        let value = u16::from_le_bytes(cmd) | PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER;
-        self.device
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets `set` and clears `clear` in the PCI command register.
+    fn set_command_bits(&self, set: u16, clear: u16) -> Result<(), Error> {
+        let inner = self.lock();
+        let files = inner.files.as_ref().ok_or(Error::Removed)?;
+        let cmd = read_command(&files.device, self.config_offset)?;
+        let value = (cmd | set) & !clear;
+        files
+            .device
             .write_all_at(&value.to_le_bytes(), self.config_offset + PCI_COMMAND)
             .map_err(|source| Error::Config {
                 offset: PCI_COMMAND,
@@ -436,14 +472,83 @@ impl VfioDevice {
 
     /// Reads the PCI command register.
     pub fn pci_command(&self) -> Result<u16, Error> {
-        let mut cmd = [0u8; 2];
-        self.device
-            .read_exact_at(&mut cmd, self.config_offset + PCI_COMMAND)
-            .map_err(|source| Error::Config {
-                offset: PCI_COMMAND,
-                source,
-            })?;
-        Ok(u16::from_le_bytes(cmd))
+        let inner = self.lock();
+        let files = inner.files.as_ref().ok_or(Error::Removed)?;
+        read_command(&files.device, self.config_offset)
+    }
+
+    /// Whether the function still answers configuration reads with its vendor ID (the kernel serves them, and
+    /// waits out a function-level reset in progress). False once released.
+    pub fn is_present(&self) -> bool {
+        if self.released.load(Ordering::Acquire) {
+            return false;
+        }
+        let inner = self.lock();
+        let Some(files) = inner.files.as_ref() else {
+            return false;
+        };
+        let mut id = [0u8; 2];
+        match files.device.read_exact_at(&mut id, self.config_offset) {
+            Ok(()) => u16::from_le_bytes(id) != 0xffff,
+            Err(_) => false,
+        }
+    }
+
+    /// Whether the kernel has asked for the device back (the VFIO device request: `remove` in sysfs, a hot
+    /// unplug). Never blocks; stays true once seen. Always false on a kernel without the request interrupt.
+    pub fn release_requested(&self) -> bool {
+        if self.requested.load(Ordering::Acquire) {
+            return true;
+        }
+        let Some(efd) = &self.request else {
+            return false;
+        };
+        let mut count = [0u8; 8];
+        match (&*efd).read(&mut count) {
+            Ok(8) => {
+                self.requested.store(true, Ordering::Release);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether [`VfioDevice::release`] has run.
+    pub fn is_released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+
+    /// Gives the device back to the kernel, safely while other threads still access its registers: turns bus
+    /// mastering off, cuts BAR0 off (see [`Bar::detach`]: it reads as all ones from now on), undoes every DMA
+    /// mapping and closes the device, group and container fds. Later [`VfioDevice::map_pool`] calls fail with
+    /// [`Error::Removed`]; [`VfioDevice::unmap_pool`] has nothing left to do.
+    pub fn release(&self) {
+        if self.released.load(Ordering::Acquire) {
+            return;
+        }
+        // Best effort: the device may already be gone.
+        let _ = self.set_command_bits(0, PCI_COMMAND_MASTER);
+        let mut inner = self.lock();
+        let Some(files) = inner.files.take() else {
+            return;
+        };
+        if let Err(e) = self.bar.detach() {
+            // The device mapping stays (and keeps the device open in the kernel) rather than risk an access
+            // to unmapped memory.
+            eprintln!(
+                "nvpoll-pcie: warning: {}: cannot cut BAR0 off ({e}); the kernel may wait for this process to \
+                 exit before it can remove the device",
+                self.bdf
+            );
+        }
+        for m in std::mem::take(&mut inner.mappings) {
+            if let Err(e) = unmap(&files.container, m.iova, m.len) {
+                eprintln!("nvpoll-pcie: warning: releasing {}: {e}", self.bdf);
+            }
+        }
+        self.released.store(true, Ordering::Release);
+        drop(inner);
+        drop(files);
     }
 
     /// The device's PCI address.
@@ -467,9 +572,14 @@ impl VfioDevice {
     }
 
     /// Maps every region of `pool` for DMA (read and write) and sets the pool's IOVAs. Mapping a pool that
-    /// is already mapped only counts a reference.
+    /// is already mapped only counts a reference. Fails with [`Error::Removed`] once the device is released.
     pub fn map_pool(&self, pool: &DmaPool) -> Result<(), Error> {
-        let mut maps = self.mappings.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.lock();
+        let Inner { mappings, files } = &mut *guard;
+        let (maps, container) = match files {
+            Some(f) => (mappings, &f.container),
+            None => return Err(Error::Removed),
+        };
         // The pool's callback speaks nvpoll::Error; keep ours to return it unchanged.
         let mut failure: Option<Error> = None;
         let mut fail = |e: Error| {
@@ -502,7 +612,7 @@ impl VfioDevice {
             };
             // SAFETY: VFIO_IOMMU_MAP_DMA reads a `vfio_iommu_type1_dma_map` of `argsz` bytes. The memory it
             // pins belongs to `pool`, which the mapping record keeps alive until it is unmapped.
-            unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_MAP_DMA, &mut map) }
+            unsafe { ioctl_ptr(container, VFIO_IOMMU_MAP_DMA, &mut map) }
                 .map_err(|source| Error::MapDma { iova, len, source })
                 .map_err(&mut fail)?;
             maps.push(Mapping {
@@ -523,7 +633,12 @@ impl VfioDevice {
 
     /// Drops one reference to the mappings of `pool`'s regions, unmapping those that reach zero.
     pub fn unmap_pool(&self, pool: &DmaPool) -> Result<(), Error> {
-        let mut maps = self.mappings.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.lock();
+        let Inner { mappings, files } = &mut *guard;
+        let Some(files) = files else {
+            return Ok(()); // released: nothing is mapped any more
+        };
+        let maps = mappings;
         let mut result = Ok(());
         for region in pool.regions() {
             let Some(i) = maps.iter().position(|m| m.vaddr == region.vaddr) else {
@@ -532,7 +647,7 @@ impl VfioDevice {
             maps[i].refs -= 1;
             if maps[i].refs == 0 {
                 let m = maps.swap_remove(i);
-                if let Err(e) = self.unmap(m.iova, m.len) {
+                if let Err(e) = unmap(&files.container, m.iova, m.len) {
                     result = Err(e);
                 }
             }
@@ -540,34 +655,107 @@ impl VfioDevice {
         result
     }
 
-    fn unmap(&self, iova: u64, len: u64) -> Result<(), Error> {
-        let mut unmap = sys::vfio_iommu_type1_dma_unmap {
-            argsz: std::mem::size_of::<sys::vfio_iommu_type1_dma_unmap>() as u32,
-            flags: 0,
-            iova,
-            size: len,
-            data: Default::default(),
-        };
-        // SAFETY: VFIO_IOMMU_UNMAP_DMA reads and writes a `vfio_iommu_type1_dma_unmap` of `argsz` bytes (no
-        // dirty bitmap is asked for, so nothing past the fixed fields).
-        unsafe { ioctl_ptr(&self.container, VFIO_IOMMU_UNMAP_DMA, &mut unmap) }
-            .map_err(|source| Error::UnmapDma { iova, len, source })?;
-        Ok(())
-    }
-
     /// The IOVA ranges mapped now, `(iova, len)`.
     pub fn mapped(&self) -> Vec<(u64, u64)> {
-        let maps = self.mappings.lock().unwrap_or_else(|e| e.into_inner());
-        maps.iter().map(|m| (m.iova, m.len)).collect()
+        self.lock()
+            .mappings
+            .iter()
+            .map(|m| (m.iova, m.len))
+            .collect()
     }
+}
+
+fn unmap(container: &File, iova: u64, len: u64) -> Result<(), Error> {
+    let mut unmap = sys::vfio_iommu_type1_dma_unmap {
+        argsz: std::mem::size_of::<sys::vfio_iommu_type1_dma_unmap>() as u32,
+        flags: 0,
+        iova,
+        size: len,
+        data: Default::default(),
+    };
+    // SAFETY: VFIO_IOMMU_UNMAP_DMA reads and writes a `vfio_iommu_type1_dma_unmap` of `argsz` bytes (no
+    // dirty bitmap is asked for, so nothing past the fixed fields).
+    unsafe { ioctl_ptr(container, VFIO_IOMMU_UNMAP_DMA, &mut unmap) }
+        .map_err(|source| Error::UnmapDma { iova, len, source })?;
+    Ok(())
+}
+
+fn read_command(device: &File, config_offset: u64) -> Result<u16, Error> {
+    let mut cmd = [0u8; 2];
+    device
+        .read_exact_at(&mut cmd, config_offset + PCI_COMMAND)
+        .map_err(|source| Error::Config {
+            offset: PCI_COMMAND,
+            source,
+        })?;
+    Ok(u16::from_le_bytes(cmd))
+}
+
+/// `VFIO_DEVICE_SET_IRQS` with one eventfd: the argument's fixed part and its data.
+#[repr(C)]
+struct IrqSetOne {
+    head: sys::vfio_irq_set,
+    fd: i32,
+}
+
+/// Registers an eventfd for the device request interrupt (the kernel signals it when it wants the device
+/// back). A kernel without it (no such IRQ, or refusing it) gets a warning and `None`: removal then waits
+/// for the process to close the device.
+fn register_request(device: &File, bdf: PciAddress) -> Option<File> {
+    let warn = |why: String| {
+        eprintln!(
+            "nvpoll-pcie: warning: {bdf}: no VFIO device request channel ({why}); removing the device will wait \
+             until this process closes it"
+        );
+        None
+    };
+    let mut info = sys::vfio_irq_info {
+        argsz: std::mem::size_of::<sys::vfio_irq_info>() as u32,
+        index: sys::VFIO_PCI_REQ_IRQ_INDEX,
+        ..Default::default()
+    };
+    // SAFETY: VFIO_DEVICE_GET_IRQ_INFO reads and writes a `vfio_irq_info` of `argsz` bytes.
+    if let Err(e) = unsafe { ioctl_ptr(device, VFIO_DEVICE_GET_IRQ_INFO, &mut info) } {
+        return warn(format!("VFIO_DEVICE_GET_IRQ_INFO: {e}"));
+    }
+    if info.count == 0 {
+        return warn("the kernel reports no request IRQ".into());
+    }
+    // SAFETY: eventfd takes no pointer; it returns a new fd or -1.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if efd < 0 {
+        return warn(format!("eventfd: {}", io::Error::last_os_error()));
+    }
+    // SAFETY: eventfd returned a new fd that nothing else owns.
+    let efd = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(efd) };
+    let mut set = IrqSetOne {
+        head: sys::vfio_irq_set {
+            argsz: std::mem::size_of::<IrqSetOne>() as u32,
+            flags: sys::VFIO_IRQ_SET_DATA_EVENTFD | sys::VFIO_IRQ_SET_ACTION_TRIGGER,
+            index: sys::VFIO_PCI_REQ_IRQ_INDEX,
+            start: 0,
+            count: 1,
+            ..Default::default()
+        },
+        fd: efd.as_raw_fd(),
+    };
+    // SAFETY: VFIO_DEVICE_SET_IRQS reads `argsz` bytes: the fixed `vfio_irq_set` and `count` (1) eventfd
+    // numbers right after it, which is exactly `IrqSetOne` (repr(C), the fd at offset 20).
+    if let Err(e) = unsafe { ioctl_ptr(device, VFIO_DEVICE_SET_IRQS, &mut set) } {
+        return warn(format!("VFIO_DEVICE_SET_IRQS: {e}"));
+    }
+    Some(efd)
 }
 
 impl Drop for VfioDevice {
     fn drop(&mut self) {
-        let maps = std::mem::take(self.mappings.get_mut().unwrap_or_else(|e| e.into_inner()));
-        for m in maps {
-            if let Err(e) = self.unmap(m.iova, m.len) {
-                eprintln!("nvpoll-pcie: warning: {e}");
+        let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
+        let maps = std::mem::take(&mut inner.mappings);
+        if let Some(files) = &inner.files {
+            for m in maps {
+                if let Err(e) = unmap(&files.container, m.iova, m.len) {
+                    eprintln!("nvpoll-pcie: warning: {e}");
+                }
             }
         }
     }
@@ -616,6 +804,10 @@ mod tests {
         assert_eq!(VFIO_IOMMU_GET_INFO, 0x3b70);
         assert_eq!(VFIO_IOMMU_MAP_DMA, 0x3b71);
         assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3b72);
+        assert_eq!(VFIO_DEVICE_GET_IRQ_INFO, 0x3b6d);
+        assert_eq!(VFIO_DEVICE_SET_IRQS, 0x3b6e);
+        assert_eq!(std::mem::offset_of!(IrqSetOne, fd), 20);
+        assert_eq!(std::mem::size_of::<IrqSetOne>(), 24);
     }
 
     #[test]

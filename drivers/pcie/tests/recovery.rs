@@ -617,3 +617,149 @@ fn default_policy_is_retry_and_fail_fast_is_an_option() {
         .unwrap();
     assert_eq!(qp.recovery(), Recovery::Retry);
 }
+
+#[test]
+fn a_release_request_releases_the_device_and_fails_everything() {
+    for recovery in [Recovery::Retry, Recovery::FailFast] {
+        let (dev, pool, mut ctrl) = attach(opts());
+        let mut qp = ctrl
+            .create_queue_pair_with(with_policy(8, recovery))
+            .unwrap();
+        // Two complete before the request, four are still on the device when it comes.
+        for tag in 0..2 {
+            submit(&mut qp, write(&pool, tag));
+        }
+        qp.flush().unwrap();
+        let mut got = BTreeMap::new();
+        collect(&mut qp, 2, &mut got);
+        dev.set_io_stalled(true);
+        for tag in 2..6 {
+            submit(&mut qp, write(&pool, tag));
+        }
+        qp.flush().unwrap();
+        assert!(matches!(ctrl.poll_admin(), Ok(false)));
+        dev.request_release();
+        assert!(
+            !dev.released(),
+            "the device is released by the health check"
+        );
+        assert!(matches!(ctrl.poll_admin(), Err(Error::Removed)));
+        assert!(dev.released());
+        assert!(ctrl.is_removed());
+        assert_eq!(dev.mapped_regions(), 0, "DMA mappings left after release");
+        let e = fail_all(&mut qp, 4);
+        assert!(e.to_string().contains("removed"), "{recovery:?}: {e}");
+        assert_eq!(qp.recovery_stats().failed, 4);
+        assert!(matches!(ctrl.poll_admin(), Err(Error::Removed)));
+        assert!(matches!(
+            ctrl.create_queue_pair_with(QueueOptions::new(4)),
+            Err(Error::Removed)
+        ));
+        drop(qp);
+        // Dropping the controller after release neither panics nor touches the device.
+        ctrl.shutdown().unwrap();
+    }
+}
+
+#[test]
+fn a_release_request_with_queue_pairs_busy_on_other_threads() {
+    let (dev, pool, mut ctrl) = attach(opts());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    for t in 0..2u64 {
+        let mut qp = ctrl.create_queue_pair(16).unwrap();
+        let pool = pool.clone();
+        let stop = Arc::clone(&stop);
+        threads.push(std::thread::spawn(move || {
+            let (mut ok, mut failed, mut submitted) = (0u64, 0u64, 0u64);
+            let mut tag = t * 1_000_000;
+            let mut err = None;
+            while err.is_none() && !stop.load(Ordering::Relaxed) {
+                while qp.outstanding() < 16 {
+                    tag += 1;
+                    match qp.submit(write(&pool, tag % 1000 + t * 1000)) {
+                        Ok(()) => submitted += 1,
+                        Err(_) => break,
+                    }
+                }
+                let _ = qp.flush();
+                if let Err(e) = qp.poll(64) {
+                    err = Some(e);
+                }
+                while let Some(c) = qp.pop_completion() {
+                    match c.result {
+                        Ok(()) => ok += 1,
+                        Err(_) => failed += 1,
+                    }
+                }
+            }
+            assert_eq!(qp.outstanding(), 0, "commands lost");
+            assert_eq!(submitted, ok + failed);
+            (ok, failed, err.map(|e| e.to_string()))
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    dev.request_release();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !matches!(ctrl.poll_admin(), Err(Error::Removed)) {
+        assert!(Instant::now() < deadline);
+    }
+    assert!(dev.released());
+    for t in threads {
+        let (ok, _failed, err) = t.join().unwrap();
+        assert!(ok > 0);
+        let err = err.expect("the queue pair failed");
+        assert!(err.contains("removed"), "{err}");
+    }
+    stop.store(true, Ordering::Relaxed);
+}
+
+/// A reset from outside (a function-level reset through sysfs): the controller is found disabled and reset,
+/// the queue pairs re-create their queues, and retry or fail their commands by their policy.
+#[test]
+fn a_function_reset_from_outside_is_recovered_by_the_policy() {
+    for recovery in [Recovery::Retry, Recovery::FailFast] {
+        let (dev, pool, mut ctrl) = attach(opts());
+        let mut qp = ctrl
+            .create_queue_pair_with(with_policy(8, recovery))
+            .unwrap();
+        dev.set_io_stalled(true);
+        for tag in 0..4 {
+            submit(&mut qp, write(&pool, tag));
+        }
+        qp.flush().unwrap();
+        dev.function_reset();
+        dev.set_io_stalled(false);
+        assert!(matches!(ctrl.poll_admin(), Ok(true)), "{recovery:?}");
+        assert_eq!(ctrl.stats().resets, 1);
+        let mut got = BTreeMap::new();
+        collect(&mut qp, 4, &mut got);
+        for (tag, c) in &got {
+            match recovery {
+                Recovery::Retry => assert!(c.result.is_ok(), "tag {tag}: {:?}", c.result),
+                Recovery::FailFast => assert!(c.result.is_err(), "tag {tag}: {:?}", c.result),
+            }
+        }
+        let rs = qp.recovery_stats();
+        assert_eq!(rs.resets, 1);
+        match recovery {
+            Recovery::Retry => assert_eq!(rs.retried, 4),
+            Recovery::FailFast => assert_eq!(rs.failed, 4),
+        }
+        assert_quiet(&mut qp);
+        for tag in 10..12 {
+            submit(&mut qp, write(&pool, tag));
+            qp.flush().unwrap();
+            let mut got = BTreeMap::new();
+            collect(&mut qp, 1, &mut got);
+            got[&tag].result.as_ref().unwrap();
+            read_back(&mut qp, &pool, tag);
+        }
+        if recovery == Recovery::Retry {
+            for tag in 0..4 {
+                read_back(&mut qp, &pool, tag);
+            }
+        }
+        assert!(matches!(ctrl.poll_admin(), Ok(false)));
+    }
+}
