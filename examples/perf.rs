@@ -120,10 +120,12 @@ struct Args {
     /// Give a lost controller up after this long (nvme-cli's --ctrl-loss-tmo); then its I/O fails.
     #[arg(long, default_value = "60s", value_parser = loadgen::parse_duration)]
     ctrl_loss_tmo: Duration,
-    /// Abort a command outstanding this long; fail it if it is still outstanding half as long again.
+    /// Abort a command outstanding this long; fail it if it is still outstanding half as long again. Over
+    /// PCIe: a queue pair whose commands make no progress this long has the controller reset.
     #[arg(long, default_value = "30s", value_parser = loadgen::parse_duration)]
     io_timeout: Duration,
-    /// What a lost connection does to its outstanding commands: retry them after the reconnect, or fail them.
+    /// What a lost connection does to its outstanding commands: retry them after the reconnect, or fail them
+    /// (over PCIe: what a controller reset does to them).
     #[arg(long, default_value = "retry", value_parser = ["retry", "fail-fast"])]
     recovery: String,
     /// After each run, wait this long for outstanding commands; what is left is reported as lost.
@@ -180,6 +182,9 @@ where
     C::QueuePair: Send + 'static,
 {
     let ctrls = std::cell::RefCell::new(ctrls);
+    // With --faults, a controller whose health check failed for good (removed, or lost) is reported once and
+    // the run goes on: its queue pairs fail their I/O, which the fault accounting counts.
+    let mut given_up = vec![false; ctrls.borrow().len()];
     let mut gen: LoadGen<C::QueuePair> = LoadGen::new(pool.clone(), m.max_qd, m.quiet);
     for &workload in m.workloads {
         for &qd in m.qds {
@@ -216,8 +221,16 @@ where
                     };
                     // Keep the admin queues alive (keep-alive, health checks, recovery) while the jobs run.
                     let mut tick = |_: Phase| -> nvpoll::Result<()> {
-                        for c in ctrls.borrow_mut().iter_mut() {
-                            c.poll_admin()?;
+                        for (i, c) in ctrls.borrow_mut().iter_mut().enumerate() {
+                            match c.poll_admin() {
+                                Ok(()) => {}
+                                Err(e) if m.faults => {
+                                    if !std::mem::replace(&mut given_up[i], true) {
+                                        eprintln!("perf: controller {i}: {e}");
+                                    }
+                                }
+                                Err(e) => return Err(e),
+                            }
                         }
                         Ok(())
                     };
@@ -420,6 +433,7 @@ fn run(args: Args) -> Result<(), String> {
                 } else {
                     nvpoll_pcie::Recovery::Retry
                 },
+                io_timeout: args.io_timeout,
                 ..PcieOptions::default()
             };
             let c = PcieController::open(*bdf, pool.clone(), opts)
