@@ -19,6 +19,10 @@
 # Knobs (environment):
 #   NVPOLL_VM_PROFILE=debug        debug | release
 #   NVPOLL_VM_TEST_FILTER=vm_      libtest filter for the Rust tests
+#   NVPOLL_VM_SCRIPTS=*            which scripts/vm-tests scripts run: a shell
+#                                  pattern for the start of the name (e.g. 70-,
+#                                  or '[67]0-'); with NVPOLL_VM_TEST_FILTER=none
+#                                  only those scripts run
 #   NVPOLL_VM_TEST_TIMEOUT=600     seconds for one test executable or script
 #   NVPOLL_VM_KEEP=0               1: keep the results folder (and vm.sh's run folder)
 #   NVPOLL_EXAMPLES_DIR            set for the guest to the built examples' folder
@@ -29,6 +33,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 FILTER=${NVPOLL_VM_TEST_FILTER:-vm_}
+SCRIPTS=${NVPOLL_VM_SCRIPTS:-*}
 ITEM_TIMEOUT=${NVPOLL_VM_TEST_TIMEOUT:-600}
 TAB=$'\t'
 
@@ -138,7 +143,8 @@ guest_main() {
         run_test_executable "$exe" "$dir" "$label"
     done < "$WORK/executables"
     shopt -s nullglob
-    for f in "$ROOT"/scripts/vm-tests/*.sh; do run_script "$f"; done
+    # shellcheck disable=SC2231  # the pattern is meant to glob
+    for f in "$ROOT"/scripts/vm-tests/$SCRIPTS*.sh; do run_script "$f"; done
     echo finished > "$WORK/finished"
     ! grep -q '^FAIL' "$WORK/results"
 }
@@ -198,7 +204,8 @@ if [ -z "${NVPOLL_EXAMPLES_DIR:-}" ]; then
     export NVPOLL_EXAMPLES_DIR=${BASH_REMATCH[1]}/$PROFILE/examples
 fi
 shopt -s nullglob
-scripts=("$ROOT"/scripts/vm-tests/*.sh)
+# shellcheck disable=SC2206  # the pattern is meant to glob
+scripts=("$ROOT"/scripts/vm-tests/$SCRIPTS*.sh)
 shopt -u nullglob
 echo "vm-test: built in $(since "$T0")s: $(wc -l < "$WORK/executables") test executable(s), ${#scripts[@]} script(s) in scripts/vm-tests"
 
@@ -226,7 +233,7 @@ if [ ! -f "$WORK/finished" ]; then
     failed=$((failed + 1)); problems=1
 fi
 if [ $((passed + failed)) = 0 ]; then
-    echo "vm-tests: no test ran (no test matches '$FILTER' and scripts/vm-tests has no script)"
+    echo "vm-tests: no test ran (no test matches '$FILTER' and scripts/vm-tests has no script matching '$SCRIPTS*.sh')"
     problems=1
 fi
 [ "$ignored" = 0 ] || echo "vm-tests: $ignored ignored"
