@@ -255,14 +255,11 @@ impl FakeDevice {
     /// every queue is gone and the admin queue registers are cleared.
     pub fn function_reset(&self) {
         let mut s = self.lock();
+        // Disabling drops every queue and clears CSTS; a function reset also clears the admin queue registers.
         s.write_cc(Cc(0));
-        s.stats.resets += 1;
         for r in [reg::AQA, reg::ASQ, reg::ASQ + 4, reg::ACQ, reg::ACQ + 4] {
             s.regs[r as usize / 4] = 0;
         }
-        s.sqs.iter_mut().for_each(|q| *q = None);
-        s.cqs.iter_mut().for_each(|q| *q = None);
-        s.set_csts(Csts(0));
     }
 
     /// While set, commands are fetched but never completed.
