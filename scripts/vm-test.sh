@@ -21,8 +21,8 @@
 #   NVPOLL_VM_TEST_FILTER=vm_      libtest filter for the Rust tests
 #   NVPOLL_VM_SCRIPTS=*            which scripts/vm-tests scripts run: a shell
 #                                  pattern for the start of the name (e.g. 70-,
-#                                  or '[67]0-'); with NVPOLL_VM_TEST_FILTER=none
-#                                  only those scripts run
+#                                  or '[67]0-'); with NVPOLL_VM_TEST_FILTER=@none,
+#                                  which matches no test name, only those run
 #   NVPOLL_VM_TEST_TIMEOUT=600     seconds for one test executable or script
 #   NVPOLL_VM_KEEP=0               1: keep the results folder (and vm.sh's run folder)
 #   NVPOLL_EXAMPLES_DIR            set for the guest to the built examples' folder
