@@ -22,6 +22,9 @@
 #   NVPOLL_EXAMPLES_DIR      folder with the built perf and target examples (default: builds them, see below)
 #   NVPOLL_FAULT_PROFILE     debug | release: the profile to build when NVPOLL_EXAMPLES_DIR is unset (debug)
 #   NVPOLL_FAULT_KEEP=0      1: keep the work folder (perf and target logs)
+#   NVPOLL_FAULT_SCENARIOS   comma-separated subset of: kill, kill-fail-fast, reset, blackhole, lossy, kill-tls,
+#                            lossy-tls (default: all but lossy-tls, in that order)
+#   NVPOLL_FAULT_NETEM=any   require: a missing sch_netem is an error instead of the nft + tbf substitute
 # Needs: root, ip (iproute2, with network namespace and veth support), tc, nft (nftables) or iptables.
 set -euo pipefail
 
@@ -184,9 +187,13 @@ EOF
 
 LOSSY_LABEL=''
 lossy_on() {   # the whole-run link fault: netem if the kernel has it, else firewall loss plus a rate limit
+    modprobe sch_netem 2>/dev/null || true
     if in_ns tc qdisc add dev "$VETH_IN" root netem delay 5ms loss 2% 2>"$WORK/netem.err"; then
         LOSSY_LABEL="netem delay 5ms loss 2%"
         return
+    fi
+    if [ "${NVPOLL_FAULT_NETEM:-any}" = require ]; then
+        die "tc netem is not available ($(tr -d '\n' < "$WORK/netem.err")) and NVPOLL_FAULT_NETEM=require"
     fi
     cat >&2 <<EOF
 $PROG: ======================================================================================================
@@ -209,7 +216,7 @@ lossy_off() {
 # one scenario: perf in the background, the fault from here, then checks
 # ---------------------------------------------------------------------------------------------------------------
 ROWS=() FAILS=0 RUNS=0
-row() { ROWS+=("$(printf '| %-34s | %9s | %9s | %6s | %7s | %4s | %10s | %19s | %-6s |' "$@")"); }
+row() { ROWS+=("$(printf '| %-42s | %9s | %9s | %6s | %7s | %4s | %10s | %19s | %-6s |' "$@")"); }
 
 run_scenario() {   # LABEL POLICY EXPECT SECONDS INJECT [perf args...]
     # EXPECT: what must be seen besides lost 0 / mismatches 0 / perf exit 0:
@@ -277,10 +284,9 @@ run_scenario() {   # LABEL POLICY EXPECT SECONDS INJECT [perf args...]
         echo "---- perf output ----" >&2; tail -n 30 "$log" >&2
         echo "---- target log ----" >&2; tail -n 20 "$WORK/target.log" >&2
     fi
-    # a clean target for the next scenario (the fault may have left it stopped or stuck)
+    # the next scenario starts a clean target (the fault may have left this one stopped or stuck)
     fw clear
     stop_target TERM
-    start_target
 }
 
 # The injections (run in the foreground while perf runs in the background).
@@ -316,24 +322,39 @@ inject_none() { :; }
 # ---------------------------------------------------------------------------------------------------------------
 # the scenarios
 # ---------------------------------------------------------------------------------------------------------------
+SCENARIOS=${NVPOLL_FAULT_SCENARIOS:-kill,kill-fail-fast,reset,blackhole,lossy,kill-tls}
+for sc in ${SCENARIOS//,/ }; do
+    case "$sc" in
+        kill | kill-fail-fast | reset | blackhole | lossy | kill-tls | lossy-tls) ;;
+        *) die "NVPOLL_FAULT_SCENARIOS: unknown scenario '$sc' (kill, kill-fail-fast, reset, blackhole, lossy, kill-tls, lossy-tls)" ;;
+    esac
+done
 T0=$SECONDS
-start_target
-run_scenario "kill -9 + restart" retry retried 10 inject_kill_restart
-run_scenario "kill -9 + restart" fail-fast failed 10 inject_kill_restart
-run_scenario "tcp resets" retry reconnected 10 inject_reset
-run_scenario "blackhole 4 s, KATO 2 s" retry stall 12 inject_blackhole --kato 2s --io-timeout 15s
-lossy_on
-run_scenario "$LOSSY_LABEL" retry clean 8 inject_none
-lossy_off
-stop_target TERM
-TLS_ARGS=(--psk "$HOSTNQN=$PSK" --tls required)
-start_target
-run_scenario "kill -9 + restart, TLS" retry retried 10 inject_kill_restart --psk "$PSK"
-stop_target TERM
+for sc in ${SCENARIOS//,/ }; do
+    case "$sc" in
+        *-tls) TLS_ARGS=(--psk "$HOSTNQN=$PSK" --tls required); PERF_TLS=(--psk "$PSK") ;;
+        *) TLS_ARGS=(); PERF_TLS=() ;;
+    esac
+    start_target
+    case "$sc" in
+        kill) run_scenario "kill -9 + restart" retry retried 10 inject_kill_restart ;;
+        kill-fail-fast) run_scenario "kill -9 + restart" fail-fast failed 10 inject_kill_restart ;;
+        reset) run_scenario "tcp resets" retry reconnected 10 inject_reset ;;
+        blackhole) run_scenario "blackhole 4 s, KATO 2 s" retry stall 12 inject_blackhole --kato 2s --io-timeout 15s ;;
+        kill-tls) run_scenario "kill -9 + restart, TLS" retry retried 10 inject_kill_restart "${PERF_TLS[@]}" ;;
+        lossy | lossy-tls)
+            lossy_on
+            label=$LOSSY_LABEL
+            [ "$sc" = lossy ] || label="$label, TLS"
+            run_scenario "$label" retry clean 8 inject_none "${PERF_TLS[@]}"
+            lossy_off ;;
+    esac
+    stop_target TERM
+done
 
 echo
-echo "| fault                              | submitted |        ok | failed | retried | lost | mismatches | time to recover (s) | result |"
-echo "|------------------------------------|-----------|-----------|--------|---------|------|------------|---------------------|--------|"
+echo "| fault                                      | submitted |        ok | failed | retried | lost | mismatches | time to recover (s) | result |"
+echo "|--------------------------------------------|-----------|-----------|--------|---------|------|------------|---------------------|--------|"
 printf '%s\n' "${ROWS[@]}"
 echo
 echo "fault-test: $((SECONDS - T0)) s; time to recover = perf's longest stall (no completion while I/O was outstanding)"

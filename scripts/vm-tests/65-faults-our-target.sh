@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# scripts/vm-tests/65-faults-our-target.sh - scripts/fault-test.sh inside the scripts/vm.sh guest (run by
+# scripts/vm-test.sh), for what the host cannot do: this guest kernel has sch_netem, so the lossy-link
+# scenario runs with real `tc netem delay 5ms loss 2%` on the namespace's veth (NVPOLL_FAULT_NETEM=require:
+# no substitute), against our target, plain and with TLS; and a kill -9 + restart under the guest's kernel.
+# Every run must lose nothing, find no verify mismatch and fail no I/O (fault-test.sh's checks).
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+export NVPOLL_EXAMPLES_DIR=${NVPOLL_EXAMPLES_DIR:-target/debug/examples}
+export NVPOLL_FAULT_SCENARIOS=${NVPOLL_FAULT_SCENARIOS:-lossy,lossy-tls,kill}
+export NVPOLL_FAULT_NETEM=require
+exec "$here/../fault-test.sh"
