@@ -14,12 +14,13 @@
 //! a queue pair's command timeout, or a failed admin command makes it reset the controller; a request from
 //! the kernel to give the device back (VFIO's device request, on hot removal) or registers that read as all
 //! ones while the function no longer answers make it release the device ([`Device::release`]) and fail
-//! everything as removed. A reset moves the
-//! shared epoch when it begins (queue pairs stop touching their rings) and publishes it as ready once the
-//! controller is enabled and identified again; each queue pair then re-creates its own queues on its next
-//! poll, keeping its queue ID, and retries or fails its commands by its [`crate::Recovery`] policy. A
-//! controller that cannot be brought back after a few attempts, or that is removed, is lost: everything
-//! fails. Dropping the controller shuts it down (CC.SHN) and unmaps its DMA memory.
+//! everything as removed.
+//!
+//! A reset moves the shared epoch when it begins (queue pairs stop touching their rings) and publishes it as
+//! ready once the controller is enabled and identified again; each queue pair then re-creates its own queues
+//! on its next poll, keeping its queue ID, and retries or fails its commands by its [`crate::Recovery`]
+//! policy. A controller that cannot be brought back after a few attempts, or that is removed, is lost:
+//! everything fails. Dropping the controller shuts it down (CC.SHN) and unmaps its DMA memory.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
