@@ -9,14 +9,20 @@
 //! - a capsule flooder: an I/O queue of 4 entries that receives 1004 write capsules at once, again and again;
 //! - TLS garbage: a ClientHello record of garbage (the target's TLS is optional), again and again.
 //!
-//! Three phases, interleaved run by run and reported as medians: alone, with the hostile hosts unpaced (as
-//! fast as they can: up to 200 flood connections open, 50 slowloris hosts, the flooder and the garbage sender
-//! back to back), and paced (20 flood connections per second, 4 slowloris hosts, a capsule flood every 500 ms
-//! and a garbage handshake every 100 ms). It prints each phase's IOPS and its ratio to the alone phase.
+//! Phases, interleaved run by run and reported as medians: alone; with the hostile hosts unpaced (as fast as
+//! they can: up to 200 flood connections open, 50 slowloris hosts, the flooder and the garbage sender back to
+//! back); paced (20 flood connections per second, 4 slowloris hosts, a capsule flood every 500 ms and a garbage
+//! handshake every 100 ms); and after each hostile phase its **noise control**: one thread per hostile host
+//! that uses the same CPU time in as many wakeups per second as its twin just did, without touching the
+//! network. On a machine where the hostile hosts share the reactors' cores, part of what the good host loses
+//! is simply CPU and preemptions that any neighbour would cost it; the noise phase measures that part, and
+//! "vs noise" (hostile IOPS / noise IOPS) is what is left: the target's own cost of its hostile clients.
+//! Each row also gives the cores' worth of CPU the initiator's reactor, the target's reactor and every other
+//! thread got, and the other threads' voluntary context switches per second.
 //!
 //! `cargo bench --bench hostile` (NVPOLL_BENCH_TIME=3s, NVPOLL_BENCH_WARMUP=500ms, NVPOLL_BENCH_RUNS=5,
 //! NVPOLL_BENCH_PHASES=unpaced,paced: the hostile phases to run besides the alone phase).
-//! The machine's load average is printed before and after: other work on the same cores moves the numbers..
+//! The machine's load average is printed before and after: other work on the same cores moves the numbers.
 
 #[path = "../drivers/tcp/tests/target_common/mod.rs"]
 mod target_common;
@@ -87,6 +93,15 @@ impl Pace {
     }
 }
 
+/// What runs beside the good host in a phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Load {
+    Alone,
+    Hostile(Pace),
+    /// The control for the hostile phase before it: the same CPU time and wakeups, no network.
+    Noise(Pace),
+}
+
 /// What the hostile hosts did.
 #[derive(Default)]
 struct HostileCounts {
@@ -96,11 +111,44 @@ struct HostileCounts {
     garbage: AtomicU64,
 }
 
+/// What one thread cost the machine: CPU time and how often it blocked or slept (voluntary context switches:
+/// each is followed by a wakeup that preempts whatever runs on that core, here a reactor).
+#[derive(Clone, Copy, Debug, Default)]
+struct Footprint {
+    cpu: Duration,
+    switches: u64,
+    secs: f64,
+}
+
+impl Footprint {
+    /// The calling thread's CPU time (/proc/thread-self/schedstat) and voluntary context switches
+    /// (/proc/thread-self/status), since it started.
+    fn of_this_thread(started: Instant) -> Footprint {
+        let cpu = std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .map_or(Duration::ZERO, Duration::from_nanos);
+        let switches = std::fs::read_to_string("/proc/thread-self/status")
+            .map(|s| {
+                s.lines()
+                    .filter(|l| l.starts_with("voluntary_ctxt_switches:"))
+                    .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                    .sum()
+            })
+            .unwrap_or(0);
+        Footprint {
+            cpu,
+            switches,
+            secs: started.elapsed().as_secs_f64(),
+        }
+    }
+}
+
 /// The hostile hosts, one thread each, until dropped.
 struct Hostile {
     stop: Arc<AtomicBool>,
     counts: Arc<HostileCounts>,
-    threads: Vec<JoinHandle<()>>,
+    threads: Vec<JoinHandle<Footprint>>,
     started: Instant,
 }
 
@@ -114,7 +162,11 @@ impl Hostile {
             .into_iter()
             .map(|f| {
                 let (stop, counts) = (Arc::clone(&stop), Arc::clone(&counts));
-                thread::spawn(move || f(addr, pace, &stop, &counts))
+                thread::spawn(move || {
+                    let t0 = Instant::now();
+                    f(addr, pace, &stop, &counts);
+                    Footprint::of_this_thread(t0)
+                })
             })
             .collect();
         Hostile {
@@ -125,16 +177,73 @@ impl Hostile {
         }
     }
 
-    /// Stops the threads; returns connections per second of each kind.
-    fn finish(mut self) -> [f64; 4] {
+    /// Stops the threads; returns connections per second of each kind, and each thread's footprint.
+    fn finish(mut self) -> ([f64; 4], Vec<Footprint>) {
         self.stop.store(true, Ordering::Release);
-        for t in self.threads.drain(..) {
-            t.join().expect("hostile host thread");
-        }
+        let prints = self
+            .threads
+            .drain(..)
+            .map(|t| t.join().expect("hostile host thread"))
+            .collect();
         let secs = self.started.elapsed().as_secs_f64();
         let c = &self.counts;
-        [&c.flood, &c.slowloris, &c.capsule_floods, &c.garbage]
-            .map(|a| a.load(Ordering::Relaxed) as f64 / secs)
+        let rates = [&c.flood, &c.slowloris, &c.capsule_floods, &c.garbage]
+            .map(|a| a.load(Ordering::Relaxed) as f64 / secs);
+        (rates, prints)
+    }
+}
+
+/// The control for a hostile phase: one thread per hostile host that costs the machine what its twin did (the
+/// same CPU time, in as many wakeups per second) but never touches the network. What the good host loses to
+/// the noise is what any process sharing its cores would cost it; what it loses to the hostile hosts beyond
+/// that is the target's doing.
+struct Noise {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<Footprint>>,
+}
+
+impl Noise {
+    fn start(twins: &[Footprint]) -> Noise {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = twins
+            .iter()
+            .map(|twin| {
+                let stop = Arc::clone(&stop);
+                let wakeups = (twin.switches as f64 / twin.secs.max(1e-3)).max(1.0);
+                let gap = Duration::from_secs_f64(1.0 / wakeups);
+                // Cores' worth of CPU the twin used; the thread keeps its own total (sleeping included) at that.
+                let share = twin.cpu.as_secs_f64() / twin.secs.max(1e-3);
+                thread::spawn(move || {
+                    let t0 = Instant::now();
+                    let cpu0 = cpu_time::ThreadTime::now();
+                    let mut next = Instant::now();
+                    while !stop.load(Ordering::Acquire) {
+                        // CPU time, not wall time: a spin that is preempted must not count the time it lost.
+                        let budget = Duration::from_secs_f64(share * t0.elapsed().as_secs_f64());
+                        while cpu0.elapsed() < budget {
+                            std::hint::spin_loop();
+                        }
+                        next += gap;
+                        let now = Instant::now();
+                        if next > now {
+                            thread::sleep(next - now);
+                        } else {
+                            next = now;
+                        }
+                    }
+                    Footprint::of_this_thread(t0)
+                })
+            })
+            .collect();
+        Noise { stop, threads }
+    }
+
+    fn finish(mut self) -> Vec<Footprint> {
+        self.stop.store(true, Ordering::Release);
+        self.threads
+            .drain(..)
+            .map(|t| t.join().expect("noise thread"))
+            .collect()
     }
 }
 
@@ -351,25 +460,39 @@ fn main() {
          load average before: {}",
         load_average()
     );
-    // NVPOLL_BENCH_PHASES=unpaced (say) runs the alone phase and that one only, e.g. under a profiler.
+    // NVPOLL_BENCH_PHASES=unpaced (say) runs the alone phase and that one only (and its noise control), e.g.
+    // under a profiler.
     let wanted = std::env::var("NVPOLL_BENCH_PHASES").unwrap_or_else(|_| "unpaced,paced".into());
-    let mut phases = vec![None];
+    let mut phases = vec![Load::Alone];
     for w in wanted.split(',').map(str::trim).filter(|w| !w.is_empty()) {
-        phases.push(Some(match w {
+        let pace = match w {
             "unpaced" => Pace::Unpaced,
             "paced" => Pace::Paced,
             other => panic!("NVPOLL_BENCH_PHASES: unknown phase {other:?} (unpaced, paced)"),
-        }));
+        };
+        phases.push(Load::Hostile(pace));
+        phases.push(Load::Noise(pace));
     }
     let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); phases.len()];
     let mut rates: Vec<Vec<[f64; 4]>> = vec![Vec::new(); phases.len()];
     // Cores' worth of CPU per phase: initiator reactor, target reactor, other threads (the hostile hosts).
     let mut cpu: Vec<Vec<[f64; 3]>> = vec![Vec::new(); phases.len()];
+    // Context switches per second of the other threads.
+    let mut switches: Vec<Vec<f64>> = vec![Vec::new(); phases.len()];
+    let mut twins: Vec<Footprint> = Vec::new();
     let ctrl_cell = RefCell::new(&mut ctrl);
     for _ in 0..runs {
-        for (i, pace) in phases.iter().enumerate() {
+        for (i, load) in phases.iter().enumerate() {
             let (t0, cpu0) = (Instant::now(), thread_cpu(icore, tcore));
-            let hostile = pace.map(|p| Hostile::start(addr, p));
+            let hostile = match load {
+                Load::Hostile(p) => Some(Hostile::start(addr, *p)),
+                _ => None,
+            };
+            let noise = match load {
+                // Runs right after its hostile phase, with the footprints that phase just measured.
+                Load::Noise(_) => Some(Noise::start(&twins)),
+                _ => None,
+            };
             let mut connect = |_: usize, depth: u16| -> nvpoll::Result<_> {
                 Ok((ctrl_cell.borrow_mut().connect_io_queue(depth)?, ns.clone()))
             };
@@ -380,8 +503,18 @@ fn main() {
                 .expect("run");
             let (cpu1, secs) = (thread_cpu(icore, tcore), t0.elapsed().as_secs_f64());
             cpu[i].push([0, 1, 2].map(|k| (cpu1[k] - cpu0[k]) / secs));
-            if let Some(h) = hostile {
-                rates[i].push(h.finish());
+            let prints = match (hostile, noise) {
+                (Some(h), _) => {
+                    let (r, prints) = h.finish();
+                    rates[i].push(r);
+                    twins = prints.clone();
+                    prints
+                }
+                (_, Some(n)) => n.finish(),
+                _ => Vec::new(),
+            };
+            if !prints.is_empty() {
+                switches[i].push(prints.iter().map(|f| f.switches as f64 / f.secs).sum());
             }
             assert!(
                 r.failures.is_empty() && r.errors == 0 && r.lost == 0,
@@ -405,49 +538,58 @@ fn main() {
     let alone = medians[0].iops;
     println!("load average after: {}", load_average());
     println!(
-        "\n| {:<18} | {:>9} | {:>17} | {:>8} | {:>7} | {:>35} | {:>21} |",
+        "\n| {:<18} | {:>9} | {:>17} | {:>8} | {:>7} | {:>9} | {:>35} | {:>20} | {:>10} |",
         "phase",
         "IOPS",
         "min - max",
         "p99 us",
         "ratio",
+        "vs noise",
         "hostile conn/s: flood/slow/caps/tls",
-        "cores: ini/tgt/other"
+        "cores: ini/tgt/other",
+        "other cs/s"
     );
-    for ((((pace, m), r), (lo, hi)), c) in phases
-        .iter()
-        .zip(&medians)
-        .zip(&rates)
-        .zip(&spread)
-        .zip(&cpu)
-    {
-        let mean_cpu = |k: usize| c.iter().map(|x| x[k]).sum::<f64>() / c.len().max(1) as f64;
-        let label = match pace {
-            None => "alone",
-            Some(Pace::Unpaced) => "hostile, unpaced",
-            Some(Pace::Paced) => "hostile, paced",
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    for (i, load) in phases.iter().enumerate() {
+        let m = &medians[i];
+        let (lo, hi) = spread[i];
+        let c = &cpu[i];
+        let mean_cpu = |k: usize| mean(&c.iter().map(|x| x[k]).collect::<Vec<_>>());
+        let label = match load {
+            Load::Alone => "alone",
+            Load::Hostile(Pace::Unpaced) => "hostile, unpaced",
+            Load::Noise(Pace::Unpaced) => "noise like unpaced",
+            Load::Hostile(Pace::Paced) => "hostile, paced",
+            Load::Noise(Pace::Paced) => "noise like paced",
         };
-        let rate = if r.is_empty() {
+        let rate = if rates[i].is_empty() {
             "-".to_string()
         } else {
-            let mean = |k: usize| r.iter().map(|x| x[k]).sum::<f64>() / r.len() as f64;
-            format!(
-                "{:.0}/{:.0}/{:.1}/{:.0}",
-                mean(0),
-                mean(1),
-                mean(2),
-                mean(3)
-            )
+            let r = &rates[i];
+            let k = |k: usize| mean(&r.iter().map(|x| x[k]).collect::<Vec<_>>());
+            format!("{:.0}/{:.0}/{:.1}/{:.0}", k(0), k(1), k(2), k(3))
+        };
+        // A hostile phase against its noise control (the phase after it).
+        let vs_noise = match (load, medians.get(i + 1), phases.get(i + 1)) {
+            (Load::Hostile(_), Some(n), Some(Load::Noise(_))) => format!("{:.3}", m.iops / n.iops),
+            _ => "-".into(),
+        };
+        let cs = if switches[i].is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.0}", mean(&switches[i]))
         };
         println!(
-            "| {:<18} | {:>9.0} | {:>17} | {:>8.1} | {:>7.3} | {:>35} | {:>21} |",
+            "| {:<18} | {:>9.0} | {:>17} | {:>8.1} | {:>7.3} | {:>9} | {:>35} | {:>20} | {:>10} |",
             label,
             m.iops,
             format!("{lo:.0} - {hi:.0}"),
             m.p99_us,
             m.iops / alone,
+            vs_noise,
             rate,
-            format!("{:.2}/{:.2}/{:.2}", mean_cpu(0), mean_cpu(1), mean_cpu(2))
+            format!("{:.2}/{:.2}/{:.2}", mean_cpu(0), mean_cpu(1), mean_cpu(2)),
+            cs
         );
     }
     gen.release_queue_pairs();
