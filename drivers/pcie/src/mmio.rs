@@ -89,8 +89,9 @@ impl Bar {
     /// Cuts the window off the device, atomically for every thread: the device mapping is replaced, in one
     /// step, by private memory that reads as all ones (what a removed device answers). A register access
     /// racing with this reaches either the device or that memory, never a hole; later writes land in that
-    /// memory, never on the device (the driver reads no register it wrote after this). The window stays valid (its address and length unchanged) until the `Bar` is dropped. Afterwards the
-    /// mapping no longer holds the device file, so the kernel can release the device once its fds close.
+    /// memory, never on the device (the driver reads no register it wrote after this). The window stays valid
+    /// (its address and length unchanged) until the `Bar` is dropped. Afterwards the mapping no longer holds
+    /// the device file, so the kernel can release the device once its fds close.
     pub(crate) fn detach(&self) -> std::io::Result<()> {
         // SAFETY: a fresh private anonymous mapping; the kernel picks an address where nothing lives.
         let spare = unsafe {
