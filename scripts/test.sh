@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, host tests, then the VM tests (real NVMe controller model behind a
-# vIOMMU, and the kernel's nvmet-tcp, in a QEMU guest). This is what CI runs.
+# The whole test suite: formatting, lints, host tests, brief fuzzing, fault injection, the hostile-host bench
+# (briefly), then the VM tests (real NVMe controller model behind a vIOMMU, and the kernel's nvmet-tcp, in a
+# QEMU guest). This is what CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,5 +17,10 @@ step "fuzz (briefly)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-15} scripts/fuzz.sh
 step "fault injection"
 scripts/fault-test.sh
+# Hostile hosts against our target while a good host runs: the run fails if the good host sees an error, a
+# hostile connection is left open or the target panics. The throughput ratios are printed, not asserted
+# (performance belongs to benchmarks; a brief run on a shared CI machine is a rough look).
+step "hostile hosts (cargo bench --bench hostile, brief)"
+NVPOLL_BENCH_TIME=1s NVPOLL_BENCH_WARMUP=250ms NVPOLL_BENCH_RUNS=3 cargo bench --bench hostile
 step "VM tests"
 scripts/vm-test.sh
