@@ -4,8 +4,8 @@
 //! - [`Target::bind`] opens the namespaces and the listening socket; [`Target::start`] registers the listener
 //!   as a poller on reactor 0. Each accepted connection goes to the next reactor, round robin, and stays
 //!   there: one owner per queue, no locks on the I/O path. Until Fabrics Connect succeeds it sits in that
-//!   reactor's setup poller (idle half-open connections are looked at once per millisecond, all for one clock
-//!   read); then it becomes a session poller of its own, polled on every iteration.
+//!   reactor's setup set (idle half-open connections are looked at once per millisecond by a timed poller,
+//!   and cost nothing in between); then it becomes a session poller of its own, polled on every iteration.
 //! - A session (`session`) speaks NVMe/TCP: ICReq/ICResp, Fabrics Connect, and then commands: admin and
 //!   fabrics ones (`admin`), NVM I/O (`io`), and the discovery log (`discovery`) for the well-known
 //!   discovery subsystem, which every target serves.
@@ -53,7 +53,7 @@ mod subsystem;
 pub use device::{BlockDevice, QueuePairDevice};
 pub use subsystem::{Backing, NamespaceConfig, SubsystemConfig, DISCOVERY_NQN, MAX_NQN_LEN};
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener};
@@ -757,158 +757,146 @@ fn start_session(ctx: &mut ReactorContext, stream: std::net::TcpStream, shared: 
 /// looked at again.
 const SETUP_POLL_PERIOD: Duration = Duration::from_millis(1);
 
-/// A session that has not finished Fabrics Connect (or is closing before it did).
-struct SetupEntry {
-    session: Session,
-    /// When it is next looked at; `None`: on every iteration (it was busy last time).
-    next: Option<Instant>,
-}
-
-/// One reactor's sessions before Ready, for one target.
+/// One reactor's sessions before Ready (or closing before they got there), for one target.
 #[derive(Default)]
 struct SetupSet {
-    entries: Vec<SetupEntry>,
-    /// Nothing needs looking at before this (`None`: look on the next iteration).
-    due: Option<Instant>,
+    /// Busy when last looked at (or new): polled on every iteration.
+    hot: Vec<Session>,
+    /// Idle when last looked at: polled once per [`SETUP_POLL_PERIOD`].
+    cold: Vec<Session>,
 }
 
 /// The setup sets of this reactor's thread, keyed by target.
-type SetupSets = Vec<(usize, Rc<std::cell::RefCell<SetupSet>>)>;
+type SetupSets = Vec<(usize, Rc<RefCell<SetupSet>>)>;
 
 thread_local! {
-    static SETUP_SETS: std::cell::RefCell<SetupSets> = const { std::cell::RefCell::new(Vec::new()) };
+    static SETUP_SETS: RefCell<SetupSets> = const { RefCell::new(Vec::new()) };
 }
 
-/// One poller per reactor (and target) for every connection that has not finished Fabrics Connect: the
-/// handshakes in progress, and whatever a hostile host leaves half-open (connection floods, slowloris ICReqs,
-/// TLS garbage). A session that was busy is polled again on the next iteration, an idle one once per
-/// [`SETUP_POLL_PERIOD`]; the whole set costs one clock read per iteration, not a clock read, a receive and a
-/// flush per connection. A session that reaches Ready becomes its own [`SessionPoller`], polled on every
-/// iteration.
+/// Where a setup session goes after a look.
+enum Next {
+    Hot,
+    Cold,
+    Gone,
+    Ready,
+}
+
+/// Polls one setup session (and sends what it queued); panics are caught: a bug closes that connection only.
+fn look_at(session: &mut Session) -> Next {
+    let progress = catch_unwind(AssertUnwindSafe(|| {
+        let p = session.poll();
+        if !matches!(p, Progress::Finished) {
+            session.flush();
+        }
+        p
+    }));
+    match progress {
+        Ok(Progress::Finished) => Next::Gone,
+        Err(_) => {
+            session.note_internal_error();
+            Next::Gone
+        }
+        Ok(_) if session.is_ready() => Next::Ready,
+        Ok(Progress::Busy) => Next::Hot,
+        Ok(Progress::Idle) => Next::Cold,
+    }
+}
+
+/// Connections that have not finished Fabrics Connect, per reactor and target: the handshakes in progress, and
+/// whatever a hostile host leaves half-open (connection floods, slowloris ICReqs, TLS garbage). Two pollers
+/// share the set: [`SetupPoller::Hot`] polls, on every iteration, the sessions that were busy when last looked
+/// at (nothing when there are none: no clock read, no system call), and the timed [`SetupPoller::Cold`] looks
+/// at the idle ones once per [`SETUP_POLL_PERIOD`] and moves those with something to do to the hot list. A
+/// session that reaches Ready becomes its own [`SessionPoller`], polled on every iteration.
 struct SetupPoller {
     key: usize,
+    cold: bool,
     shared: Arc<TargetShared>,
-    sessions: Rc<std::cell::RefCell<SetupSet>>,
-    id: Rc<Cell<Option<PollerId>>>,
+    set: Rc<RefCell<SetupSet>>,
+    /// Both pollers' ids (to unregister both once the target stopped and the set is empty).
+    ids: Rc<Cell<Option<(PollerId, PollerId)>>>,
 }
 
 impl SetupPoller {
-    /// Hands `session` to this reactor's setup poller for `shared`, registering the poller on first use.
+    /// Hands `session` to this reactor's setup set for `shared`, registering its pollers on first use.
     fn adopt(ctx: &mut ReactorContext, shared: &Arc<TargetShared>, session: Session) {
         let key = Arc::as_ptr(shared) as usize;
-        let entry = SetupEntry {
-            session,
-            next: None,
-        };
         SETUP_SETS.with(|sets| {
             let mut sets = sets.borrow_mut();
             if let Some((_, set)) = sets.iter().find(|(k, _)| *k == key) {
-                let mut set = set.borrow_mut();
-                set.entries.push(entry);
-                set.due = None;
+                set.borrow_mut().hot.push(session);
                 return;
             }
-            let set = Rc::new(std::cell::RefCell::new(SetupSet {
-                entries: vec![entry],
-                due: None,
+            let set = Rc::new(RefCell::new(SetupSet {
+                hot: vec![session],
+                cold: Vec::new(),
             }));
             sets.push((key, Rc::clone(&set)));
-            let id = Rc::new(Cell::new(None));
-            let pid = ctx.add_poller(SetupPoller {
+            let ids = Rc::new(Cell::new(None));
+            let poller = |cold| SetupPoller {
                 key,
+                cold,
                 shared: Arc::clone(shared),
-                sessions: set,
-                id: Rc::clone(&id),
-            });
-            id.set(Some(pid));
+                set: Rc::clone(&set),
+                ids: Rc::clone(&ids),
+            };
+            let hot = ctx.add_poller(poller(false));
+            let cold = ctx.add_timed_poller(SETUP_POLL_PERIOD, poller(true));
+            ids.set(Some((hot, cold)));
         });
     }
 
-    /// Unregisters the poller (once the target stopped and its last setup session is gone).
+    /// Unregisters both pollers (once the target stopped and its last setup session is gone).
     fn retire(&mut self, ctx: &mut ReactorContext) {
         SETUP_SETS.with(|sets| sets.borrow_mut().retain(|(k, _)| *k != self.key));
-        if let Some(id) = self.id.take() {
-            ctx.remove_poller(id);
+        if let Some((hot, cold)) = self.ids.take() {
+            ctx.remove_poller(hot);
+            ctx.remove_poller(cold);
         }
     }
 }
 
 impl Poller for SetupPoller {
     fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus {
-        let set = Rc::clone(&self.sessions);
+        let set = Rc::clone(&self.set);
         let mut set = set.borrow_mut();
-        if set.entries.is_empty() {
-            if self.shared.stopping() {
+        let SetupSet { hot, cold } = &mut *set;
+        if self.shared.stopping() {
+            // Every session looks at the flag (and closes) on every iteration until it is gone.
+            hot.append(cold);
+            if hot.is_empty() {
                 self.retire(ctx);
+                return PollStatus::Idle;
             }
+        }
+        let (list, other) = if self.cold { (cold, hot) } else { (hot, cold) };
+        if list.is_empty() {
             return PollStatus::Idle;
         }
-        let now = Instant::now();
-        // Stopping: every session looks at the flag (and closes) now.
-        let all = self.shared.stopping();
-        if !all && set.due.is_some_and(|t| now < t) {
-            return PollStatus::Idle;
-        }
-        let sessions = &mut set.entries;
         let mut busy = false;
-        let mut due: Option<Instant> = None;
-        let mut hot = false;
         let mut i = 0;
-        while i < sessions.len() {
-            let entry = &mut sessions[i];
-            if let Some(t) = entry.next.filter(|t| !all && now < *t) {
-                due = Some(due.map_or(t, |d| d.min(t)));
-                i += 1;
-                continue;
-            }
-            let session = &mut entry.session;
-            // A panic in a session (a bug, never the host's input) closes that connection only.
-            let progress = catch_unwind(AssertUnwindSafe(|| {
-                let p = session.poll();
-                if !matches!(p, Progress::Finished) {
-                    session.flush();
-                }
-                p
-            }));
-            match progress {
-                Ok(Progress::Busy) => {
-                    busy = true;
-                    hot = true;
-                    entry.next = None;
-                }
-                Ok(Progress::Idle) => {
-                    let t = now + SETUP_POLL_PERIOD;
-                    entry.next = Some(t);
-                    due = Some(due.map_or(t, |d| d.min(t)));
-                }
-                Ok(Progress::Finished) => {
-                    let gone = sessions.swap_remove(i);
+        while i < list.len() {
+            let next = look_at(&mut list[i]);
+            busy |= !matches!(next, Next::Cold);
+            match next {
+                Next::Hot if !self.cold => i += 1,
+                Next::Cold if self.cold => i += 1,
+                Next::Hot | Next::Cold => other.push(list.swap_remove(i)),
+                Next::Gone => {
+                    let gone = list.swap_remove(i);
                     let _ = catch_unwind(AssertUnwindSafe(|| drop(gone)));
-                    busy = true;
-                    continue;
                 }
-                Err(_) => {
-                    let mut gone = sessions.swap_remove(i);
-                    gone.session.note_internal_error();
-                    let _ = catch_unwind(AssertUnwindSafe(|| drop(gone)));
-                    busy = true;
-                    continue;
+                Next::Ready => {
+                    // Connected: from now on polled on every iteration, by its own poller.
+                    let id = Rc::new(Cell::new(None));
+                    let pid = ctx.add_poller(SessionPoller {
+                        session: Some(list.swap_remove(i)),
+                        id: Rc::clone(&id),
+                    });
+                    id.set(Some(pid));
                 }
             }
-            if sessions[i].session.is_ready() {
-                // Connected: from now on polled on every iteration, by its own poller.
-                let entry = sessions.swap_remove(i);
-                let id = Rc::new(Cell::new(None));
-                let pid = ctx.add_poller(SessionPoller {
-                    session: Some(entry.session),
-                    id: Rc::clone(&id),
-                });
-                id.set(Some(pid));
-                continue;
-            }
-            i += 1;
         }
-        set.due = if hot { None } else { due };
         if busy {
             PollStatus::Busy
         } else {
