@@ -9,6 +9,8 @@
 # injected a few seconds in, and every fault is undone by the script itself:
 #   kill -9 + restart   the target is killed and started again 1 s later on the same file (twice: with
 #                       --recovery retry, and with --recovery fail-fast, where failed I/O is expected)
+#   kill -9, never back the target is killed for good: with --ctrl-loss-tmo 3s every outstanding and later
+#                       I/O must fail (not hang, not be lost) and perf must finish by itself
 #   tcp reset           an nft/iptables rule in the namespace answers the target's port with TCP resets for 1 s,
 #                       and the target's own sockets are destroyed with ss -K (closing them from the target)
 #   blackhole           all traffic of the target's port is dropped for 4 s, longer than a 2 s KATO
@@ -23,8 +25,8 @@
 #   NVPOLL_EXAMPLES_DIR      folder with the built perf and target examples (default: builds them, see below)
 #   NVPOLL_FAULT_PROFILE     debug | release: the profile to build when NVPOLL_EXAMPLES_DIR is unset (debug)
 #   NVPOLL_FAULT_KEEP=0      1: keep the work folder (perf and target logs)
-#   NVPOLL_FAULT_SCENARIOS   comma-separated subset of: kill, kill-fail-fast, reset, blackhole, lossy, kill-tls,
-#                            lossy-tls (default: all but lossy-tls, in that order)
+#   NVPOLL_FAULT_SCENARIOS   comma-separated subset of: kill, kill-fail-fast, gone, reset, blackhole, lossy,
+#                            kill-tls, lossy-tls (default: all but lossy-tls, in that order)
 #   NVPOLL_FAULT_NETEM=any   require: a missing sch_netem is an error instead of the nft + tbf substitute
 # Needs: root, ip (iproute2, with network namespace and veth support), tc, nft (nftables) or iptables.
 set -euo pipefail
@@ -232,6 +234,7 @@ run_scenario() {   # LABEL POLICY EXPECT SECONDS INJECT [perf args...]
     #            admin queue): a reset may hit while no command is outstanding, so nothing needs a retry
     local label=$1 policy=$2 expect=$3 secs=$4 inject=$5; shift 5
     [[ " $* " == *" --io-timeout "* ]] || set -- --io-timeout 5s "$@"
+    [[ " $* " == *" --ctrl-loss-tmo "* ]] || set -- --ctrl-loss-tmo 20s "$@"
     RUNS=$((RUNS + 1))
     local log=$WORK/perf-$RUNS.log
     say "---- $label ($policy): ${secs}s run"
@@ -241,7 +244,7 @@ run_scenario() {   # LABEL POLICY EXPECT SECONDS INJECT [perf args...]
     timeout -k 5 $((secs + 60)) "$BIN/perf" \
         --trid "trtype:tcp traddr:$TARGET_IP trsvcid:$PORT subnqn:$NQN" --hostnqn "$HOSTNQN" \
         --verify --faults --quiet --qd 16 --time "${secs}s" --warmup 0s --runs 1 --workload randrw \
-        --send-mode deferred --cores 0 --reconnect-delay 200ms --ctrl-loss-tmo 20s --drain-timeout 30s \
+        --send-mode deferred --cores 0 --reconnect-delay 200ms --drain-timeout 30s \
         --recovery "$policy" "$@" > "$log" 2>&1 &
     PERF_PID=$!
     FAULT_SECS=-
@@ -325,6 +328,13 @@ inject_reset() {
     fw clear
     fault_end
 }
+inject_kill_for_good() {
+    sleep 3
+    say "  kill -9 the target (pid $TARGET_PID) for good (ctrl-loss-tmo 3 s)"
+    fault_begin
+    stop_target KILL
+    FAULT_SECS=forever
+}
 inject_blackhole() {
     sleep 3
     say "  blackhole on port $PORT for 4 s (KATO 2 s)"
@@ -339,11 +349,11 @@ inject_none() { :; }
 # ---------------------------------------------------------------------------------------------------------------
 # the scenarios
 # ---------------------------------------------------------------------------------------------------------------
-SCENARIOS=${NVPOLL_FAULT_SCENARIOS:-kill,kill-fail-fast,reset,blackhole,lossy,kill-tls}
+SCENARIOS=${NVPOLL_FAULT_SCENARIOS:-kill,kill-fail-fast,gone,reset,blackhole,lossy,kill-tls}
 for sc in ${SCENARIOS//,/ }; do
     case "$sc" in
-        kill | kill-fail-fast | reset | blackhole | lossy | kill-tls | lossy-tls) ;;
-        *) die "NVPOLL_FAULT_SCENARIOS: unknown scenario '$sc' (kill, kill-fail-fast, reset, blackhole, lossy, kill-tls, lossy-tls)" ;;
+        kill | kill-fail-fast | gone | reset | blackhole | lossy | kill-tls | lossy-tls) ;;
+        *) die "NVPOLL_FAULT_SCENARIOS: unknown scenario '$sc' (kill, kill-fail-fast, gone, reset, blackhole, lossy, kill-tls, lossy-tls)" ;;
     esac
 done
 T0=$SECONDS
@@ -356,6 +366,7 @@ for sc in ${SCENARIOS//,/ }; do
     case "$sc" in
         kill) run_scenario "kill -9 + restart" retry retried 10 inject_kill_restart ;;
         kill-fail-fast) run_scenario "kill -9 + restart" fail-fast failed 10 inject_kill_restart ;;
+        gone) run_scenario "kill -9, never back" retry failed 10 inject_kill_for_good --ctrl-loss-tmo 3s ;;
         reset) run_scenario "tcp resets" retry reconnected 10 inject_reset ;;
         blackhole) run_scenario "blackhole 4 s, KATO 2 s" retry stall 12 inject_blackhole --kato 2s --io-timeout 15s ;;
         kill-tls) run_scenario "kill -9 + restart, TLS" retry retried 10 inject_kill_restart "${PERF_TLS[@]}" ;;
