@@ -5,13 +5,16 @@
 #
 # perf --verify --faults (qd 8, 7 s runs, retry policy) against $VM_NVMET_ADDR:$VM_NVMET_PORT while:
 #   a) port unlinked   the subsystem's link under the nvmet port is removed for 1 s (nvmet drops the
-#                      subsystem's controllers on that port and stops listening), then made again;
+#                      subsystem's controllers on that port and stops listening), then made again; and
+#                      removed for the rest of a run with --ctrl-loss-tmo 3s: every I/O must then fail
+#                      (not hang, not be lost), and perf finish by itself;
 #   b) tcp resets      nft rejects the initiator's packets to the port with TCP resets for 2 s;
 #   c) blackhole       nft drops the port's traffic both ways for 4 s, longer than a 2 s KATO;
 #   d) lossy lo        tc netem delay 5ms loss 2% on lo for the whole run (needs sch_netem; without it,
 #                      2% loss with nft if nf_tables is there, else the scenario is skipped, loudly).
-# Every run must lose nothing, find no verify mismatch and fail no I/O; a) to c) must also have retried
-# commands (the fault hit outstanding I/O).
+# Every run must lose nothing and find no verify mismatch, and fail no I/O except the target gone for good
+# (where some must fail); the other a) to c) runs must also have retried commands (the fault hit outstanding
+# I/O).
 # At least one scenario must run. Every fault is undone on any exit.
 set -euo pipefail
 
@@ -61,13 +64,14 @@ run_scenario() {   # LABEL EXPECT INJECT SECONDS [PERF ARGS...]: perf in the bac
     local label=$1 expect=$2 inject=$3 secs=$4 log rc=0
     shift 4
     [[ " $* " == *" --io-timeout "* ]] || set -- --io-timeout 10s "$@"
+    [[ " $* " == *" --ctrl-loss-tmo "* ]] || set -- --ctrl-loss-tmo 20s "$@"
     RAN=$((RAN + 1))
     log=$(mktemp)
     say "---- $label: $secs s run"
     timeout -k 5 90 "$bin/perf" \
         --trid "trtype:tcp traddr:$VM_NVMET_ADDR trsvcid:$VM_NVMET_PORT subnqn:$VM_NVMET_NQN" \
         --verify --faults --quiet --qd 8 --time "${secs}s" --warmup 0s --runs 1 --workload randrw --send-mode deferred \
-        --reconnect-delay 200ms --ctrl-loss-tmo 20s --drain-timeout 30s --recovery retry "$@" \
+        --reconnect-delay 200ms --drain-timeout 30s --recovery retry "$@" \
         > "$log" 2>&1 &
     perf_pid=$!
     "$inject"
@@ -87,7 +91,11 @@ run_scenario() {   # LABEL EXPECT INJECT SECONDS [PERF ARGS...]: perf in the bac
         [ "$rc" = 0 ] || why+=("perf exit status $rc")
         [ "$lost" = 0 ] || why+=("$lost I/Os lost")
         [ "$mism" = 0 ] || why+=("$mism verify mismatches")
-        [ "$failed" = 0 ] || why+=("$failed I/Os failed under the retry policy")
+        if [ "$expect" = failed ]; then
+            [ "$failed" -gt 0 ] || why+=("no I/O failed: was the target gone?")
+        else
+            [ "$failed" = 0 ] || why+=("$failed I/Os failed under the retry policy")
+        fi
         [ "$sub" = $((ok + failed + lost)) ] || why+=("submitted $sub != ok + failed + lost")
         [ "$ok" -gt 0 ] || why+=("no I/O completed")
         if [ "$expect" = retried ] && [ "$retried" = 0 ]; then why+=("nothing was retried: did the fault hit?"); fi
@@ -112,6 +120,15 @@ inject_unlink() {
     sleep 1
     ln -s "$cfg/subsystems/$VM_NVMET_NQN" "$port/subsystems/"
     unlinked=0
+}
+inject_unlink_for_good() {
+    sleep 2
+    say "  unlink $VM_NVMET_NQN from ${port#"$cfg"/} until the run is over (ctrl-loss-tmo 3 s)"
+    rm "$port/subsystems/$VM_NVMET_NQN"
+    unlinked=1
+}
+relink() {
+    if [ "$unlinked" = 1 ]; then ln -s "$cfg/subsystems/$VM_NVMET_NQN" "$port/subsystems/"; unlinked=0; fi
 }
 inject_none() { :; }
 
@@ -147,6 +164,9 @@ if [ -z "$port" ]; then
     SKIPPED=$((SKIPPED + 1))
 else
     run_scenario "port unlinked 1 s" retried inject_unlink 7
+    # the target gone for good: every I/O must complete (failed) once ctrl-loss-tmo passes, none lost
+    run_scenario "port unlinked for good" failed inject_unlink_for_good 8 --ctrl-loss-tmo 3s
+    relink
 fi
 
 # b) TCP resets, and c) a blackhole longer than KATO
