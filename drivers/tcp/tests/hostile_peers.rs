@@ -45,8 +45,8 @@ const TARGET_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 const SLACK: Duration = Duration::from_secs(2);
 /// The outer bound of any wait in these tests.
 const BOUND: Duration = Duration::from_secs(10);
-/// A slowloris peer's pace: one byte per this.
-const PACE: Duration = Duration::from_millis(50);
+/// A slowloris peer's pace: one byte per this (one byte per second, as slow as the slowloris).
+const PACE: Duration = Duration::from_secs(1);
 
 fn tls_configs() -> (ClientConfig, ServerConfig) {
     let key = ConfiguredKey::parse(KEY).unwrap();
