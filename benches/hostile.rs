@@ -24,6 +24,7 @@
 //! NVPOLL_BENCH_PHASES=unpaced,paced: the hostile phases to run besides the alone phase).
 //! The machine's load average is printed before and after: other work on the same cores moves the numbers.
 
+mod common;
 #[path = "../drivers/tcp/tests/target_common/mod.rs"]
 mod target_common;
 
@@ -39,7 +40,7 @@ use std::time::{Duration, Instant};
 use nvpoll::api::Controller;
 use nvpoll::loadgen::{self, LoadGen, Phase, RunResult, RunSpec, Workload};
 use nvpoll::mem::DmaPool;
-use nvpoll::reactor::{CoreList, Reactors};
+use nvpoll::reactor::Reactors;
 use nvpoll::send::SendMode;
 use nvpoll::spec::{SglDescriptor, Sqe};
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
@@ -53,11 +54,6 @@ const KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// A slowloris host's pace.
 const PACE: Duration = Duration::from_millis(50);
-
-fn env_duration(key: &str, default: &str) -> Duration {
-    let v = std::env::var(key).unwrap_or_else(|_| default.to_string());
-    loadgen::parse_duration(&v).unwrap_or_else(|e| panic!("{key}: {e}"))
-}
 
 /// How hard the hostile hosts push.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,13 +117,10 @@ struct Footprint {
 }
 
 impl Footprint {
-    /// The calling thread's CPU time (/proc/thread-self/schedstat) and voluntary context switches
-    /// (/proc/thread-self/status), since it started.
+    /// The calling thread's CPU time and voluntary context switches (/proc/thread-self/status), since it
+    /// started.
     fn of_this_thread(started: Instant) -> Footprint {
-        let cpu = std::fs::read_to_string("/proc/thread-self/schedstat")
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-            .map_or(Duration::ZERO, Duration::from_nanos);
+        let cpu = cpu_time::ThreadTime::now().as_duration();
         let switches = std::fs::read_to_string("/proc/thread-self/status")
             .map(|s| {
                 s.lines()
@@ -357,43 +350,14 @@ fn tls_garbage(addr: SocketAddr, pace: Pace, stop: &AtomicBool, counts: &Hostile
     }
 }
 
-/// CPU seconds used so far by this process's threads, by group: the initiator's reactor, the target's
-/// reactor, and every other thread (the hostile hosts, and the main thread, which sleeps while a run lasts).
-/// Kernel work done in softirq context lands on whichever thread was running.
-fn thread_cpu(icore: usize, tcore: usize) -> [f64; 3] {
-    let mut out = [0.0; 3];
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return out;
-    };
-    for t in tasks.flatten() {
-        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
-            continue;
-        };
-        // pid (comm) state ...: utime and stime are the 14th and 15th fields, in clock ticks (USER_HZ, 100).
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let comm = &stat[open + 1..close];
-        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-        let ticks = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        // After the comm: state is field 3, so utime (14) and stime (15) are at indexes 11 and 12.
-        let secs = (ticks(11) + ticks(12)) / 100.0;
-        // Reactor threads are pinned, so the CPU they last ran on (field 39, index 36) tells them apart (the
-        // comm is cut to 15 bytes: "nvpoll-reactor-").
-        let cpu = fields.get(36).and_then(|v| v.parse::<usize>().ok());
-        let group = match (comm.starts_with("nvpoll-reactor"), cpu) {
-            (true, Some(c)) if c == icore && icore != tcore => 0,
-            (true, Some(c)) if c == tcore => 1,
-            _ => 2,
-        };
-        out[group] += secs;
-    }
-    out
+/// CPU seconds used so far: by the initiator's reactor, the target's reactor, and every other thread of the
+/// process (the hostile hosts or the noise, and the main thread, which sleeps while a run lasts). Kernel work
+/// done in softirq context lands on whichever thread was running.
+fn cpu_split(initiator: &Reactors, target: &Reactors) -> [f64; 3] {
+    let ini = initiator.stats()[0].cpu_time.as_secs_f64();
+    let tgt = target.stats()[0].cpu_time.as_secs_f64();
+    let all = cpu_time::ProcessTime::now().as_duration().as_secs_f64();
+    [ini, tgt, (all - ini - tgt).max(0.0)]
 }
 
 /// The first three fields of /proc/loadavg.
@@ -404,19 +368,8 @@ fn load_average() -> String {
 }
 
 fn main() {
-    let time = env_duration("NVPOLL_BENCH_TIME", "3s");
-    let warmup = env_duration("NVPOLL_BENCH_WARMUP", "500ms");
-    let runs: usize = std::env::var("NVPOLL_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
-    let all = CoreList::all();
-    let (icore, tcore) = match all.cores() {
-        [only] => (*only, *only),
-        cores => (cores[0], cores[cores.len() - 1]),
-    };
-    let icores = CoreList::parse(&icore.to_string()).expect("initiator core");
-    let tcores = CoreList::parse(&tcore.to_string()).expect("target core");
+    let common::Knobs { time, warmup, runs } = common::knobs("3s", "500ms", 5);
+    let (icore, tcore, icores, tcores) = common::cores();
 
     // TLS optional: the good host speaks plain TCP, and garbage that starts like a record reaches the handshake.
     let mut config = TargetConfig::new("127.0.0.1:0".parse().expect("address literal"))
@@ -483,7 +436,7 @@ fn main() {
     let ctrl_cell = RefCell::new(&mut ctrl);
     for _ in 0..runs {
         for (i, load) in phases.iter().enumerate() {
-            let (t0, cpu0) = (Instant::now(), thread_cpu(icore, tcore));
+            let (t0, cpu0) = (Instant::now(), cpu_split(&reactors, &target_reactors));
             let hostile = match load {
                 Load::Hostile(p) => Some(Hostile::start(addr, *p)),
                 _ => None,
@@ -501,7 +454,10 @@ fn main() {
             let r = gen
                 .run(&reactors, spec, &mut connect, &mut tick)
                 .expect("run");
-            let (cpu1, secs) = (thread_cpu(icore, tcore), t0.elapsed().as_secs_f64());
+            let (cpu1, secs) = (
+                cpu_split(&reactors, &target_reactors),
+                t0.elapsed().as_secs_f64(),
+            );
             cpu[i].push([0, 1, 2].map(|k| (cpu1[k] - cpu0[k]) / secs));
             let prints = match (hostile, noise) {
                 (Some(h), _) => {

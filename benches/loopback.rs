@@ -7,6 +7,7 @@
 //!
 //! `cargo bench --bench loopback` (NVPOLL_BENCH_TIME=5s NVPOLL_BENCH_RUNS=5 for longer runs).
 
+mod common;
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use std::time::Duration;
 use nvpoll::api::Controller;
 use nvpoll::loadgen::{self, LoadGen, Phase, Row, RunResult, RunSpec, Workload};
 use nvpoll::mem::DmaPool;
-use nvpoll::reactor::{CoreList, Reactors};
+use nvpoll::reactor::Reactors;
 use nvpoll::send::SendMode;
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
 use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig, TargetTls};
@@ -24,11 +25,6 @@ const KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9
 const NQN: &str = "nqn.2024-01.io.nvpoll:bench";
 const HOSTNQN: &str = "nqn.2024-01.io.nvpoll:bench-host";
 
-fn env_duration(key: &str, default: &str) -> Duration {
-    let v = std::env::var(key).unwrap_or_else(|_| default.to_string());
-    loadgen::parse_duration(&v).unwrap_or_else(|e| panic!("{key}: {e}"))
-}
-
 struct Cell2 {
     row: Row,
     target_cpu_us: f64,
@@ -36,19 +32,8 @@ struct Cell2 {
 
 fn main() {
     // `cargo bench` passes --bench; a filter argument, if any, is ignored.
-    let time = env_duration("NVPOLL_BENCH_TIME", "2s");
-    let warmup = env_duration("NVPOLL_BENCH_WARMUP", "500ms");
-    let runs: usize = std::env::var("NVPOLL_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
-    let all = CoreList::all();
-    let (icore, tcore) = match all.cores() {
-        [only] => (*only, *only),
-        cores => (cores[0], cores[cores.len() - 1]),
-    };
-    let icores = CoreList::parse(&icore.to_string()).expect("initiator core");
-    let tcores = CoreList::parse(&tcore.to_string()).expect("target core");
+    let common::Knobs { time, warmup, runs } = common::knobs("2s", "500ms", 3);
+    let (icore, tcore, icores, tcores) = common::cores();
     let key = ConfiguredKey::parse(KEY).expect("key");
 
     let listen: SocketAddr = "127.0.0.1:0".parse().expect("address literal");
