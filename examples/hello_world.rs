@@ -11,7 +11,7 @@ use nvpoll_tcp::host::{ConnectOptions, TcpController};
 
 /// Write "Hello world!" and a pattern to LBA 0 of the first namespace, read it back and compare.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Transport ID, e.g. 'trtype:tcp traddr:127.0.0.1 trsvcid:4420 subnqn:NQN' or
     /// 'trtype:pcie traddr:0000:01:00.0' (a controller bound to vfio-pci: see `nvpoll-setup bind`).

@@ -9,7 +9,7 @@ use nvpoll_tcp::host::{ConnectOptions, TcpController};
 
 /// Print the controller and namespace summary of an NVMe controller.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Transport ID, e.g. 'trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:NQN' or
     /// 'trtype:pcie traddr:0000:01:00.0' (a controller bound to vfio-pci: see `nvpoll-setup bind`).

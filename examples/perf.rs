@@ -45,7 +45,7 @@ impl From<Workload> for loadgen::Workload {
 /// Without --trid it starts the embedded NVMe/TCP target on 127.0.0.1 (RAM namespace) and runs the default
 /// matrix: qd1 x jobs and qd128 x jobs, 4 KiB random writes.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(version)]
 struct Args {
     /// Transport ID of a controller to drive, e.g. 'trtype:tcp traddr:127.0.0.1 trsvcid:4420 subnqn:NQN'.
     /// May be given several times; jobs are spread over them. Without it, the embedded target is used.

@@ -23,7 +23,7 @@ use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig, TargetE
 /// order: the RAM namespace first (if any), then the files. Runs until Ctrl-C or SIGTERM, then prints the
 /// target's counters.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about)]
+#[command(version)]
 struct Args {
     /// When responses leave: inline (as each is made), deferred (at the reactor's end-of-iteration flush, all
     /// together) or adaptive (inline while the connection has nothing else to answer).

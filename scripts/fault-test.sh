@@ -44,7 +44,8 @@ say() { echo "$PROG: $*"; }
 
 PATH=$PATH:/usr/sbin:/sbin   # ip, tc, nft live there
 [ "$(id -u)" = 0 ] || die "must run as root (it creates a network namespace and a veth pair)"
-for c in ip tc ss timeout; do command -v "$c" >/dev/null || die "'$c' not found (install iproute2 / coreutils)"; done
+for c in ip tc ss; do command -v "$c" >/dev/null 2>&1 || die "'$c' not found: apt-get install iproute2"; done
+command -v timeout >/dev/null 2>&1 || die "'timeout' not found: apt-get install coreutils"
 if command -v nft >/dev/null; then FW=nft
 elif command -v iptables >/dev/null; then FW=iptables
 else die "neither nft (apt-get install nftables) nor iptables found"
@@ -89,7 +90,7 @@ cleanup() {
         { wait "$PERF_PID"; } 2>/dev/null || true
     fi
     [ -z "$TARGET_PID" ] || kill -9 "$TARGET_PID" 2>/dev/null || true
-    if ip netns list 2>/dev/null | grep -qw "$NS"; then
+    if [ -e "/run/netns/$NS" ]; then
         # anything still running in our namespace was started by this script
         local p
         for p in $(ip netns pids "$NS" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
@@ -105,10 +106,11 @@ trap 'exit 143' TERM
 
 # A free /30 in 10.201.0.0/16, picked from our pid so that parallel runs do not collide.
 net=''
+addrs=$(ip -o -4 addr show) || die "ip -o -4 addr show failed"
 for i in $(seq 0 63); do
     n=$(( ($$ + i) % 16384 ))
     cand=10.201.$((n / 64)).$(( (n % 64) * 4 ))
-    if ! ip -o -4 addr show | grep -q " 10\.201\.$((n / 64))\.$(( (n % 64) * 4 + 1 ))/"; then net=$cand; break; fi
+    if ! grep -q " 10\.201\.$((n / 64))\.$(( (n % 64) * 4 + 1 ))/" <<< "$addrs"; then net=$cand; break; fi
 done
 [ -n "$net" ] || die "no free /30 in 10.201.0.0/16"
 HOST_IP=${net%.*}.$(( ${net##*.} + 1 ))
@@ -139,7 +141,7 @@ start_target() {   # starts the target in the namespace and waits until it liste
     TARGET_PID=$!
     local i
     for i in $(seq 100); do
-        if in_ns ss -Hltn "sport = :$PORT" | grep -q .; then return 0; fi
+        if [ -n "$(in_ns ss -Hltn "sport = :$PORT" 2>/dev/null)" ]; then return 0; fi
         kill -0 "$TARGET_PID" 2>/dev/null || break
         sleep 0.05
     done

@@ -1,18 +1,36 @@
 #!/usr/bin/env bash
 # Runs every cargo-fuzz target for a while (FUZZ_SECONDS each, default 20) and fails on the first crash.
-# Needs the nightly toolchain (cargo-fuzz builds with sanitizer flags) and cargo-fuzz (installed if missing).
+# Needs the nightly toolchain (cargo-fuzz builds with sanitizer flags; installed with rustup if missing),
+# cargo-fuzz (installed with cargo if missing) and a C++ compiler (libFuzzer is C++; apt-get install g++).
 #   scripts/fuzz.sh                 # all targets, 20 s each
 #   FUZZ_SECONDS=600 scripts/fuzz.sh pdu_decode
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${FUZZ_SECONDS:-20}
+die() { echo "fuzz: error: $*" >&2; exit 1; }
+[[ "$secs" =~ ^[0-9]+$ ]] || die "FUZZ_SECONDS must be a number of seconds, not '$secs'"
+
+# Every probe is in a condition, so a missing tool reaches its install step (or its one-line error).
+command -v rustup >/dev/null 2>&1 ||
+    die "rustup not found: cargo-fuzz needs the nightly toolchain, which comes from rustup (https://rustup.rs)"
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then
-    echo "fuzz: installing the nightly toolchain (cargo-fuzz needs it)"
-    rustup toolchain install nightly --profile minimal
+    echo "fuzz: installing the nightly toolchain (cargo-fuzz needs it; about 30 s)"
+    rustup toolchain install nightly --profile minimal ||
+        die "could not install the nightly toolchain; install it by hand: rustup toolchain install nightly --profile minimal"
 fi
-command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+command -v c++ >/dev/null 2>&1 || die "no C++ compiler (c++) found: libFuzzer needs one; install it: apt-get install g++"
+if ! command -v cargo-fuzz >/dev/null 2>&1; then
+    echo "fuzz: installing cargo-fuzz (cargo install cargo-fuzz --locked; about 1-2 min)"
+    cargo install cargo-fuzz --locked ||
+        die "could not install cargo-fuzz; install it by hand: cargo install cargo-fuzz --locked"
+fi
+
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo +nightly fuzz list)
+if [ ${#targets[@]} -eq 0 ]; then
+    list=$(cargo +nightly fuzz list) || die "cargo fuzz list failed"
+    mapfile -t targets <<< "$list"
+fi
+[ -n "${targets[0]:-}" ] || die "no fuzz targets found (cargo fuzz list printed nothing)"
 for t in "${targets[@]}"; do
     echo "fuzz: $t for ${secs}s"
     log=$(mktemp)

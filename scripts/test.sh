@@ -13,6 +13,8 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test (host)"
 cargo test --workspace
+step "every binary's --help says what it does"
+scripts/check-help.sh
 step "fuzz (briefly)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-15} scripts/fuzz.sh
 step "fault injection"

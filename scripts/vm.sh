@@ -148,13 +148,22 @@ APT_FRESH=0
 apt_refresh() {
     [ "$APT_FRESH" = 1 ] && return
     say "apt-get update"
-    apt-get -o DPkg::Lock::Timeout=300 update -qq >/dev/null || die "apt-get update failed"
+    apt-get -o DPkg::Lock::Timeout=300 update -qq >/dev/null ||
+        die "apt-get update failed: apt cannot reach its mirrors, and QEMU, busybox-static, nvme-cli, fio and the guest kernel come from there"
     APT_FRESH=1
 }
 apt_install() {   # [-t SUITE] PKG...
     say "apt-get install $*"
-    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "$@" >/dev/null ||
-        die "apt-get install $* failed"
+    local log
+    log=$(mktemp)
+    if ! DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "$@" \
+            >"$log" 2>&1; then
+        local why
+        why=$(grep -E '^(E|W): ' "$log" | tail -n 1)
+        rm -f "$log"
+        die "could not install $* with apt-get (${why:-see apt-get's output}); install it by hand: apt-get install $*"
+    fi
+    rm -f "$log"
 }
 
 # On bookworm, QEMU >= 9 (48-bit vIOMMU address width, the version the team
@@ -164,7 +173,7 @@ BACKPORTS=
 ensure_backports() {
     [ "$OS_CODENAME" = bookworm ] || return 0
     BACKPORTS=bookworm-backports
-    if apt-cache policy 2>/dev/null | grep -q ' bookworm-backports/'; then return; fi
+    if have_backports; then return; fi
     local deb822=/etc/apt/sources.list.d/debian.sources
     if [ -f "$deb822" ]; then
         awk -v RS= -v ORS='\n\n' '/(^|\n)Suites:[^\n]*[ \t]bookworm([ \t]|\n|$)/ { print; exit }' "$deb822" |
@@ -177,10 +186,24 @@ ensure_backports() {
     fi
     say "added bookworm-backports to apt's sources"
     APT_FRESH=0; apt_refresh
-    apt-cache policy 2>/dev/null | grep -q ' bookworm-backports/' || die "could not enable bookworm-backports"
+    have_backports || die "could not enable bookworm-backports in apt's sources (see /etc/apt/sources.list.d/nvpoll-bookworm-backports.*); QEMU >= $QEMU_MIN_MAJOR comes from there"
 }
 
-qemu_major() { qemu-system-x86_64 --version 2>/dev/null | sed -n '1s/^QEMU emulator version \([0-9]*\)\..*/\1/p'; }
+# Probes never fail: under `set -euo pipefail` a missing tool would otherwise end the script (status 127)
+# before the step that installs it. Each prints what it found, or nothing.
+qemu_major() {
+    command -v qemu-system-x86_64 >/dev/null 2>&1 || return 0
+    local v
+    v=$(qemu-system-x86_64 --version 2>/dev/null) || return 0
+    sed -n '1s/^QEMU emulator version \([0-9]*\)\..*/\1/p' <<< "$v"
+}
+# Whether apt knows bookworm-backports. (Not `apt-cache policy | grep -q`: with pipefail, grep quitting
+# early can fail the pipeline with SIGPIPE and read as "not there".)
+have_backports() {
+    local policy
+    policy=$(apt-cache policy 2>/dev/null) || return 1
+    grep -q ' bookworm-backports/' <<< "$policy"
+}
 
 BUSYBOX=
 find_static_busybox() {

@@ -18,12 +18,16 @@ pub const STEP: Duration = Duration::from_secs(15);
 pub const TLSHD_PRIORITY: &str = "NORMAL:-VERS-ALL:+VERS-TLS1.3:%NO_TICKETS:-CIPHER-ALL:+AES-128-GCM:+AES-256-GCM:+DHE-PSK:+ECDHE-PSK";
 pub const GNUTLS_SERV_PRIORITY: &str = "NORMAL:-VERS-ALL:+VERS-TLS1.3:%NO_TICKETS:-CIPHER-ALL:+AES-128-GCM:+AES-256-GCM:+PSK:+DHE-PSK:+ECDHE-PSK";
 
-/// Whether `bin` is on PATH; if not, prints why the test is skipped.
+/// Whether `bin` is on PATH; if not, prints why the test is skipped. Under CI (`CI` set, as `.ci/run`
+/// runs) a missing peer fails the test instead: CI installs it, and must never be a machine where it skips.
 pub fn have(bin: &str, package: &str) -> bool {
     let found = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
         .unwrap_or(false);
     if !found {
+        if std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false") {
+            panic!("`{bin}` not found under CI, where .ci/run installs it (apt-get install -y {package})");
+        }
         eprintln!("SKIPPED: `{bin}` not found (apt-get install -y {package})");
     }
     found
