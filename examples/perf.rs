@@ -110,6 +110,12 @@ struct Args {
     /// TLS is on exactly when --psk is given.
     #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
     tls: String,
+    /// NVMe/TCP: ask for header digests (CRC32C of every PDU header) in ICReq.
+    #[arg(long)]
+    header_digest: bool,
+    /// NVMe/TCP: ask for data digests (CRC32C of every PDU's data) in ICReq.
+    #[arg(long)]
+    data_digest: bool,
     /// After a lost connection, wait this long between reconnect attempts (nvme-cli's --reconnect-delay).
     #[arg(long, default_value = "2s", value_parser = loadgen::parse_duration)]
     reconnect_delay: Duration,
@@ -456,6 +462,8 @@ fn run(args: Args) -> Result<(), String> {
                 o = o.with_tls_key(k, version);
             }
             o.kato = args.kato;
+            o.header_digest = args.header_digest;
+            o.data_digest = args.data_digest;
             o.reconnect_delay = args.reconnect_delay;
             o.ctrl_loss_tmo = args.ctrl_loss_tmo;
             o.io_timeout = args.io_timeout;

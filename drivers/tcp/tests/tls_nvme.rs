@@ -209,3 +209,103 @@ fn discovery_log_reports_treq_and_sectype() {
         assert_eq!(e.tcp_sectype(), DiscoveryLogEntry::TCP_SECTYPE_TLS13);
     }
 }
+
+/// A target that knows two hosts, each with its own key.
+fn two_host_target() -> TestTarget {
+    TestTarget::start(|mut c| {
+        c.tls = Some(TargetTls::with_host_keys(
+            true,
+            &[
+                (HOST1.to_string(), ConfiguredKey::parse(KEY).unwrap()),
+                (HOST2.to_string(), ConfiguredKey::parse(OTHER_KEY).unwrap()),
+            ],
+            &[
+                NQN.to_string(),
+                nvpoll::spec::fabrics::DISCOVERY_NQN.to_string(),
+            ],
+        ));
+        c
+    })
+}
+
+const HOST1: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000h1";
+const HOST2: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000h2";
+
+/// Options that prove `proven_host` (and `proven_sub`) in TLS with KEY, then claim `claimed_host` on
+/// `claimed_sub` in Connect.
+fn posing(
+    t: &TestTarget,
+    version: IdentityVersion,
+    proven_host: &str,
+    proven_sub: &str,
+    claimed_host: &str,
+    claimed_sub: &str,
+) -> ConnectOptions {
+    let key = ConfiguredKey::parse(KEY).unwrap();
+    let (identity, psk) = key.derive(
+        version,
+        proven_host,
+        proven_sub,
+        nvpoll_tcp::tls::Derivation::Rfc8446,
+    );
+    let mut o = ConnectOptions::new(t.addr, claimed_sub, claimed_host);
+    o.tls = Some(nvpoll_tcp::tls::ClientConfig::new(identity, psk));
+    o
+}
+
+/// Connect is refused with Invalid Parameters, and the target's log says which field and why, with no key.
+fn expect_refused(t: &TestTarget, o: ConnectOptions, field: &str) {
+    use nvpoll::spec::Status;
+    match TcpController::connect(o, pool()) {
+        Err(Error::Command { status, .. }) => {
+            assert!(status.is(Status::CONNECT_INVALID_PARAMETERS), "{status:?}")
+        }
+        Err(e) => panic!("expected Connect Invalid Parameters ({field}), got {e:?}"),
+        Ok(_) => panic!("a host got in as another"),
+    }
+    let why = match field {
+        "HOSTNQN" => "not the host in Connect",
+        _ => "not the subsystem in Connect",
+    };
+    let log = t.wait_event("Connect refused");
+    assert!(
+        log.iter().any(|l| l.contains(why)),
+        "the log says why ({why}): {log:?}"
+    );
+    assert!(
+        log.iter()
+            .all(|l| !l.contains("NVMeTLSkey") && !l.contains("VRLbtnN9")),
+        "no key material in the log: {log:?}"
+    );
+}
+
+#[test]
+fn a_tls_identity_cannot_claim_another_host() {
+    for v in [IdentityVersion::V0, IdentityVersion::V1] {
+        let t = two_host_target();
+        // host1's key, host1's identity, then Connect as host2.
+        expect_refused(&t, posing(&t, v, HOST1, NQN, HOST2, NQN), "HOSTNQN");
+        assert!(t.events_matching("admin queue of controller").is_empty());
+        // The honest host1 gets in.
+        let o = posing(&t, v, HOST1, NQN, HOST1, NQN);
+        TcpController::connect(o, pool()).expect("host1 with its own identity");
+    }
+}
+
+#[test]
+fn a_tls_identity_for_one_subsystem_cannot_connect_to_another() {
+    use nvpoll::spec::fabrics::DISCOVERY_NQN;
+    let t = two_host_target();
+    // Proven for the discovery subsystem, Connect to the NVM subsystem; and the other way round.
+    expect_refused(
+        &t,
+        posing(&t, IdentityVersion::V0, HOST1, DISCOVERY_NQN, HOST1, NQN),
+        "SUBNQN",
+    );
+    let t = two_host_target();
+    expect_refused(
+        &t,
+        posing(&t, IdentityVersion::V1, HOST1, NQN, HOST1, DISCOVERY_NQN),
+        "SUBNQN",
+    );
+}

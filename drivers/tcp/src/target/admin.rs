@@ -18,6 +18,7 @@ use super::discovery;
 use super::session::{Ctx, Queue, Reply};
 use super::subsystem::{Kind, Subsystem};
 use super::TargetShared;
+use crate::tls::ParsedIdentity;
 
 /// The version we report: 1.3, so that Linux asks for namespace descriptors but not for the 2.0-only Identify
 /// structures.
@@ -121,38 +122,119 @@ pub(crate) fn cap(queue_entries: u16) -> Cap {
     cap
 }
 
+/// Why a Fabrics Connect was refused: the completion's status and dword 0 (IATTR/IPO), and in words for the log.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    pub status: Status,
+    pub dw0: u32,
+    pub reason: String,
+    /// What the host asked for, as far as the command and its data could be read.
+    pub qid: u16,
+    pub subnqn: String,
+    pub hostnqn: String,
+}
+
 /// Fabrics Connect on a connection that is not a queue yet: makes it the admin queue of a new controller or an
-/// I/O queue of an existing one. The error carries the status and dword 0 (IATTR/IPO) of the completion.
+/// I/O queue of an existing one.
+///
+/// An empty Host NQN is accepted, as SPDK's nvmf_tgt (allowing any host) and Linux nvmet accept it:
+/// `spdk_nvme_perf` sends one when its transport ID has no `hostnqn:`. The I/O queues of such a controller must
+/// then give the same (empty) Host NQN as its admin queue.
+///
+/// With TLS, `identity` is the PSK identity the host proved in the handshake. A host is authenticated by that,
+/// not by what it claims in Connect: the identity's host and subsystem NQNs must be those of the Connect, on
+/// every queue (admin and I/O, discovery included), or the Connect is refused.
 pub(crate) fn connect(
     target: &TargetShared,
     sqe: &Sqe,
     data: &[u8],
-) -> Result<Queue, (Status, u32)> {
-    let Some(fabrics::FabricsCommand::Connect(c)) = fabrics::FabricsCommand::from_sqe(sqe) else {
-        return Err((Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0));
+    identity: Option<&[u8]>,
+) -> Result<Queue, Refusal> {
+    let mut refusal = Refusal {
+        status: Status::COMMAND_SEQUENCE_ERROR.with_dnr(),
+        dw0: 0,
+        reason: String::new(),
+        qid: 0,
+        subnqn: String::new(),
+        hostnqn: String::new(),
     };
-    let invalid = |p: InvalidParameter| {
+    let refuse = |mut r: Refusal, status: Status, reason: String| {
+        r.status = status;
+        r.reason = reason;
+        Err(r)
+    };
+    let invalid = |mut r: Refusal, p: InvalidParameter, reason: String| {
         let (dw0, status) = ConnectResponse::Rejected {
             status: Status::CONNECT_INVALID_PARAMETERS,
             invalid: Some(p),
         }
         .to_dw0_status();
-        Err((status.with_dnr(), dw0))
+        r.status = status.with_dnr();
+        r.dw0 = dw0;
+        r.reason = reason;
+        Err(r)
     };
+    let Some(fabrics::FabricsCommand::Connect(c)) = fabrics::FabricsCommand::from_sqe(sqe) else {
+        let status = Status::COMMAND_SEQUENCE_ERROR.with_dnr();
+        return refuse(refusal, status, "not a Fabrics Connect".into());
+    };
+    refusal.qid = c.qid;
     if c.recfmt != 0 {
-        return Err((Status::CONNECT_INCOMPATIBLE_FORMAT.with_dnr(), 0));
+        let status = Status::CONNECT_INCOMPATIBLE_FORMAT.with_dnr();
+        return refuse(
+            refusal,
+            status,
+            format!("record format {} (only 0 is known)", c.recfmt),
+        );
     }
     let Ok(cd) = ConnectData::parse(data) else {
-        return Err((Status::DATA_SGL_LENGTH_INVALID.with_dnr(), 0));
+        let status = Status::DATA_SGL_LENGTH_INVALID.with_dnr();
+        return refuse(
+            refusal,
+            status,
+            format!("Connect data of {} bytes", data.len()),
+        );
     };
+    refusal.subnqn.clone_from(&cd.subnqn);
+    refusal.hostnqn.clone_from(&cd.hostnqn);
     let Some(subsys) = target.subsystem(&cd.subnqn) else {
-        return invalid(InvalidParameter::SUBNQN);
+        return invalid(
+            refusal,
+            InvalidParameter::SUBNQN,
+            "no such subsystem".into(),
+        );
     };
-    if cd.hostnqn.is_empty() {
-        return invalid(InvalidParameter::HOSTNQN);
+    if let Some(id) = identity {
+        match ParsedIdentity::parse(id) {
+            None => {
+                let reason =
+                    "the TLS PSK identity is not an NVMe identity, so it proves no host".into();
+                return invalid(refusal, InvalidParameter::HOSTNQN, reason);
+            }
+            Some(p) if p.hostnqn != cd.hostnqn => {
+                let reason = format!(
+                    "the TLS identity proves host '{}', not the host in Connect",
+                    p.hostnqn
+                );
+                return invalid(refusal, InvalidParameter::HOSTNQN, reason);
+            }
+            Some(p) if p.subnqn != cd.subnqn => {
+                let reason = format!(
+                    "the TLS identity is for subsystem '{}', not the subsystem in Connect",
+                    p.subnqn
+                );
+                return invalid(refusal, InvalidParameter::SUBNQN, reason);
+            }
+            Some(_) => {}
+        }
     }
     if c.sqsize == 0 || c.sqsize >= target.limits.queue_entries {
-        return invalid(InvalidParameter::SQSIZE);
+        let reason = format!(
+            "SQSIZE {} (the queue size less one) must be 1 to {}",
+            c.sqsize,
+            target.limits.queue_entries - 1
+        );
+        return invalid(refusal, InvalidParameter::SQSIZE, reason);
     }
     if c.qid == 0 {
         let kato = if subsys.kind == Kind::Discovery && c.kato == 0 {
@@ -169,21 +251,37 @@ pub(crate) fn connect(
         let make =
             |cntlid| Controller::new(cntlid, cd.hostnqn.clone(), cd.hostid, kato, now, max_io);
         let Some(ctrl) = subsys.add_controller(make) else {
-            return Err((Status::CONNECT_CONTROLLER_BUSY, 0));
+            let reason = "no controller ID is free in the subsystem".into();
+            return refuse(refusal, Status::CONNECT_CONTROLLER_BUSY, reason);
         };
         return Ok(Queue::new(0, c.sqsize, c.cattr, subsys, ctrl));
     }
     let Some(ctrl) = subsys.controller(cd.cntlid).filter(|c| !c.is_dead()) else {
-        return invalid(InvalidParameter::CNTLID);
+        let reason = format!("no live controller {} in the subsystem", cd.cntlid);
+        return invalid(refusal, InvalidParameter::CNTLID, reason);
     };
     if ctrl.hostnqn != cd.hostnqn {
-        return invalid(InvalidParameter::HOSTNQN);
+        let reason = format!(
+            "controller {} belongs to host '{}', not to this one",
+            cd.cntlid, ctrl.hostnqn
+        );
+        return invalid(refusal, InvalidParameter::HOSTNQN, reason);
     }
     if !ctrl.is_ready() {
-        return Err((Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0));
+        let status = Status::COMMAND_SEQUENCE_ERROR.with_dnr();
+        let reason = format!(
+            "controller {} is not enabled (CC.EN) or not ready yet",
+            cd.cntlid
+        );
+        return refuse(refusal, status, reason);
     }
     if !ctrl.claim_io_queue(c.qid) {
-        return invalid(InvalidParameter::QID);
+        let reason = format!(
+            "I/O queue {} is in use or beyond the {} I/O queues granted",
+            c.qid,
+            ctrl.max_io_queues()
+        );
+        return invalid(refusal, InvalidParameter::QID, reason);
     }
     Ok(Queue::new(c.qid, c.sqsize, c.cattr, subsys, ctrl))
 }

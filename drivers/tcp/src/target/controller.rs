@@ -116,6 +116,14 @@ impl Controller {
         }
     }
 
+    /// The number of I/O queues the controller allows.
+    pub fn max_io_queues(&self) -> usize {
+        self.io_queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
     /// Releases I/O queue `qid` (its connection closed).
     pub fn release_io_queue(&self, qid: u16) {
         let mut q = self.io_queues.lock().unwrap_or_else(|e| e.into_inner());

@@ -99,6 +99,19 @@ pub enum TargetEvent<'a> {
         /// Digests negotiated in ICReq/ICResp.
         digests: Digests,
     },
+    /// A Fabrics Connect was refused.
+    ConnectRefused {
+        /// The host's address.
+        peer: SocketAddr,
+        /// The subsystem NQN the host asked for.
+        subnqn: &'a str,
+        /// The host NQN it gave (may be empty).
+        hostnqn: &'a str,
+        /// The queue it asked to connect (0: admin queue).
+        qid: u16,
+        /// Why, in words (which parameter was wrong, and how).
+        reason: &'a str,
+    },
     /// A controller's keep-alive timeout passed without a command: it is torn down.
     KeepAliveExpired {
         /// The address of its admin connection's host.
@@ -152,6 +165,23 @@ impl fmt::Display for TargetEvent<'_> {
                 write!(
                     f,
                     "{peer}: {kind} of controller {cntlid} on {subnqn} for {hostnqn}, depth {depth}, digests {dg}"
+                )
+            }
+            TargetEvent::ConnectRefused {
+                peer,
+                subnqn,
+                hostnqn,
+                qid,
+                reason,
+            } => {
+                let hostnqn = if hostnqn.is_empty() {
+                    "(empty)"
+                } else {
+                    hostnqn
+                };
+                write!(
+                    f,
+                    "{peer}: Connect refused (queue {qid} of {subnqn} for host {hostnqn}): {reason}"
                 )
             }
             TargetEvent::KeepAliveExpired {
@@ -378,6 +408,7 @@ pub(crate) struct TargetStats {
     pub keep_alive_expired: AtomicU64,
     pub dropped: AtomicU64,
     pub internal_errors: AtomicU64,
+    pub aers_retired: AtomicU64,
 }
 
 /// A snapshot of a target's counters.
@@ -412,6 +443,9 @@ pub struct TargetCounters {
     pub dropped: u64,
     /// Connections closed because the target hit a bug (a panic, caught so that the reactor goes on).
     pub internal_errors: u64,
+    /// Held Asynchronous Event Requests retired without a completion because the host gave up on them (it
+    /// reused their command ID, as SPDK does at detach, or their queue entry).
+    pub aers_retired: u64,
 }
 
 impl fmt::Display for TargetCounters {
@@ -421,7 +455,7 @@ impl fmt::Display for TargetCounters {
             f,
             "connections {} accepted, {} closed, {} dropped; commands {} ({} errors); reads {} ({:.1} MiB); \
              writes {} ({:.1} MiB); R2T {}; C2HTermReq {}; connects refused {}; keep-alive expiries {}; \
-             internal errors {}",
+             internal errors {}; AERs retired {}",
             self.accepted,
             self.closed,
             self.dropped,
@@ -435,7 +469,8 @@ impl fmt::Display for TargetCounters {
             self.term_reqs,
             self.connects_rejected,
             self.keep_alive_expired,
-            self.internal_errors
+            self.internal_errors,
+            self.aers_retired
         )
     }
 }
@@ -518,6 +553,7 @@ impl TargetShared {
             keep_alive_expired: l(&s.keep_alive_expired),
             dropped: l(&s.dropped),
             internal_errors: l(&s.internal_errors),
+            aers_retired: l(&s.aers_retired),
         }
     }
 }

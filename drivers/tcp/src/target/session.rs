@@ -211,6 +211,8 @@ pub(crate) struct SessionStats {
     pub bytes_written: u64,
     pub errors: u64,
     pub r2ts: u64,
+    /// Held Asynchronous Event Requests the host gave up on (it reused their command ID or their queue entry).
+    pub aers_retired: u64,
 }
 
 /// Why decoding stopped the connection.
@@ -661,17 +663,24 @@ impl Session {
     /// A command capsule: checks its data pointer, then executes it or asks for its data.
     fn on_capsule(&mut self, sqe: Sqe, data: Range<usize>) -> Result<(), Fatal> {
         self.stats.commands += 1;
-        if self.busy_slots > 0
-            && self
+        if self.busy_slots > 0 {
+            if let Some(i) = self
                 .slots
                 .iter()
-                .any(|s| !matches!(s.state, SlotState::Free) && s.cid == sqe.cid)
-        {
-            return Err(Fatal::term(
-                Fes::InvalidHeaderField,
-                10,
-                format!("command ID {:#x} is already outstanding", sqe.cid),
-            ));
+                .position(|s| !matches!(s.state, SlotState::Free) && s.cid == sqe.cid)
+            {
+                if !matches!(self.slots[i].state, SlotState::Held) {
+                    return Err(Fatal::term(
+                        Fes::InvalidHeaderField,
+                        10,
+                        format!("command ID {:#x} is already outstanding", sqe.cid),
+                    ));
+                }
+                // A host that completed an Asynchronous Event Request on its own (SPDK does at detach) and
+                // reused its command ID: the AER is retired, never completed, and the new command runs. Only a
+                // held AER is forgiven; its completion carries no data the host could confuse with another's.
+                self.retire_aer(i);
+            }
         }
         if let Some(q) = &mut self.queue {
             q.sqhd = ((u32::from(q.sqhd) + 1) % (u32::from(q.sqsize) + 1)) as u16;
@@ -734,7 +743,7 @@ impl Session {
         }
         if self.phase == Phase::Connect {
             let data = &self.conn.rx_data()[data];
-            let outcome = admin::connect(&self.target, &sqe, data);
+            let outcome = admin::connect(&self.target, &sqe, data, self.tls_identity());
             return self.finish_connect(sqe.cid, outcome);
         }
         let reply = {
@@ -947,7 +956,7 @@ impl Session {
             }
             Sink::Buffer(buf) => {
                 if self.phase == Phase::Connect {
-                    let outcome = admin::connect(&self.target, &sqe, &buf);
+                    let outcome = admin::connect(&self.target, &sqe, &buf, self.tls_identity());
                     return self.finish_connect(sqe.cid, outcome);
                 }
                 let queue = self
@@ -973,7 +982,7 @@ impl Session {
     fn finish_connect(
         &mut self,
         cid: u16,
-        outcome: Result<Queue, (Status, u32)>,
+        outcome: Result<Queue, admin::Refusal>,
     ) -> Result<(), Fatal> {
         match outcome {
             Ok(mut q) => {
@@ -995,12 +1004,19 @@ impl Session {
                 self.conn.reserve_rx(max_data as usize + 4096);
                 self.complete(cid, Status::SUCCESS, u32::from(cntlid), 0)
             }
-            Err((status, dw0)) => {
+            Err(r) => {
                 self.target
                     .stats
                     .connects_rejected
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                self.complete(cid, status, dw0, 0)
+                self.target.emit(&TargetEvent::ConnectRefused {
+                    peer: self.peer,
+                    subnqn: &r.subnqn,
+                    hostnqn: &r.hostnqn,
+                    qid: r.qid,
+                    reason: &r.reason,
+                });
+                self.complete(cid, r.status, r.dw0, 0)
             }
         }
     }
@@ -1132,9 +1148,33 @@ impl Session {
         Ok(())
     }
 
+    /// The PSK identity the host proved in the TLS handshake, if the connection runs TLS.
+    fn tls_identity(&self) -> Option<&[u8]> {
+        self.conn.tls_session().map(|s| s.psk_identity())
+    }
+
+    /// Frees the slot of a held Asynchronous Event Request without completing it: the host has given up on it.
+    fn retire_aer(&mut self, i: usize) {
+        debug_assert!(matches!(self.slots[i].state, SlotState::Held));
+        self.slots[i].state = SlotState::Free;
+        self.busy_slots -= 1;
+        self.stats.aers_retired += 1;
+    }
+
     /// Puts a command in a free slot (its index is the R2T transfer tag).
     fn take_slot(&mut self, sqe: Sqe, state: SlotState) -> Result<u16, Fatal> {
         let depth = self.queue.as_ref().map_or(1, Queue::depth);
+        if self.busy_slots >= depth {
+            // A full queue that holds AERs: the host counts only what it still waits for, so it has given up on
+            // one of them (completed it locally) and used its entry. Retire one rather than end the session.
+            if let Some(i) = self
+                .slots
+                .iter()
+                .position(|s| matches!(s.state, SlotState::Held))
+            {
+                self.retire_aer(i);
+            }
+        }
         if self.busy_slots >= depth {
             return Err(Fatal::term(
                 Fes::PduSequenceError,
@@ -1211,6 +1251,8 @@ impl Session {
             .fetch_add(s.bytes_written - p.bytes_written, Relaxed);
         t.errors.fetch_add(s.errors - p.errors, Relaxed);
         t.r2ts.fetch_add(s.r2ts - p.r2ts, Relaxed);
+        t.aers_retired
+            .fetch_add(s.aers_retired - p.aers_retired, Relaxed);
         self.published = s;
     }
 }

@@ -91,6 +91,22 @@ impl TestTarget {
         }
     }
 
+    /// Waits until some event contains `needle`; returns all that do.
+    pub fn wait_event(&self, needle: &str) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = self.events_matching(needle);
+            if !found.is_empty() {
+                return found;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for an event with '{needle}'"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     pub fn events_matching(&self, needle: &str) -> Vec<String> {
         self.events
             .lock()
@@ -274,6 +290,11 @@ impl RawHost {
     /// Runs a command: answers R2Ts with `h2c` data, collects C2HData, returns the completion and the data.
     pub fn run(&mut self, mut sqe: Sqe, data: &[u8], xfer_len: u32, h2c: &[u8]) -> (Cqe, Vec<u8>) {
         sqe.cid = self.cid();
+        self.run_as(sqe, data, xfer_len, h2c)
+    }
+
+    /// As [`RawHost::run`], with the command ID already in `sqe` (a host that reuses one, say).
+    pub fn run_as(&mut self, sqe: Sqe, data: &[u8], xfer_len: u32, h2c: &[u8]) -> (Cqe, Vec<u8>) {
         self.send_cmd(sqe, data, xfer_len);
         let mut got = Vec::new();
         loop {

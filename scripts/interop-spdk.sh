@@ -1,0 +1,303 @@
+#!/usr/bin/env bash
+# scripts/interop-spdk.sh - nvpoll against SPDK, the reference peer, in both directions, on loopback.
+#
+# usage: SPDK_DIR=/path/to/spdk scripts/interop-spdk.sh
+#
+# SPDK_DIR is an SPDK build (v26.05 is the version we measure against) made by its own instructions; this
+# script never builds one. It needs $SPDK_DIR/build/bin/nvmf_tgt, $SPDK_DIR/build/bin/spdk_nvme_perf and
+# $SPDK_DIR/scripts/rpc.py. Without SPDK_DIR it says so and exits 0 (CI has no SPDK).
+#
+# Two directions, each a matrix of cells:
+#   ours -> SPDK   our perf --verify (randrw, every block stamped and checked) against SPDK's nvmf_tgt
+#   SPDK -> ours   spdk_nvme_perf (randrw) against our target
+# cells: plain and TLS (PSK, NVMeTLSkey-1:01), without and with header+data digests, I/O sizes 512 B, 4 KiB,
+# 128 KiB and 1 MiB, queue depth 1 and 128, 1 and 16 queue pairs. The queue depth counts the commands
+# outstanding on the namespace in all, as spdk_nvme_perf -q does (-q 128 -P 16: 8 per queue pair); our perf
+# runs --jobs P --qd max(1, QD/P) to match.
+# A cell fails on: an I/O error or verify mismatch, a refused connect, a peer that does not exit by itself
+# within its run time plus 10 s, a target that died or logged a connection closed on the host's account.
+# It prints one table (IOPS, MiB/s, result per cell) and exits non-zero if any cell failed.
+#
+# Knobs (environment):
+#   SPDK_DIR                 the SPDK build (required)
+#   NVPOLL_EXAMPLES_DIR      folder with our built perf and target (default: cargo build --release)
+#   INTEROP_TIME=2           seconds per cell
+#   INTEROP_DIRECTIONS       ours-spdk,spdk-ours (default both)
+#   INTEROP_SIZES            512,4k,128k,1m
+#   INTEROP_QDS              1,128
+#   INTEROP_QPAIRS           1,16
+#   INTEROP_SECURITY         plain,tls
+#   INTEROP_DIGESTS          none,hd   (hd: header and data digests)
+#   INTEROP_PORT=4520        first TCP port used on 127.0.0.1 (two are used)
+#   INTEROP_TARGET_CORE=0    core of the target under test (ours or SPDK's); the initiator gets the other
+#   INTEROP_INITIATOR_CORE=1
+#   INTEROP_KEEP=0           1: keep the work folder (logs of every cell)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+PROG=interop-spdk
+die() { echo "$PROG: error: $*" >&2; exit 2; }
+say() { echo "$PROG: $*"; }
+
+if [ -z "${SPDK_DIR:-}" ]; then
+    say "SKIPPED: SPDK_DIR is not set. Point it at an SPDK build (v26.05) that has build/bin/nvmf_tgt,"
+    say "build/bin/spdk_nvme_perf and scripts/rpc.py; this script never builds SPDK."
+    exit 0
+fi
+NVMF_TGT=$SPDK_DIR/build/bin/nvmf_tgt
+SPDK_PERF=$SPDK_DIR/build/bin/spdk_nvme_perf
+RPC_PY=$SPDK_DIR/scripts/rpc.py
+for f in "$NVMF_TGT" "$SPDK_PERF"; do [ -x "$f" ] || die "$f is missing or not executable (SPDK_DIR=$SPDK_DIR)"; done
+[ -f "$RPC_PY" ] || die "$RPC_PY is missing (SPDK_DIR=$SPDK_DIR)"
+command -v python3 >/dev/null 2>&1 || die "python3 not found (rpc.py needs it): apt-get install python3"
+command -v timeout >/dev/null 2>&1 || die "timeout not found: apt-get install coreutils"
+
+TIME=${INTEROP_TIME:-2}
+[[ "$TIME" =~ ^[0-9]+$ ]] && [ "$TIME" -gt 0 ] || die "INTEROP_TIME must be a whole number of seconds"
+IFS=, read -r -a DIRECTIONS <<< "${INTEROP_DIRECTIONS:-ours-spdk,spdk-ours}"
+IFS=, read -r -a SIZES <<< "${INTEROP_SIZES:-512,4k,128k,1m}"
+IFS=, read -r -a QDS <<< "${INTEROP_QDS:-1,128}"
+IFS=, read -r -a QPAIRS <<< "${INTEROP_QPAIRS:-1,16}"
+IFS=, read -r -a SECURITY <<< "${INTEROP_SECURITY:-plain,tls}"
+IFS=, read -r -a DIGESTS <<< "${INTEROP_DIGESTS:-none,hd}"
+PORT=${INTEROP_PORT:-4520}
+TCORE=${INTEROP_TARGET_CORE:-0}
+ICORE=${INTEROP_INITIATOR_CORE:-1}
+
+bytes() {   # 512 | 4k | 128k | 1m -> bytes
+    local v=${1,,}
+    case "$v" in
+        *k) echo $(( ${v%k} * 1024 )) ;;
+        *m) echo $(( ${v%m} * 1024 * 1024 )) ;;
+        *[!0-9]*|'') die "bad size '$1' in INTEROP_SIZES" ;;
+        *) echo "$v" ;;
+    esac
+}
+for d in "${DIRECTIONS[@]}"; do case "$d" in ours-spdk|spdk-ours) ;; *) die "unknown direction '$d'" ;; esac; done
+for s in "${SECURITY[@]}"; do case "$s" in plain|tls) ;; *) die "unknown security '$s'" ;; esac; done
+for g in "${DIGESTS[@]}"; do case "$g" in none|hd) ;; *) die "unknown digests '$g'" ;; esac; done
+for s in "${SIZES[@]}"; do bytes "$s" >/dev/null; done
+
+# ---------------------------------------------------------------------------------------------------------------
+# our binaries
+# ---------------------------------------------------------------------------------------------------------------
+if [ -n "${NVPOLL_EXAMPLES_DIR:-}" ]; then
+    BIN=$NVPOLL_EXAMPLES_DIR
+else
+    say "building our perf and target (release)"
+    (cd "$ROOT" && cargo build -q --release --example perf --example target) || die "the build failed"
+    meta=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps) || die "cargo metadata failed"
+    [[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"
+    BIN=${BASH_REMATCH[1]}/release/examples
+fi
+[ -x "$BIN/perf" ] && [ -x "$BIN/target" ] || die "no perf and target in $BIN"
+
+# ---------------------------------------------------------------------------------------------------------------
+# keys, work folder, cleanup
+# ---------------------------------------------------------------------------------------------------------------
+# Test vector of the NVMe TLS PSK interchange format (shared/notes/tls-psk.md): a test-only key.
+KEY='NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:'
+HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6
+SUBNQN=nqn.2016-06.io.spdk:interop
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/nvpoll-interop.XXXXXX")
+chmod 700 "$WORK"
+KEYFILE=$WORK/psk.key
+printf '%s' "$KEY" > "$KEYFILE"
+chmod 600 "$KEYFILE"
+RPC_SOCK=$WORK/spdk.sock
+PIDS=()
+# shellcheck disable=SC2317  # invoked by the traps
+cleanup() {
+    local rc=$? p
+    trap - EXIT INT TERM
+    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$p" 2>/dev/null || true
+        { wait "$p"; } 2>/dev/null || true
+    done
+    if [ "${INTEROP_KEEP:-0}" = 1 ]; then echo "$PROG: kept $WORK" >&2; else rm -rf "$WORK"; fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+wait_listen() {   # PORT PID LOG: until something listens on 127.0.0.1:PORT
+    local i
+    for i in $(seq 200); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+        kill -0 "$2" 2>/dev/null || break
+        sleep 0.05
+    done
+    echo "---- $3 ----" >&2; tail -n 30 "$3" >&2
+    die "nothing listens on 127.0.0.1:$1"
+}
+
+stop_pid() {   # PID: SIGTERM, then SIGKILL after 5 s (SPDK's perf does not always exit on SIGTERM)
+    local p=$1 i
+    kill -TERM "$p" 2>/dev/null || true
+    for i in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null || true
+    { wait "$p"; } 2>/dev/null || true
+    local keep=()
+    for i in "${PIDS[@]}"; do [ "$i" = "$p" ] || keep+=("$i"); done
+    PIDS=("${keep[@]}")
+}
+
+# Runs CMD with a deadline of the run time plus 10 s; its status is 124 when it had to be killed.
+run_bounded() {   # LOG CMD...
+    local log=$1; shift
+    local rc=0
+    timeout -k 2 $((TIME + 10)) "$@" > "$log" 2>&1 || rc=$?
+    return "$rc"
+}
+
+# ---------------------------------------------------------------------------------------------------------------
+# SPDK's target (once, with every listener the cells need)
+# ---------------------------------------------------------------------------------------------------------------
+SPDK_PLAIN_PORT=$PORT
+SPDK_TLS_PORT=$((PORT + 1))
+OUR_PLAIN_PORT=$((PORT + 2))
+OUR_TLS_PORT=$((PORT + 3))
+rpc() { python3 "$RPC_PY" -s "$RPC_SOCK" "$@" >> "$WORK/rpc.log" 2>&1 || die "rpc.py $* failed (see below)$(echo; tail -n 5 "$WORK/rpc.log")"; }
+
+start_spdk_target() {
+    say "starting SPDK's nvmf_tgt on core $TCORE (ports $SPDK_PLAIN_PORT plain, $SPDK_TLS_PORT TLS)"
+    "$NVMF_TGT" -m "$((1 << TCORE))" --no-huge -s 1024 -r "$RPC_SOCK" > "$WORK/nvmf_tgt.log" 2>&1 &
+    SPDK_TGT_PID=$!
+    PIDS+=("$SPDK_TGT_PID")
+    local i
+    for i in $(seq 200); do [ -S "$RPC_SOCK" ] && break; kill -0 "$SPDK_TGT_PID" 2>/dev/null || break; sleep 0.05; done
+    [ -S "$RPC_SOCK" ] || { tail -n 30 "$WORK/nvmf_tgt.log" >&2; die "nvmf_tgt did not open its RPC socket"; }
+    rpc framework_wait_init
+    # 1 MiB I/O in one command (max_io_size), 8 KiB of in-capsule data like ours
+    rpc nvmf_create_transport -t TCP -m 1048576 -c 8192 -u 131072
+    rpc bdev_malloc_create -b Malloc0 256 512
+    rpc keyring_file_add_key key0 "$KEYFILE"
+    rpc nvmf_create_subsystem "$SUBNQN" -s SPDK00000000000001 -m 4
+    rpc nvmf_subsystem_add_ns "$SUBNQN" Malloc0
+    rpc nvmf_subsystem_add_listener "$SUBNQN" -t tcp -a 127.0.0.1 -s "$SPDK_PLAIN_PORT"
+    rpc nvmf_subsystem_add_listener "$SUBNQN" -t tcp -a 127.0.0.1 -s "$SPDK_TLS_PORT" --secure-channel
+    rpc nvmf_subsystem_add_host "$SUBNQN" "$HOSTNQN" --psk key0
+    wait_listen "$SPDK_PLAIN_PORT" "$SPDK_TGT_PID" "$WORK/nvmf_tgt.log"
+}
+
+# Our target: one process per security setting (one subsystem and listener per process today).
+start_our_target() {   # plain|tls
+    local sec=$1 port args=()
+    if [ "$sec" = tls ]; then port=$OUR_TLS_PORT; args=(--psk "$HOSTNQN=$KEY" --tls required); else port=$OUR_PLAIN_PORT; fi
+    "$BIN/target" --listen "127.0.0.1:$port" --nqn "$SUBNQN" --ram 256M --block-size 512 --cores "$TCORE" \
+        "${args[@]}" > "$WORK/our-target-$sec.log" 2>&1 &
+    local pid=$!
+    PIDS+=("$pid")
+    wait_listen "$port" "$pid" "$WORK/our-target-$sec.log"
+    eval "OUR_TGT_PID_$sec=$pid"
+}
+
+# ---------------------------------------------------------------------------------------------------------------
+# cells
+# ---------------------------------------------------------------------------------------------------------------
+ROWS=()
+FAILED=0
+record() {   # direction security digests size qd qpairs iops mibs result
+    ROWS+=("$(printf '| %-9s | %-5s | %-7s | %5s | %3s | %6s | %10s | %9s | %-28s |' "$@")")
+    echo "${ROWS[-1]}"
+    [ "$9" = ok ] || FAILED=$((FAILED + 1))
+}
+
+ours_to_spdk() {   # sec dg size qd qp
+    local sec=$1 dg=$2 size=$3 qd=$4 qp=$5 port=$SPDK_PLAIN_PORT args=()
+    local per=$(( qd / qp )); [ "$per" -ge 1 ] || per=1
+    [ "$sec" = tls ] && { port=$SPDK_TLS_PORT; args+=(--psk "$KEY" --psk-identity-version 0); }
+    [ "$dg" = hd ] && args+=(--header-digest --data-digest)
+    local log=$WORK/ours-spdk-$sec-$dg-$size-$qd-$qp.log rc=0
+    run_bounded "$log" "$BIN/perf" --trid "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$SUBNQN" \
+        --hostnqn "$HOSTNQN" --workload randrw --rwmix 50 --io-size "$size" --qd "$per" --jobs "$qp" \
+        --time "${TIME}s" --warmup 0s --runs 1 --send-mode adaptive --cores "$ICORE" --verify --json --quiet \
+        "${args[@]}" || rc=$?
+    local result=ok iops=- mibs=-
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then result="did not exit in ${TIME}+10 s"
+    elif [ "$rc" != 0 ]; then result="exit status $rc"
+    fi
+    if [[ "$(cat "$log")" =~ \"iops\":([0-9.]+) ]]; then iops=${BASH_REMATCH[1]%.*}; fi
+    if [ "$iops" != - ]; then mibs=$(awk -v i="$iops" -v b="$(bytes "$size")" 'BEGIN { printf "%.1f", i * b / 1048576 }'); fi
+    if [ "$result" = ok ]; then
+        grep -qE '"errors":[1-9]|"mismatches":[1-9]' "$log" && result="I/O errors or mismatches"
+        [ "$iops" = - ] && result="no IOPS in perf's output"
+    fi
+    kill -0 "$SPDK_TGT_PID" 2>/dev/null || result="SPDK's target died"
+    [ "$result" = ok ] || { echo "---- $log ----"; tail -n 15 "$log"; }
+    record ours-spdk "$sec" "$dg" "$size" "$qd" "$qp" "$iops" "$mibs" "$result"
+}
+
+spdk_to_ours() {   # sec dg size qd qp
+    local sec=$1 dg=$2 size=$3 qd=$4 qp=$5 port=$OUR_PLAIN_PORT args=()
+    [ "$sec" = tls ] && { port=$OUR_TLS_PORT; args+=(-S ssl --psk-path "$KEYFILE"); }
+    [ "$dg" = hd ] && args+=(-H -I)
+    local tlog="$WORK/our-target-$sec.log"
+    local before; before=$(wc -l < "$tlog")
+    local log=$WORK/spdk-ours-$sec-$dg-$size-$qd-$qp.log rc=0
+    run_bounded "$log" "$SPDK_PERF" --no-huge -s 512 -c "$((1 << ICORE))" -q "$qd" -P "$qp" -o "$(bytes "$size")" \
+        -w randrw -M 50 -t "$TIME" \
+        -r "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$SUBNQN hostnqn:$HOSTNQN" \
+        "${args[@]}" || rc=$?
+    local result=ok iops=- mibs=-
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then result="did not exit in ${TIME}+10 s"
+    elif [ "$rc" != 0 ]; then result="exit status $rc"
+    fi
+    # spdk_nvme_perf's last line: "Total : IOPS MiB/s avg min max"
+    local tot; tot=$(grep -E '^\s*Total\s*:' "$log" | tail -n 1 || true)
+    if [ -n "$tot" ]; then
+        read -r iops mibs < <(awk -F: '{ split($2, a, " "); printf "%d %s\n", a[1], a[2] }' <<< "$tot")
+    fi
+    if [ "$result" = ok ]; then
+        grep -qiE 'error|fail' "$log" && result="errors in spdk_nvme_perf's output"
+        [ "$iops" = - ] && result="no Total line from spdk_nvme_perf"
+    fi
+    local pidvar=OUR_TGT_PID_$sec
+    kill -0 "${!pidvar}" 2>/dev/null || result="our target died"
+    # what our target said during the cell: refusals and closes on the host's account fail it
+    local said; said=$(tail -n +"$((before + 1))" "$tlog" | grep -E 'refused|closed: ' | grep -vE 'closed: (closed by the host|host sent Disconnect)' || true)
+    if [ -n "$said" ] && [ "$result" = ok ]; then result="target: $(head -n 1 <<< "$said" | cut -c1-60)"; fi
+    [ "$result" = ok ] || { echo "---- $log ----"; tail -n 15 "$log"; [ -z "$said" ] || echo "$said"; }
+    record spdk-ours "$sec" "$dg" "$size" "$qd" "$qp" "$iops" "$mibs" "$result"
+}
+
+# ---------------------------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------------------------
+say "SPDK at $SPDK_DIR ($(cd "$SPDK_DIR" && git describe --tags 2>/dev/null || echo 'version unknown')); ours from $BIN; ${TIME}s per cell"
+header='| direction | sec   | digests |  size |  qd | qpairs |       IOPS |     MiB/s | result                       |'
+rule='|-----------|-------|---------|-------|-----|--------|------------|-----------|------------------------------|'
+echo "$header"; echo "$rule"
+for dir in "${DIRECTIONS[@]}"; do
+    if [ "$dir" = ours-spdk ]; then
+        start_spdk_target
+    else
+        for sec in "${SECURITY[@]}"; do start_our_target "$sec"; done
+    fi
+    for sec in "${SECURITY[@]}"; do
+        for dg in "${DIGESTS[@]}"; do
+            for size in "${SIZES[@]}"; do
+                for qd in "${QDS[@]}"; do
+                    for qp in "${QPAIRS[@]}"; do
+                        if [ "$dir" = ours-spdk ]; then ours_to_spdk "$sec" "$dg" "$size" "$qd" "$qp"
+                        else spdk_to_ours "$sec" "$dg" "$size" "$qd" "$qp"; fi
+                    done
+                done
+            done
+        done
+    done
+    if [ "$dir" = ours-spdk ]; then stop_pid "$SPDK_TGT_PID"
+    else
+        for sec in "${SECURITY[@]}"; do v=OUR_TGT_PID_$sec; stop_pid "${!v}"; done
+    fi
+done
+
+echo
+echo "$PROG: results (${TIME}s per cell, loopback, target on core $TCORE, initiator on core $ICORE)"
+echo "$header"; echo "$rule"
+printf '%s\n' "${ROWS[@]}"
+echo "$PROG: ${#ROWS[@]} cells, $FAILED failed"
+[ "$FAILED" = 0 ]
