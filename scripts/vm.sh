@@ -161,7 +161,7 @@ apt_install() {   # [-t SUITE] PKG...
         local why
         why=$(grep -E '^(E|W): ' "$log" | tail -n 1)
         rm -f "$log"
-        die "could not install $* with apt-get (${why:-see apt-get's output}); install it by hand: apt-get install $*"
+        die "could not install $* with apt-get (${why:-see the output of apt-get}); install it by hand: apt-get install $*"
     fi
     rm -f "$log"
 }
