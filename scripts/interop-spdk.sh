@@ -20,6 +20,7 @@
 #
 # Knobs (environment):
 #   SPDK_DIR                 the SPDK build (required)
+#   SPDK_RPC_PYTHON          the python3 that runs rpc.py (default /usr/bin/python3)
 #   NVPOLL_EXAMPLES_DIR      folder with our built perf and target (default: cargo build --release)
 #   INTEROP_TIME=2           seconds per cell
 #   INTEROP_DIRECTIONS       ours-spdk,spdk-ours (default both)
@@ -49,7 +50,9 @@ SPDK_PERF=$SPDK_DIR/build/bin/spdk_nvme_perf
 RPC_PY=$SPDK_DIR/scripts/rpc.py
 for f in "$NVMF_TGT" "$SPDK_PERF"; do [ -x "$f" ] || die "$f is missing or not executable (SPDK_DIR=$SPDK_DIR)"; done
 [ -f "$RPC_PY" ] || die "$RPC_PY is missing (SPDK_DIR=$SPDK_DIR)"
-command -v python3 >/dev/null 2>&1 || die "python3 not found (rpc.py needs it): apt-get install python3"
+# rpc.py wants a python3 with SPDK's modules' dependencies: Debian's by default (a pyenv one may lack them)
+RPC_PYTHON=${SPDK_RPC_PYTHON:-$(command -v /usr/bin/python3 || command -v python3 || true)}
+[ -n "$RPC_PYTHON" ] || die "python3 not found (rpc.py needs it): apt-get install python3"
 command -v timeout >/dev/null 2>&1 || die "timeout not found: apt-get install coreutils"
 
 TIME=${INTEROP_TIME:-2}
@@ -98,7 +101,8 @@ fi
 # Test vector of the NVMe TLS PSK interchange format (shared/notes/tls-psk.md): a test-only key.
 KEY='NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:'
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6
-SUBNQN=nqn.2016-06.io.spdk:interop
+SUBNQN=nqn.2016-06.io.spdk:interop        # plain: any host
+SUBNQN_TLS=nqn.2016-06.io.spdk:interop-tls # TLS: HOSTNQN with the PSK
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/nvpoll-interop.XXXXXX")
 chmod 700 "$WORK"
 KEYFILE=$WORK/psk.key
@@ -160,7 +164,7 @@ SPDK_PLAIN_PORT=$PORT
 SPDK_TLS_PORT=$((PORT + 1))
 OUR_PLAIN_PORT=$((PORT + 2))
 OUR_TLS_PORT=$((PORT + 3))
-rpc() { python3 "$RPC_PY" -s "$RPC_SOCK" "$@" >> "$WORK/rpc.log" 2>&1 || die "rpc.py $* failed (see below)$(echo; tail -n 5 "$WORK/rpc.log")"; }
+rpc() { "$RPC_PYTHON" "$RPC_PY" -s "$RPC_SOCK" "$@" >> "$WORK/rpc.log" 2>&1 || die "rpc.py $* failed (see below)$(echo; tail -n 5 "$WORK/rpc.log")"; }
 
 start_spdk_target() {
     say "starting SPDK's nvmf_tgt on core $TCORE (ports $SPDK_PLAIN_PORT plain, $SPDK_TLS_PORT TLS)"
@@ -172,14 +176,18 @@ start_spdk_target() {
     [ -S "$RPC_SOCK" ] || { tail -n 30 "$WORK/nvmf_tgt.log" >&2; die "nvmf_tgt did not open its RPC socket"; }
     rpc framework_wait_init
     # 1 MiB I/O in one command (max_io_size), 8 KiB of in-capsule data like ours
-    rpc nvmf_create_transport -t TCP -m 1048576 -c 8192 -u 131072
+    rpc nvmf_create_transport -t TCP -i 1048576 -c 8192
     rpc bdev_malloc_create -b Malloc0 256 512
+    rpc bdev_malloc_create -b Malloc1 256 512
     rpc keyring_file_add_key key0 "$KEYFILE"
-    rpc nvmf_create_subsystem "$SUBNQN" -s SPDK00000000000001 -m 4
+    # plain: any host; TLS: only HOSTNQN, with the key (SPDK accepts the v0 identity only)
+    rpc nvmf_create_subsystem "$SUBNQN" -a -s SPDK00000000000001 -m 4
     rpc nvmf_subsystem_add_ns "$SUBNQN" Malloc0
     rpc nvmf_subsystem_add_listener "$SUBNQN" -t tcp -a 127.0.0.1 -s "$SPDK_PLAIN_PORT"
-    rpc nvmf_subsystem_add_listener "$SUBNQN" -t tcp -a 127.0.0.1 -s "$SPDK_TLS_PORT" --secure-channel
-    rpc nvmf_subsystem_add_host "$SUBNQN" "$HOSTNQN" --psk key0
+    rpc nvmf_create_subsystem "$SUBNQN_TLS" -s SPDK00000000000002 -m 4
+    rpc nvmf_subsystem_add_ns "$SUBNQN_TLS" Malloc1
+    rpc nvmf_subsystem_add_listener "$SUBNQN_TLS" -t tcp -a 127.0.0.1 -s "$SPDK_TLS_PORT" --secure-channel
+    rpc nvmf_subsystem_add_host "$SUBNQN_TLS" "$HOSTNQN" --psk key0
     wait_listen "$SPDK_PLAIN_PORT" "$SPDK_TGT_PID" "$WORK/nvmf_tgt.log"
 }
 
@@ -207,12 +215,12 @@ record() {   # direction security digests size qd qpairs iops mibs result
 }
 
 ours_to_spdk() {   # sec dg size qd qp
-    local sec=$1 dg=$2 size=$3 qd=$4 qp=$5 port=$SPDK_PLAIN_PORT args=()
+    local sec=$1 dg=$2 size=$3 qd=$4 qp=$5 port=$SPDK_PLAIN_PORT sub=$SUBNQN args=()
     local per=$(( qd / qp )); [ "$per" -ge 1 ] || per=1
-    [ "$sec" = tls ] && { port=$SPDK_TLS_PORT; args+=(--psk "$KEY" --psk-identity-version 0); }
+    [ "$sec" = tls ] && { port=$SPDK_TLS_PORT; sub=$SUBNQN_TLS; args+=(--psk "$KEY" --psk-identity-version 0); }
     [ "$dg" = hd ] && args+=(--header-digest --data-digest)
     local log=$WORK/ours-spdk-$sec-$dg-$size-$qd-$qp.log rc=0
-    run_bounded "$log" "$BIN/perf" --trid "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$SUBNQN" \
+    run_bounded "$log" "$BIN/perf" --trid "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$sub" \
         --hostnqn "$HOSTNQN" --workload randrw --rwmix 50 --io-size "$size" --qd "$per" --jobs "$qp" \
         --time "${TIME}s" --warmup 0s --runs 1 --send-mode adaptive --cores "$ICORE" --verify --json --quiet \
         "${args[@]}" || rc=$?
@@ -252,8 +260,12 @@ spdk_to_ours() {   # sec dg size qd qp
         read -r iops mibs < <(awk -F: '{ split($2, a, " "); printf "%d %s\n", a[1], a[2] }' <<< "$tot")
     fi
     if [ "$result" = ok ]; then
-        grep -qiE 'error|fail' "$log" && result="errors in spdk_nvme_perf's output"
-        [ "$iops" = - ] && result="no Total line from spdk_nvme_perf"
+        # Its exit status says little (0 even when no controller attached), so its output decides. Every run,
+        # also against SPDK's own target, ends with "CQ transport error -6 (No such device or address)" on
+        # the admin queue's disconnect: that line alone is not a failure.
+        local errs; errs=$(grep -iE 'error|fail|No valid NVMe controllers' "$log" | grep -vE 'CQ transport error -6 \(No such device or address\)' || true)
+        [ -z "$errs" ] || result="spdk_nvme_perf: $(head -n 1 <<< "$errs" | sed 's/^.*\] //' | cut -c1-40)"
+        [ "$iops" = - ] && [ "$result" = ok ] && result="no Total line from spdk_nvme_perf"
     fi
     local pidvar=OUR_TGT_PID_$sec
     kill -0 "${!pidvar}" 2>/dev/null || result="our target died"

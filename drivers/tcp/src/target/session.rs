@@ -583,6 +583,7 @@ impl Session {
                     if need > rx.len() {
                         self.conn.reserve_rx(need);
                     }
+                    self.conn.ack_partial();
                     return Ok(());
                 }
                 Ok(Decoded::Pdu { pdu, len }) => (to_rx(rx, pdu)?, len),
