@@ -23,6 +23,7 @@
 #   SPDK_RPC_PYTHON          the python3 that runs rpc.py (default /usr/bin/python3)
 #   NVPOLL_EXAMPLES_DIR      folder with our built perf and target (default: cargo build --release)
 #   INTEROP_TIME=2           seconds per cell
+#   INTEROP_WORKLOAD=randrw  randrw (50% reads) | randread | randwrite | read | write
 #   INTEROP_DIRECTIONS       ours-spdk,spdk-ours (default both)
 #   INTEROP_SIZES            512,4k,128k,1m
 #   INTEROP_QDS              1,128
@@ -56,6 +57,8 @@ RPC_PYTHON=${SPDK_RPC_PYTHON:-$(command -v /usr/bin/python3 || command -v python
 command -v timeout >/dev/null 2>&1 || die "timeout not found: apt-get install coreutils"
 
 TIME=${INTEROP_TIME:-2}
+WORKLOAD=${INTEROP_WORKLOAD:-randrw}
+case "$WORKLOAD" in randrw|randread|randwrite|read|write) ;; *) die "INTEROP_WORKLOAD: unknown workload '$WORKLOAD'" ;; esac
 [[ "$TIME" =~ ^[0-9]+$ ]] && [ "$TIME" -gt 0 ] || die "INTEROP_TIME must be a whole number of seconds"
 IFS=, read -r -a DIRECTIONS <<< "${INTEROP_DIRECTIONS:-ours-spdk,spdk-ours}"
 IFS=, read -r -a SIZES <<< "${INTEROP_SIZES:-512,4k,128k,1m}"
@@ -221,7 +224,7 @@ ours_to_spdk() {   # sec dg size qd qp
     [ "$dg" = hd ] && args+=(--header-digest --data-digest)
     local log=$WORK/ours-spdk-$sec-$dg-$size-$qd-$qp.log rc=0
     run_bounded "$log" "$BIN/perf" --trid "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$sub" \
-        --hostnqn "$HOSTNQN" --workload randrw --rwmix 50 --io-size "$size" --qd "$per" --jobs "$qp" \
+        --hostnqn "$HOSTNQN" --workload "$WORKLOAD" --rwmix 50 --io-size "$size" --qd "$per" --jobs "$qp" \
         --time "${TIME}s" --warmup 0s --runs 1 --send-mode adaptive --cores "$ICORE" --verify --json --quiet \
         "${args[@]}" || rc=$?
     local result=ok iops=- mibs=-
@@ -247,7 +250,7 @@ spdk_to_ours() {   # sec dg size qd qp
     local before; before=$(wc -l < "$tlog")
     local log=$WORK/spdk-ours-$sec-$dg-$size-$qd-$qp.log rc=0
     run_bounded "$log" "$SPDK_PERF" --no-huge -s 512 -c "$((1 << ICORE))" -q "$qd" -P "$qp" -o "$(bytes "$size")" \
-        -w randrw -M 50 -t "$TIME" \
+        -w "$WORKLOAD" -M 50 -t "$TIME" \
         -r "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$SUBNQN hostnqn:$HOSTNQN" \
         "${args[@]}" || rc=$?
     local result=ok iops=- mibs=-
@@ -279,7 +282,7 @@ spdk_to_ours() {   # sec dg size qd qp
 # ---------------------------------------------------------------------------------------------------------------
 # main
 # ---------------------------------------------------------------------------------------------------------------
-say "SPDK at $SPDK_DIR ($(cd "$SPDK_DIR" && git describe --tags 2>/dev/null || echo 'version unknown')); ours from $BIN; ${TIME}s per cell"
+say "SPDK at $SPDK_DIR ($(cd "$SPDK_DIR" && git describe --tags 2>/dev/null || echo 'version unknown')); ours from $BIN; $WORKLOAD, ${TIME}s per cell"
 header='| direction | sec   | digests |  size |  qd | qpairs |       IOPS |     MiB/s | result                       |'
 rule='|-----------|-------|---------|-------|-----|--------|------------|-----------|------------------------------|'
 echo "$header"; echo "$rule"
@@ -308,7 +311,7 @@ for dir in "${DIRECTIONS[@]}"; do
 done
 
 echo
-echo "$PROG: results (${TIME}s per cell, loopback, target on core $TCORE, initiator on core $ICORE)"
+echo "$PROG: results ($WORKLOAD, ${TIME}s per cell, loopback, target on core $TCORE, initiator on core $ICORE)"
 echo "$header"; echo "$rule"
 printf '%s\n' "${ROWS[@]}"
 echo "$PROG: ${#ROWS[@]} cells, $FAILED failed"

@@ -54,6 +54,12 @@
 #                          backports or bookworm-security on bookworm)
 #   NVPOLL_VM_KEEP=0       1: keep the per-run folder (console log, ...)
 #   NVPOLL_VM_VERBOSE=0    1: progress and timings on stderr
+#   NVPOLL_VM_TLSHD=       a tlshd binary (ktls-utils, built locally: not
+#                          packaged for bookworm): the guest loads tls.ko,
+#                          starts it for the kernel's NVMe/TCP TLS handshakes
+#                          (host and nvmet) with keys from the .nvme keyring,
+#                          and exports VM_TLSHD (its path) to COMMAND; its log
+#                          goes to VM_OUT/tlshd.log. Needs keyutils (keyctl).
 #
 # Needs root and Debian (apt-get installs what is missing: QEMU >= 9 from
 # bookworm-backports on bookworm, busybox-static, kmod, cpio, xz-utils,
@@ -78,6 +84,7 @@ ACCEL=${NVPOLL_VM_ACCEL:-tcg}
 KERNEL_PKG=${NVPOLL_VM_KERNEL_PKG:-}
 KEEP=${NVPOLL_VM_KEEP:-0}
 VERBOSE=${NVPOLL_VM_VERBOSE:-0}
+TLSHD=${NVPOLL_VM_TLSHD:-}
 
 QEMU_MIN_MAJOR=9
 CACHE_LAYOUT=1          # bump when the cache layout or initramfs changes
@@ -107,6 +114,10 @@ case "$ACCEL" in tcg|kvm) ;; *) die "NVPOLL_VM_ACCEL must be tcg or kvm, not '$A
 [[ "$HUGEPAGES" =~ ^[0-9]+$ ]] || die "NVPOLL_VM_HUGEPAGES must be a number"
 [[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "NVPOLL_VM_TIMEOUT must be a number of seconds"
 [ -z "$HOSTFWD" ] || [[ "$HOSTFWD" =~ ^[0-9]+$ ]] || die "NVPOLL_VM_HOSTFWD must be a port number"
+if [ -n "$TLSHD" ]; then
+    [ -x "$TLSHD" ] || die "NVPOLL_VM_TLSHD=$TLSHD is not an executable (build tlshd from ktls-utils 1.4.0)"
+    TLSHD=$(realpath "$TLSHD")
+fi
 
 OS_ID='' OS_CODENAME=''
 if [ -r /etc/os-release ]; then
@@ -226,6 +237,7 @@ ensure_packages() {
     command -v nvme   >/dev/null || missing+=(nvme-cli)
     command -v fio    >/dev/null || missing+=(fio)
     command -v flock  >/dev/null || missing+=(util-linux)
+    [ -z "$TLSHD" ] || command -v keyctl >/dev/null || missing+=(keyutils)
     if [ ${#missing[@]} -eq 0 ] && [ $qemu_old = 0 ]; then return; fi
     local missing_desc=''
     [ ${#missing[@]} -eq 0 ] || missing_desc=" ${missing[*]}"
@@ -462,6 +474,18 @@ mkdir -p /etc/nvme
 export VM_HOSTNQN VM_HOSTID
 VM_HOSTNQN=$(cat /etc/nvme/hostnqn); VM_HOSTID=$(cat /etc/nvme/hostid)
 
+# NVMe/TCP with TLS (kernel >= 6.7): the kernel asks tlshd over the handshake
+# netlink family to run the TLS 1.3 handshake with a PSK from the .nvme
+# keyring, then uses kTLS on the socket; for host and nvmet alike.
+if [ -n "$TLSHD" ]; then
+    modprobe tls || broken "modprobe tls"
+    grep -q ' \.nvme: ' /proc/keys || broken "no .nvme keyring in this kernel"
+    printf '[debug]\nloglevel=0\ntls=0\nnl=0\n[authenticate]\nkeyrings=.nvme\n' > /run/tlshd.conf
+    "$TLSHD" -s -c /run/tlshd.conf > "$OUT/tlshd.log" 2>&1 &
+    export VM_TLSHD=$TLSHD
+    note "tlshd: pid $!"
+fi
+
 # NVMe/TCP target: one subsystem, one file-backed namespace, port 4420.
 if [ "$NVMET" = 1 ]; then
     export VM_NVMET_NQN=nqn.2024-01.io.nvpoll:vm-target VM_NVMET_ADDR=127.0.0.1 VM_NVMET_PORT=4420
@@ -522,8 +546,8 @@ fi
 case "$OUT" in *[[:space:],]*) die "NVPOLL_VM_OUT must not contain spaces or commas: '$OUT'" ;; esac
 truncate -s "$NVME_SIZE" "$RUN/nvme-vfio.img" "$RUN/nvme-kernel.img"
 write_guest_init "$RUN/guest-init.sh"
-printf 'KROOT=%q\nNVMET=%q\nNVMET_SIZE=%q\nHUGEPAGES=%q\nHOSTFWD=%q\nOUT=%q\nCWD=%q\n' \
-    "$KDIR/root" "$NVMET" "$NVMET_SIZE" "$HUGEPAGES" "$HOSTFWD" "$OUT" "$PWD" > "$RUN/params"
+printf 'KROOT=%q\nNVMET=%q\nNVMET_SIZE=%q\nHUGEPAGES=%q\nHOSTFWD=%q\nTLSHD=%q\nOUT=%q\nCWD=%q\n' \
+    "$KDIR/root" "$NVMET" "$NVMET_SIZE" "$HUGEPAGES" "$HOSTFWD" "$TLSHD" "$OUT" "$PWD" > "$RUN/params"
 {
     for v in PATH HOME RUST_LOG RUST_BACKTRACE CARGO_TARGET_DIR $(compgen -e | grep '^NVPOLL_' || true); do
         [ -n "${!v+set}" ] && printf 'export %s=%q\n' "$v" "${!v}"

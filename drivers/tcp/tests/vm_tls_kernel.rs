@@ -1,0 +1,302 @@
+//! NVMe/TCP with TLS 1.3 between us and the Linux kernel, inside the QEMU guest of scripts/vm.sh started with
+//! NVPOLL_VM_TLSHD (tlshd from ktls-utils, which the kernel asks to do its TLS handshakes; scripts/vm-test.sh
+//! runs the vm_ tests with NVPOLL_VM=1). Without a guest, or without tlshd, each test says why it skips.
+//!
+//! - `vm_tls_kernel_host_against_our_target`: the kernel's nvme-tcp host (kTLS, tlshd) connects to our target
+//!   with TLS required, fio writes 4 KiB blocks with crc32c verification and reads them back, then reads in
+//!   128 KiB blocks, and disconnects; our target saw TLS queues, no protocol error.
+//! - `vm_tls_our_initiator_against_nvmet`: our initiator with TLS against the kernel's nvmet-tcp on a port
+//!   that requires TLS: identify, then 16 MiB written, read back and compared.
+//!
+//! The kernel finds PSKs in the `.nvme` keyring by identity, and the payload is the derived TLS PSK itself
+//! (shared/notes/testing.md); the tests derive it with our key schedule and hand it to `keyctl` on stdin, so
+//! no key material reaches an argument list or a log.
+
+mod target_common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
+use nvpoll_tcp::host::{ConnectOptions, TcpController};
+use nvpoll_tcp::target::TargetTls;
+use nvpoll_tcp::tls::{ConfiguredKey, Derivation, IdentityVersion};
+use target_common::{fill_pattern, pool, TestTarget, NQN};
+
+/// Test vector of the interchange format (shared/notes/tls-psk.md); a test-only key.
+const KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
+
+fn tls_guest() -> bool {
+    if std::env::var_os("NVPOLL_VM").is_none() {
+        eprintln!("skipping: needs the QEMU guest (run scripts/vm-test.sh)");
+        return false;
+    }
+    if std::env::var_os("VM_TLSHD").is_none() {
+        eprintln!(
+            "skipping: the guest runs no tlshd; give scripts/vm-test.sh NVPOLL_VM_TLSHD=/path/to/tlshd \
+             (ktls-utils 1.4.0, built locally: bookworm does not package it)"
+        );
+        return false;
+    }
+    true
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set in the guest"))
+}
+
+fn run(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {}: {}\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Puts the TLS PSK that `KEY` derives for (hostnqn, subnqn) into the .nvme keyring under its v0 identity;
+/// returns the key's serial. The PSK goes to keyctl on stdin.
+fn insert_psk(hostnqn: &str, subnqn: &str) -> String {
+    let key = ConfiguredKey::parse(KEY).unwrap();
+    let (identity, psk) = key.derive(IdentityVersion::V0, hostnqn, subnqn, Derivation::Rfc8446);
+    let mut child = Command::new("keyctl")
+        .args(["padd", "psk", &identity, "%:.nvme"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run keyctl (keyutils)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(psk.dangerous_as_bytes())
+        .expect("hand the PSK to keyctl");
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "keyctl padd psk '{identity}': {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The block device of namespace 1 of `nqn`, once the kernel made it.
+fn block_device(nqn: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        for class in ["/sys/class/nvme-subsystem", "/sys/class/nvme"] {
+            for entry in std::fs::read_dir(class).into_iter().flatten().flatten() {
+                let p = entry.path();
+                let subnqn = std::fs::read_to_string(p.join("subsysnqn")).unwrap_or_default();
+                if subnqn.trim() != nqn {
+                    continue;
+                }
+                for c in std::fs::read_dir(&p).into_iter().flatten().flatten() {
+                    let name = c.file_name().to_string_lossy().into_owned();
+                    let disk = name.strip_prefix("nvme").is_some_and(|rest| {
+                        rest.split_once('n').is_some_and(|(a, b)| {
+                            !a.is_empty() && a.bytes().all(|x| x.is_ascii_digit()) && b == "1"
+                        })
+                    });
+                    let dev = format!("/dev/{name}");
+                    if disk && std::path::Path::new(&dev).exists() {
+                        return dev;
+                    }
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no block device for {nqn} after 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn fio(dev: &str, args: &[&str]) {
+    let mut all = vec![
+        "--name=tls",
+        "--ioengine=psync",
+        "--direct=1",
+        "--size=16m",
+        "--numjobs=1",
+    ];
+    let filename = format!("--filename={dev}");
+    all.push(&filename);
+    all.extend_from_slice(args);
+    let out = run("fio", &all);
+    // fio exits non-zero on an I/O error or a verify failure (run checks); its report says err= 0 per job.
+    assert!(
+        !out.contains("verify: bad") && out.contains("err= 0"),
+        "fio {}:\n{out}",
+        args.join(" ")
+    );
+}
+
+#[test]
+fn vm_tls_kernel_host_against_our_target() {
+    if !tls_guest() {
+        return;
+    }
+    let hostnqn = env("VM_HOSTNQN");
+    let hostid = env("VM_HOSTID");
+    let key = ConfiguredKey::parse(KEY).unwrap();
+    let t = TestTarget::start(|mut c| {
+        c.tls = Some(TargetTls::with_host_keys(
+            true,
+            &[(hostnqn.clone(), key)],
+            &[NQN.to_string()],
+        ));
+        c
+    });
+    let serial = insert_psk(&hostnqn, NQN);
+    let connect = format!(
+        "transport=tcp,traddr=127.0.0.1,trsvcid={},nqn={NQN},hostnqn={hostnqn},hostid={hostid},tls,tls_key={serial}",
+        t.addr.port()
+    );
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/nvme-fabrics")
+        .and_then(|mut f| f.write_all(connect.as_bytes()))
+        .expect("the kernel connects with TLS (see VM_OUT/tlshd.log)");
+    let dev = block_device(NQN);
+    // 4 KiB writes (in-capsule data) with verification, then 128 KiB reads (C2HData across many records).
+    fio(
+        &dev,
+        &[
+            "--rw=randwrite",
+            "--bs=4k",
+            "--verify=crc32c",
+            "--do_verify=1",
+        ],
+    );
+    fio(&dev, &["--rw=read", "--bs=128k"]);
+    fio(
+        &dev,
+        &[
+            "--rw=write",
+            "--bs=128k",
+            "--verify=crc32c",
+            "--do_verify=1",
+        ],
+    );
+    run("nvme", &["disconnect", "-n", NQN]);
+    assert!(
+        !t.events_matching("admin queue").is_empty(),
+        "the kernel connected: {:?}",
+        t.events_matching("")
+    );
+    let c = t.counters();
+    assert_eq!(
+        c.term_reqs, 0,
+        "no protocol error with the kernel host: {c}"
+    );
+    assert_eq!(c.internal_errors, 0, "{c}");
+    assert!(c.reads > 0 && c.writes > 0, "{c}");
+}
+
+/// A second nvmet port, 4421, that requires TLS, for the guest's nvmet subsystem; removed on drop.
+struct TlsPort {
+    dir: String,
+    link: String,
+}
+
+impl TlsPort {
+    fn add(subnqn: &str) -> TlsPort {
+        let cfg = "/sys/kernel/config/nvmet";
+        let dir = format!("{cfg}/ports/2");
+        std::fs::create_dir(&dir).expect("nvmet port 2");
+        for (attr, v) in [
+            ("addr_trtype", "tcp"),
+            ("addr_adrfam", "ipv4"),
+            ("addr_traddr", "127.0.0.1"),
+            ("addr_trsvcid", "4421"),
+            ("addr_tsas", "tls1.3"),
+            ("addr_treq", "required"),
+        ] {
+            std::fs::write(format!("{dir}/{attr}"), v)
+                .unwrap_or_else(|e| panic!("nvmet port 2 {attr}={v}: {e}"));
+        }
+        let link = format!("{dir}/subsystems/{subnqn}");
+        std::os::unix::fs::symlink(format!("{cfg}/subsystems/{subnqn}"), &link)
+            .expect("link the subsystem to port 2");
+        TlsPort { dir, link }
+    }
+}
+
+impl Drop for TlsPort {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.link);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+#[test]
+fn vm_tls_our_initiator_against_nvmet() {
+    if !tls_guest() {
+        return;
+    }
+    let hostnqn = env("VM_HOSTNQN");
+    let subnqn = env("VM_NVMET_NQN");
+    insert_psk(&hostnqn, &subnqn);
+    let _port = TlsPort::add(&subnqn);
+    let key = ConfiguredKey::parse(KEY).unwrap();
+    let o = ConnectOptions::new("127.0.0.1:4421".parse().unwrap(), &subnqn, &hostnqn)
+        .with_tls_key(&key, IdentityVersion::V0);
+    let mut ctrl =
+        TcpController::connect(o, pool()).expect("TLS attach to nvmet (see VM_OUT/tlshd.log)");
+    let ns = ctrl.namespaces()[0].clone();
+    let p = ctrl.pool().clone();
+    let mut qp = ctrl.create_queue_pair(16).expect("an I/O queue with TLS");
+    let chunk = 128 << 10;
+    let total = 16 << 20;
+    let bs = ns.block_size as usize;
+    let ios = (total / chunk) as u64;
+    let all = [IoOp::Write, IoOp::Read]
+        .into_iter()
+        .flat_map(|op| (0..ios).map(move |i| (i, op)));
+    for (i, op) in all {
+        let mut buf = p.alloc(chunk).unwrap();
+        let mut expect = vec![0u8; chunk];
+        fill_pattern(&mut expect, i);
+        if op == IoOp::Write {
+            buf.as_mut_slice().copy_from_slice(&expect);
+        }
+        let req = IoRequest {
+            op,
+            nsid: ns.nsid,
+            lba: i * (chunk / bs) as u64,
+            blocks: (chunk / bs) as u32,
+            buf: Some(buf),
+            tag: i,
+        };
+        qp.submit(req).map_err(|r| r.error).expect("submit");
+        qp.flush().expect("flush");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let c = loop {
+            qp.poll(8).expect("poll");
+            if let Some(c) = qp.pop_completion() {
+                break c;
+            }
+            assert!(Instant::now() < deadline, "I/O {i} timed out");
+        };
+        c.result.expect("I/O over TLS with nvmet");
+        if op == IoOp::Read {
+            assert!(
+                c.buf.unwrap().as_slice() == expect.as_slice(),
+                "block range {i}: nvmet returned other data"
+            );
+        }
+    }
+    drop(qp);
+    ctrl.shutdown().expect("shutdown");
+}
