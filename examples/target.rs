@@ -85,9 +85,15 @@ struct Args {
     #[arg(long, default_value_t = 128)]
     queue_size: u16,
 
-    /// I/O queues per controller (what Set Features Number of Queues grants).
-    #[arg(long, default_value_t = 64)]
+    /// I/O queues per controller (what Set Features Number of Queues grants; 128 as nvmet and SPDK).
+    #[arg(long, default_value_t = 128)]
     io_queues: u16,
+
+    /// A host (by Host NQN) that may connect; may be given several times. Without it any host may, an empty
+    /// Host NQN included (as SPDK's allow-any-host). A refused host gets Connect Invalid Parameters (HOSTNQN),
+    /// and the refusal is logged with its reason.
+    #[arg(long = "allow-host", value_name = "HOSTNQN")]
+    allow_hosts: Vec<String>,
 
     /// Also print accepted connections and every closed one (by default: one line per connected queue, and
     /// closes only when something went wrong).
@@ -161,6 +167,9 @@ fn run(args: Args) -> Result<(), String> {
             .map_err(|e| format!("--pcie {bdf}: {e}"))?;
         let bs = nvpoll_tcp::target::BlockDevice::block_size(&dev);
         subsys = subsys.namespace(Backing::Device(std::sync::Arc::new(dev)), bs);
+    }
+    for h in &args.allow_hosts {
+        subsys = subsys.allow_host(h.clone());
     }
     let verbose = args.verbose;
     let mut config = TargetConfig::new(args.listen)

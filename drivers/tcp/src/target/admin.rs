@@ -228,6 +228,14 @@ pub(crate) fn connect(
             Some(_) => {}
         }
     }
+    if !subsys.hosts.allows(&cd.hostnqn) {
+        let reason = if cd.hostnqn.is_empty() {
+            "an empty Host NQN, and the subsystem allows only the hosts it lists".to_string()
+        } else {
+            "the host is not among the subsystem's allowed hosts".to_string()
+        };
+        return invalid(refusal, InvalidParameter::HOSTNQN, reason);
+    }
     if c.sqsize == 0 || c.sqsize >= target.limits.queue_entries {
         let reason = format!(
             "SQSIZE {} (the queue size less one) must be 1 to {}",
@@ -668,7 +676,9 @@ fn get_log_page(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
     }
     let discovery = ctx.queue.subsys.kind == Kind::Discovery;
     let page: Vec<u8> = match lid {
-        log_page::DISCOVERY if discovery => discovery::log_page(ctx.target, ctx.local),
+        log_page::DISCOVERY if discovery => {
+            discovery::log_page(ctx.target, ctx.local, &ctx.queue.ctrl.hostnqn)
+        }
         log_page::ERROR => vec![0; 64],
         log_page::SMART if !discovery => smart_log(ctx.target).to_vec(),
         log_page::FIRMWARE_SLOT if !discovery => {

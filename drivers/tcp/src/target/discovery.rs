@@ -13,9 +13,10 @@ const PORT_ID: u16 = 1;
 /// Admin queue size hosts should ask for (as Linux's target announces).
 const ASQSZ: u16 = 32;
 
-/// The log page as the discovery controller reached at `local` reports it. The generation counter never moves:
-/// the subsystems do not change while the target runs.
-pub(crate) fn log_page(target: &TargetShared, local: SocketAddr) -> Vec<u8> {
+/// The log page as the discovery controller reached at `local` reports it to `hostnqn`: only the subsystems
+/// that host may connect to. The generation counter never moves: the subsystems do not change while the
+/// target runs.
+pub(crate) fn log_page(target: &TargetShared, local: SocketAddr, hostnqn: &str) -> Vec<u8> {
     // A listener on the unspecified address is reachable at whatever address this host used.
     let addr = if target.listen.ip().is_unspecified() {
         local
@@ -45,7 +46,7 @@ pub(crate) fn log_page(target: &TargetShared, local: SocketAddr) -> Vec<u8> {
     let entries = target
         .subsystems
         .iter()
-        .filter(|s| s.kind == Kind::Nvm)
+        .filter(|s| s.kind == Kind::Nvm && s.hosts.allows(hostnqn))
         .map(|s| DiscoveryLogEntry {
             trtype: DiscoveryLogEntry::TRTYPE_TCP,
             adrfam,

@@ -51,7 +51,9 @@ mod store;
 mod subsystem;
 
 pub use device::{BlockDevice, QueuePairDevice};
-pub use subsystem::{Backing, NamespaceConfig, SubsystemConfig, DISCOVERY_NQN, MAX_NQN_LEN};
+pub use subsystem::{
+    Backing, HostAccess, NamespaceConfig, SubsystemConfig, DISCOVERY_NQN, MAX_NQN_LEN,
+};
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
@@ -225,7 +227,7 @@ pub struct TargetConfig {
     pub mdts: u8,
     /// Entries per queue, admin and I/O (CAP.MQES + 1, default 128).
     pub queue_entries: u16,
-    /// I/O queues per controller (default 64).
+    /// I/O queues per controller (default 128, as nvmet and SPDK grant).
     pub max_io_queues: u16,
     /// Time a new connection has for ICReq and Fabrics Connect (default 10 s).
     pub connect_timeout: Duration,
@@ -301,7 +303,7 @@ impl TargetConfig {
             incapsule_data: 8192,
             mdts: 8,
             queue_entries: 128,
-            max_io_queues: 64,
+            max_io_queues: 128,
             connect_timeout: Duration::from_secs(10),
             events: None,
             send_mode: SendMode::Deferred,
@@ -622,8 +624,12 @@ impl Target {
             .iter()
             .filter(|s| s.kind == subsystem::Kind::Nvm)
         {
+            let hosts = match &s.hosts {
+                HostAccess::AnyHost => "any host may connect".to_string(),
+                HostAccess::Only(h) => format!("allowed hosts: {}", h.join(", ")),
+            };
             out.push(format!(
-                "subsystem {} (serial {}, model {})",
+                "subsystem {} (serial {}, model {}); {hosts}",
                 s.nqn, s.serial, s.model
             ));
             for ns in &s.namespaces {

@@ -49,6 +49,27 @@ pub struct NamespaceConfig {
     pub block_size: u32,
 }
 
+/// Which hosts may connect to a subsystem (by the Host NQN of Fabrics Connect; with TLS, the host the TLS
+/// identity proved must be that one too).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum HostAccess {
+    /// Any host, an empty Host NQN included (SPDK's allow-any-host, nvmet's `attr_allow_any_host`).
+    #[default]
+    AnyHost,
+    /// Only these Host NQNs (SPDK's and nvmet's allowed hosts).
+    Only(Vec<String>),
+}
+
+impl HostAccess {
+    /// Whether `hostnqn` may connect.
+    pub fn allows(&self, hostnqn: &str) -> bool {
+        match self {
+            HostAccess::AnyHost => true,
+            HostAccess::Only(hosts) => hosts.iter().any(|h| h == hostnqn),
+        }
+    }
+}
+
 /// One NVM subsystem.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SubsystemConfig {
@@ -60,6 +81,8 @@ pub struct SubsystemConfig {
     pub model: String,
     /// Its namespaces; namespace IDs are given in order from 1.
     pub namespaces: Vec<NamespaceConfig>,
+    /// Which hosts may connect (default: any host).
+    pub hosts: HostAccess,
 }
 
 impl SubsystemConfig {
@@ -72,7 +95,17 @@ impl SubsystemConfig {
             serial,
             model: "nvpoll".to_string(),
             namespaces: Vec::new(),
+            hosts: HostAccess::AnyHost,
         }
+    }
+
+    /// Lets `hostnqn` connect; the first call turns "any host" into "only the hosts allowed so far".
+    pub fn allow_host(mut self, hostnqn: impl Into<String>) -> SubsystemConfig {
+        match &mut self.hosts {
+            HostAccess::Only(hosts) => hosts.push(hostnqn.into()),
+            HostAccess::AnyHost => self.hosts = HostAccess::Only(vec![hostnqn.into()]),
+        }
+        self
     }
 
     /// Adds a namespace.
@@ -191,6 +224,7 @@ pub(crate) struct Subsystem {
     pub serial: String,
     pub model: String,
     pub namespaces: Vec<Arc<Namespace>>,
+    pub hosts: HostAccess,
     controllers: Mutex<Controllers>,
 }
 
@@ -217,13 +251,20 @@ impl Subsystem {
         for (i, ns) in cfg.namespaces.iter().enumerate() {
             namespaces.push(Arc::new(Namespace::open(&cfg.nqn, i as u32 + 1, ns)?));
         }
-        Ok(Subsystem::new(
+        if let HostAccess::Only(hosts) = &cfg.hosts {
+            for h in hosts {
+                check_nqn(h)?;
+            }
+        }
+        let mut s = Subsystem::new(
             Kind::Nvm,
             cfg.nqn.clone(),
             cfg.serial.clone(),
             cfg.model.clone(),
             namespaces,
-        ))
+        );
+        s.hosts = cfg.hosts.clone();
+        Ok(s)
     }
 
     pub fn discovery() -> Subsystem {
@@ -254,6 +295,7 @@ impl Subsystem {
             serial,
             model,
             namespaces,
+            hosts: HostAccess::AnyHost,
             controllers,
         }
     }
