@@ -137,9 +137,10 @@ pub(crate) struct Refusal {
 /// Fabrics Connect on a connection that is not a queue yet: makes it the admin queue of a new controller or an
 /// I/O queue of an existing one.
 ///
-/// An empty Host NQN is accepted, as SPDK's nvmf_tgt (allowing any host) and Linux nvmet accept it:
-/// `spdk_nvme_perf` sends one when its transport ID has no `hostnqn:`. The I/O queues of such a controller must
-/// then give the same (empty) Host NQN as its admin queue.
+/// A subsystem that allows any host accepts an empty Host NQN, as SPDK's nvmf_tgt (allow-any-host) and Linux
+/// nvmet do: `spdk_nvme_perf` sends one when its transport ID has no `hostnqn:`. The I/O queues of such a
+/// controller must then give the same (empty) Host NQN as its admin queue. A subsystem with allowed hosts
+/// refuses it (HOSTNQN), as it refuses every host it does not list.
 ///
 /// With TLS, `identity` is the PSK identity the host proved in the handshake. A host is authenticated by that,
 /// not by what it claims in Connect: the identity's host and subsystem NQNs must be those of the Connect, on
