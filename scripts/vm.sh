@@ -98,6 +98,8 @@ T0=$EPOCHREALTIME
 say() { [ "$VERBOSE" = 1 ] || return 0; printf '[%s +%.1fs] %s\n' "$PROG" "$(bc_sub "$EPOCHREALTIME" "$T0")" "$*" >&2; }
 bc_sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a - b }'; }
 die() { echo "$PROG: error: $*" >&2; exit 125; }
+# First-use steps (installs, downloads) say what they do even when not verbose: they take a while.
+tell() { echo "$PROG: $*" >&2; }
 
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 case "${1:-}" in
@@ -164,7 +166,7 @@ apt_refresh() {
     APT_FRESH=1
 }
 apt_install() {   # [-t SUITE] PKG...
-    say "apt-get install $*"
+    tell "installing $* with apt-get (first use)"
     local log
     log=$(mktemp)
     if ! DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "$@" \
@@ -321,7 +323,7 @@ ensure_kernel() {
     KDIR=$VM_DIR/kernel/$KREL
     if [ ! -s "$KDIR/vmlinux" ] || [ ! -f "$KDIR/ready" ]; then
         need_debian "$KERNEL_PKG"
-        say "downloading $KERNEL_PKG"
+        tell "downloading $KERNEL_PKG for the guest (first use; about 100 MB) into $KDIR"
         rm -rf "$KDIR"; mkdir -p "$KDIR/dl"
         if ! (cd "$KDIR/dl" && apt-get -o APT::Sandbox::User=root download -qq "$KERNEL_PKG" >/dev/null 2>&1); then
             apt_refresh
