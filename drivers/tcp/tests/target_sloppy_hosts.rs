@@ -21,20 +21,6 @@ fn connect_data(hostnqn: &str, cntlid: u16) -> ConnectData {
     }
 }
 
-fn enable(h: &mut RawHost) {
-    let mut cc = Cc(0);
-    cc.set_en(true);
-    cc.set_iosqes(6);
-    cc.set_iocqes(4);
-    let (cqe, _) = h.run(
-        Sqe::property_set(reg::CC, false, u64::from(cc.0)),
-        &[],
-        0,
-        &[],
-    );
-    assert!(cqe.status().is_success());
-}
-
 #[test]
 fn an_empty_host_nqn_is_accepted_where_any_host_may_connect() {
     let t = TestTarget::start(|c| c);
@@ -47,7 +33,7 @@ fn an_empty_host_nqn_is_accepted_where_any_host_may_connect() {
             ConnectResponse::from_cqe(&cqe)
         );
     };
-    enable(&mut admin);
+    admin.enable();
     // Its I/O queues give the same empty Host NQN, and work.
     let mut q = RawHost::connect(t.addr);
     q.icreq(Digests::NONE);
@@ -171,7 +157,7 @@ fn a_full_queue_of_held_aers_makes_room_instead_of_failing() {
     // Two entries (SQSIZE 1), both taken by AERs, then a third.
     let cqe = h.fabrics_connect(0, 1, 0, 0, &connect_data(HOSTNQN, fabrics::CNTLID_DYNAMIC));
     assert!(cqe.status().is_success());
-    enable(&mut h);
+    h.enable();
     for _ in 0..3 {
         let mut sqe = Sqe::async_event_request();
         sqe.cid = h.cid();

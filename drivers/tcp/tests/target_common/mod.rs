@@ -363,18 +363,23 @@ impl RawHost {
             cqe.status()
         );
         let cntlid = cqe.dw0 as u16;
+        h.enable();
+        (h, cntlid)
+    }
+
+    /// CC.EN=1 with the NVM command set's entry sizes, on an admin queue.
+    pub fn enable(&mut self) {
         let mut cc = Cc(0);
         cc.set_en(true);
         cc.set_iosqes(6);
         cc.set_iocqes(4);
-        let (cqe, _) = h.run(
+        let (cqe, _) = self.run(
             Sqe::property_set(reg::CC, false, u64::from(cc.0)),
             &[],
             0,
             &[],
         );
         assert!(cqe.status().is_success());
-        (h, cntlid)
     }
 
     /// ICReq and an I/O queue Connect on controller `cntlid`; returns the host and the Connect completion.
