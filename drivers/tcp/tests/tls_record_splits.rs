@@ -2,7 +2,8 @@
 //! of a PDU (the header, each data chunk, the completion) is its own TLS record in its own `write`, on a socket
 //! with Nagle's algorithm on. Such a peer holds each piece back until the previous one is acknowledged; if we
 //! leave our ACKs to the kernel's delayed-ACK timer (40 ms and more on Linux), every large transfer waits it
-//! out, which is how SPDK's 128 KiB TLS reads and writes against us fell to 17-25 IOPS.
+//! out. (SPDK itself sets TCP_NODELAY and its one-record-per-call TLS sends stalled on our ACKs all the same,
+//! at 17-26 IOPS for 128 KiB; Nagle is how this script makes a peer wait for ACKs deterministically.)
 //!
 //! Both directions: our initiator reading 128 KiB C2HData from a scripted controller, and our target taking
 //! 128 KiB H2CData from a scripted host. Every byte is checked. The stall is a hang in all but name: the bound
