@@ -287,12 +287,10 @@ header='| direction | sec   | digests |  size |  qd | qpairs |       IOPS |     
 rule='|-----------|-------|---------|-------|-----|--------|------------|-----------|------------------------------|'
 echo "$header"; echo "$rule"
 for dir in "${DIRECTIONS[@]}"; do
-    if [ "$dir" = ours-spdk ]; then
-        start_spdk_target
-    else
-        for sec in "${SECURITY[@]}"; do start_our_target "$sec"; done
-    fi
+    if [ "$dir" = ours-spdk ]; then start_spdk_target; fi
     for sec in "${SECURITY[@]}"; do
+        # one busy-polling target on the target core at a time: two would halve each other
+        if [ "$dir" = spdk-ours ]; then start_our_target "$sec"; fi
         for dg in "${DIGESTS[@]}"; do
             for size in "${SIZES[@]}"; do
                 for qd in "${QDS[@]}"; do
@@ -303,11 +301,9 @@ for dir in "${DIRECTIONS[@]}"; do
                 done
             done
         done
+        if [ "$dir" = spdk-ours ]; then v=OUR_TGT_PID_$sec; stop_pid "${!v}"; fi
     done
-    if [ "$dir" = ours-spdk ]; then stop_pid "$SPDK_TGT_PID"
-    else
-        for sec in "${SECURITY[@]}"; do v=OUR_TGT_PID_$sec; stop_pid "${!v}"; done
-    fi
+    if [ "$dir" = ours-spdk ]; then stop_pid "$SPDK_TGT_PID"; fi
 done
 
 echo

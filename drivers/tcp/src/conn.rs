@@ -66,6 +66,10 @@ struct TlsWire {
     inb_end: usize,
 }
 
+/// The smallest incomplete PDU for which [`Conn::ack_partial`] asks for an immediate ACK: larger than one TLS
+/// record's plaintext.
+pub const QUICKACK_MIN_PDU: usize = 16 * 1024;
+
 /// Ciphertext read per `read` call with TLS.
 const TLS_READ: usize = 64 * 1024;
 
@@ -274,24 +278,24 @@ impl Conn {
         Ok(n)
     }
 
-    /// Called by a decoder that found the PDU at the front of the receive buffer incomplete: if bytes arrived
-    /// since the last call and part of a PDU (or of a TLS record) is here, asks the kernel to acknowledge them
-    /// now (`TCP_QUICKACK`) instead of after its delayed-ACK timer, up to 40 ms on Linux.
+    /// Called by a decoder that found the PDU at the front of the receive buffer incomplete, `need` bytes long
+    /// in all: if bytes arrived since the last call and part of a large PDU is here (more than
+    /// [`QUICKACK_MIN_PDU`]: one TLS record's worth), asks the kernel to acknowledge them now (`TCP_QUICKACK`)
+    /// instead of after its delayed-ACK timer, up to 40 ms on Linux.
     ///
     /// Why: a peer that sends a PDU as many small segments can be held back until we acknowledge the previous
     /// ones: by Nagle's algorithm on a socket without TCP_NODELAY, or by its congestion window after an idle
     /// spell. SPDK's TLS socket writes every record in its own call (it does set TCP_NODELAY, and stalled all
     /// the same), so a 128 KiB C2HData or H2CData from it waited out our delayed-ACK timer, again and again,
-    /// while we polled an empty socket: 17-26 IOPS, against about 4,200-5,400 with this. Whole PDUs never get
-    /// here, so small I/O pays nothing; a large transfer pays one `setsockopt` per read that left it
-    /// incomplete.
-    pub fn ack_partial(&mut self) {
+    /// while we polled an empty socket: 17-26 IOPS, against about 4,200-5,400 with this. Small PDUs never ask
+    /// (the rest of one that a read cut is already on its way), so 4 KiB I/O pays nothing; a large transfer
+    /// pays one `setsockopt` per read that left it incomplete.
+    pub fn ack_partial(&mut self, need: usize) {
         if !self.unacked_rx {
             return;
         }
         self.unacked_rx = false;
-        let partial_record = self.tls.as_ref().is_some_and(|t| t.inb_end > t.inb_start);
-        if self.rx_end == self.rx_start && !partial_record {
+        if need <= QUICKACK_MIN_PDU || self.rx_end == self.rx_start {
             return;
         }
         self.stats.quick_acks += 1;

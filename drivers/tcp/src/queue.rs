@@ -530,7 +530,7 @@ impl HostQueue {
             let action = match pdu::decode(self.conn.rx_data(), &self.decode) {
                 Ok(Decoded::Incomplete { need }) => {
                     self.conn.reserve_rx(need);
-                    self.conn.ack_partial();
+                    self.conn.ack_partial(need);
                     break;
                 }
                 Ok(Decoded::Pdu { pdu, len }) => {

@@ -452,6 +452,11 @@ impl Session {
                     self.phase = Phase::IcReq;
                     return Progress::Busy;
                 }
+                Err(Error::Closed) => {
+                    // Closed before its first byte (a probe, or a host that gave up): an ordinary close.
+                    self.close(None, "closed by the host".into());
+                    return Progress::Busy;
+                }
                 Err(e) => {
                     self.close(None, e.to_string());
                     return Progress::Busy;
@@ -583,7 +588,7 @@ impl Session {
                     if need > rx.len() {
                         self.conn.reserve_rx(need);
                     }
-                    self.conn.ack_partial();
+                    self.conn.ack_partial(need);
                     return Ok(());
                 }
                 Ok(Decoded::Pdu { pdu, len }) => (to_rx(rx, pdu)?, len),
