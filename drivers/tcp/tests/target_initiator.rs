@@ -74,7 +74,11 @@ fn identify_controller_and_namespaces() {
     );
     assert!(id.kas > 0, "keep-alive is supported");
     assert_eq!(id.maxcmd, 128);
-    assert_eq!(id.nn, 2);
+    assert_eq!(
+        id.nn,
+        nvpoll_tcp::target::MAX_NAMESPACES,
+        "namespaces may be added at run time"
+    );
     assert!(!id.serial.is_empty() && !id.firmware.is_empty());
     assert!(ctrl.vs().0 >= spec::Vs::V1_3.0);
     assert_eq!(ctrl.cap().mqes(), 127);

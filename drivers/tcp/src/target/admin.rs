@@ -16,8 +16,8 @@ use nvpoll::spec::{
 use super::controller::Controller;
 use super::discovery;
 use super::session::{Ctx, Queue, Reply};
-use super::subsystem::{Kind, Subsystem};
-use super::TargetShared;
+use super::subsystem::{Kind, Subsystem, MAX_NAMESPACES};
+use super::{Listener, TargetShared};
 use crate::tls::ParsedIdentity;
 
 /// The version we report: 1.3, so that Linux asks for namespace descriptors but not for the 2.0-only Identify
@@ -33,6 +33,11 @@ const CNS_CS_INDEPENDENT_NS: u8 = 0x08;
 const AERL: u8 = 3;
 /// The asynchronous events a host may enable: SMART warnings and namespace attribute notices.
 const AEC_SUPPORTED: u32 = feature::AEC_SMART_WARNINGS | feature::AEC_NS_ATTRIBUTE;
+/// Asynchronous Event Configuration: Namespace Attribute Notices.
+pub(crate) const AEC_NS_ATTRIBUTE: u32 = feature::AEC_NS_ATTRIBUTE;
+/// An AER's dword 0 for Namespace Attribute Changed: type Notice (2), information 0, log page Changed
+/// Namespace List (04h).
+pub(crate) const NS_ATTRIBUTE_CHANGED_EVENT: u32 = 0x2 | (log_page::CHANGED_NS as u32) << 16;
 /// Composite temperature reported (Kelvin): 35 °C.
 const TEMPERATURE_K: u16 = 308;
 /// Over-temperature threshold default (Kelvin): 70 °C, as Identify Controller WCTEMP says.
@@ -103,6 +108,11 @@ impl AdminState {
         }
     }
 
+    /// Asynchronous Event Configuration as the host set it.
+    pub fn async_event_config(&self) -> u32 {
+        self.async_event_config
+    }
+
     /// Back to the disabled state: not ready, no fatal status, CC cleared.
     fn reset(&mut self, ctrl: &Controller) {
         self.csts.set_rdy(false);
@@ -147,6 +157,7 @@ pub(crate) struct Refusal {
 /// every queue (admin and I/O, discovery included), or the Connect is refused.
 pub(crate) fn connect(
     target: &TargetShared,
+    listener: &Listener,
     sqe: &Sqe,
     data: &[u8],
     identity: Option<&[u8]>,
@@ -198,13 +209,20 @@ pub(crate) fn connect(
     };
     refusal.subnqn.clone_from(&cd.subnqn);
     refusal.hostnqn.clone_from(&cd.hostnqn);
-    let Some(subsys) = target.subsystem(&cd.subnqn) else {
+    let Some(subsys) = target.subsystem(&cd.subnqn).filter(|s| !s.is_removed()) else {
         return invalid(
             refusal,
             InvalidParameter::SUBNQN,
             "no such subsystem".into(),
         );
     };
+    if !subsys.exported_on(listener.addr) {
+        let reason = format!(
+            "the subsystem is not exported on listener {}",
+            listener.addr
+        );
+        return invalid(refusal, InvalidParameter::SUBNQN, reason);
+    }
     if let Some(id) = identity {
         match ParsedIdentity::parse(id) {
             None => {
@@ -229,7 +247,7 @@ pub(crate) fn connect(
             Some(_) => {}
         }
     }
-    if !subsys.hosts.allows(&cd.hostnqn) {
+    if !subsys.allows(&cd.hostnqn) {
         let reason = if cd.hostnqn.is_empty() {
             "an empty Host NQN, and the subsystem allows only the hosts it lists".to_string()
         } else {
@@ -237,11 +255,11 @@ pub(crate) fn connect(
         };
         return invalid(refusal, InvalidParameter::HOSTNQN, reason);
     }
-    if c.sqsize == 0 || c.sqsize >= target.limits.queue_entries {
+    if c.sqsize == 0 || c.sqsize >= subsys.limits.queue_entries {
         let reason = format!(
             "SQSIZE {} (the queue size less one) must be 1 to {}",
             c.sqsize,
-            target.limits.queue_entries - 1
+            subsys.limits.queue_entries - 1
         );
         return invalid(refusal, InvalidParameter::SQSIZE, reason);
     }
@@ -254,7 +272,7 @@ pub(crate) fn connect(
         let max_io = if subsys.kind == Kind::Discovery {
             0
         } else {
-            target.limits.max_io_queues
+            subsys.limits.max_io_queues
         };
         let now = target.now_ms();
         let make =
@@ -307,7 +325,7 @@ pub(crate) fn fabrics(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
         }
         (fabrics::FabricsCommand::PropertyGet { offset, size8 }, Some(admin)) => {
             let value = match (offset, size8) {
-                (nvpoll::spec::reg::CAP, true) => cap(ctx.target.limits.queue_entries).0,
+                (nvpoll::spec::reg::CAP, true) => cap(queue.subsys.limits.queue_entries).0,
                 (nvpoll::spec::reg::VS, false) => u64::from(VERSION.0),
                 (nvpoll::spec::reg::CC, false) => u64::from(admin.cc.0),
                 (nvpoll::spec::reg::CSTS, false) => u64::from(admin.csts.0),
@@ -381,7 +399,7 @@ fn identify(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
     }
     let page: Vec<u8> = match cns_value {
         cns::CONTROLLER => identify_controller(ctx.target, subsys, &ctx.queue.ctrl).to_vec(),
-        cns::NAMESPACE => match active_ns(subsys, sqe.nsid) {
+        cns::NAMESPACE => match active_ns(ctx.queue, sqe.nsid) {
             Ok(Some(ns)) => identify_namespace(ns).to_vec(),
             Ok(None) => vec![0; IDENTIFY_SIZE],
             Err(r) => return r,
@@ -391,15 +409,15 @@ fn identify(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
             {
                 return Reply::status(Status::INVALID_NAMESPACE.with_dnr());
             }
-            let ids: Vec<u32> = subsys
-                .namespaces
-                .iter()
+            let ids: Vec<u32> = ctx
+                .queue
+                .namespaces()
                 .map(|n| n.nsid)
                 .filter(|&id| id > sqe.nsid)
                 .collect();
             encode_ns_list(&ids).to_vec()
         }
-        cns::NS_ID_DESCRIPTORS => match active_ns(subsys, sqe.nsid) {
+        cns::NS_ID_DESCRIPTORS => match active_ns(ctx.queue, sqe.nsid) {
             Ok(Some(ns)) => NsIdDescriptor::encode_list(&[
                 NsIdDescriptor::Nguid(ns.nguid),
                 NsIdDescriptor::Uuid(ns.uuid),
@@ -410,7 +428,7 @@ fn identify(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
             Err(r) => return r,
         },
         // The I/O command set independent namespace structure (Linux asks for it first): shared, ready.
-        CNS_CS_INDEPENDENT_NS => match active_ns(subsys, sqe.nsid) {
+        CNS_CS_INDEPENDENT_NS => match active_ns(ctx.queue, sqe.nsid) {
             Ok(Some(_)) => {
                 let mut page = vec![0u8; IDENTIFY_SIZE];
                 page[1] = 1; // NMIC: may be attached to several controllers
@@ -422,7 +440,7 @@ fn identify(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
         },
         // The NVM command set's own Identify structures: all limits unreported (zero).
         cns::IO_CMD_SET_CONTROLLER if csi == 0 => vec![0; IDENTIFY_SIZE],
-        cns::IO_CMD_SET_NAMESPACE if csi == 0 => match active_ns(subsys, sqe.nsid) {
+        cns::IO_CMD_SET_NAMESPACE if csi == 0 => match active_ns(ctx.queue, sqe.nsid) {
             Ok(_) => vec![0; IDENTIFY_SIZE],
             Err(r) => return r,
         },
@@ -432,14 +450,11 @@ fn identify(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
 }
 
 /// The namespace `nsid` names: `Ok(None)` for a valid but inactive ID, an error reply for an invalid one.
-fn active_ns(
-    subsys: &Subsystem,
-    nsid: u32,
-) -> Result<Option<&Arc<super::subsystem::Namespace>>, Reply> {
-    if nsid == 0 || nsid > subsys.max_nsid() {
+fn active_ns(q: &Queue, nsid: u32) -> Result<Option<&Arc<super::subsystem::Namespace>>, Reply> {
+    if nsid == 0 || nsid > MAX_NAMESPACES {
         return Err(Reply::status(Status::INVALID_NAMESPACE.with_dnr()));
     }
-    Ok(subsys.namespace(nsid))
+    Ok(q.namespace(nsid))
 }
 
 fn identify_controller(
@@ -448,7 +463,7 @@ fn identify_controller(
     ctrl: &Controller,
 ) -> [u8; IDENTIFY_SIZE] {
     let discovery = subsys.kind == Kind::Discovery;
-    let limits = &target.limits;
+    let limits = &subsys.limits;
     let id = IdentifyController {
         serial: subsys.serial.clone(),
         model: subsys.model.clone(),
@@ -484,7 +499,7 @@ fn identify_controller(
         sqes: 0x66,
         cqes: 0x44,
         maxcmd: limits.queue_entries,
-        nn: subsys.max_nsid(),
+        nn: if discovery { 0 } else { MAX_NAMESPACES },
         oncs: if discovery {
             0
         } else {
@@ -494,7 +509,7 @@ fn identify_controller(
         // SGLs without alignment rules, offset addressing (in-capsule data), transport data blocks.
         sgls: 1 | 1 << 20 | 1 << 21,
         subnqn: subsys.nqn.clone(),
-        ioccsz: (limits.incapsule_data + 64) / 16,
+        ioccsz: (target.limits.incapsule_data + 64) / 16,
         iorcsz: 1,
         icdoff: 0,
         fcatt: 0,
@@ -582,7 +597,7 @@ fn get_features(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
         }
         feature::ERROR_RECOVERY => st.error_recovery,
         feature::VOLATILE_WRITE_CACHE => u32::from(st.volatile_write_cache),
-        feature::NUMBER_OF_QUEUES => queues_granted(ctx.target),
+        feature::NUMBER_OF_QUEUES => queues_granted(&ctx.queue.subsys),
         feature::INTERRUPT_COALESCING => st.interrupt_coalescing,
         feature::INTERRUPT_VECTOR_CONFIG => sqe.cdw11 & 0xffff,
         feature::WRITE_ATOMICITY => st.write_atomicity,
@@ -607,8 +622,8 @@ fn get_features(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
 }
 
 /// Number of Queues as granted: every I/O queue the target allows, as submission and completion counts.
-fn queues_granted(target: &TargetShared) -> u32 {
-    let n = u32::from(target.limits.max_io_queues.max(1) - 1);
+fn queues_granted(subsys: &Subsystem) -> u32 {
+    let n = u32::from(subsys.limits.max_io_queues.max(1) - 1);
     n | n << 16
 }
 
@@ -646,7 +661,7 @@ fn set_features(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
             if v & 0xffff == 0xffff || v >> 16 == 0xffff {
                 return Reply::status(Status::INVALID_FIELD.with_dnr());
             }
-            return Reply::ok(queues_granted(ctx.target));
+            return Reply::ok(queues_granted(&ctx.queue.subsys));
         }
         feature::INTERRUPT_COALESCING => admin.interrupt_coalescing = v,
         feature::INTERRUPT_VECTOR_CONFIG => {}
@@ -678,7 +693,7 @@ fn get_log_page(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
     let discovery = ctx.queue.subsys.kind == Kind::Discovery;
     let page: Vec<u8> = match lid {
         log_page::DISCOVERY if discovery => {
-            discovery::log_page(ctx.target, ctx.local, &ctx.queue.ctrl.hostnqn)
+            discovery::log_page(ctx.target, ctx.listener, ctx.local, &ctx.queue.ctrl.hostnqn)
         }
         log_page::ERROR => vec![0; 64],
         log_page::SMART if !discovery => smart_log(ctx.target).to_vec(),
@@ -690,8 +705,11 @@ fn get_log_page(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
             p[8 + fw.len().min(8)..16].fill(b' ');
             p
         }
-        // Namespaces never change while the target runs.
-        log_page::CHANGED_NS if !discovery => vec![0; IDENTIFY_SIZE],
+        // The IDs added or removed since the host last read it; Retain Asynchronous Event (bit 15) keeps them.
+        log_page::CHANGED_NS if !discovery => {
+            let clear = sqe.cdw10 & 1 << 15 == 0;
+            encode_ns_list(&ctx.queue.ctrl.changed_ns_log(clear)).to_vec()
+        }
         _ => return Reply::status(Status::INVALID_LOG_PAGE.with_dnr()),
     };
     let Ok(start) = usize::try_from(offset) else {

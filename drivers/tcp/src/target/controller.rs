@@ -28,7 +28,14 @@ pub(crate) struct Controller {
     dead: AtomicBool,
     /// Connected I/O queue IDs, as a bit set indexed by `qid - 1`.
     io_queues: Mutex<Vec<bool>>,
+    /// A Namespace Attribute Changed notice waits for an Asynchronous Event Request to carry it.
+    ns_notice: AtomicBool,
+    /// The Changed Namespace List log page: the IDs changed since the host last read it.
+    changed_ns: Mutex<Vec<u32>>,
 }
+
+/// The most IDs the Changed Namespace List holds; beyond, it says "more than that" (0xFFFFFFFF first).
+const CHANGED_NS_MAX: usize = 1024;
 
 impl Controller {
     /// A controller that allows I/O queues 1 to `max_io_queues`.
@@ -49,6 +56,44 @@ impl Controller {
             ready: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             io_queues: Mutex::new(vec![false; usize::from(max_io_queues)]),
+            ns_notice: AtomicBool::new(false),
+            changed_ns: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Namespace `nsid` was added or removed: the list grows and a notice waits for an AER.
+    pub fn namespace_changed(&self, nsid: u32) {
+        {
+            let mut list = self.changed_ns.lock().unwrap_or_else(|e| e.into_inner());
+            if list.first() != Some(&u32::MAX) && !list.contains(&nsid) {
+                if list.len() == CHANGED_NS_MAX {
+                    *list = vec![u32::MAX];
+                } else {
+                    list.push(nsid);
+                    list.sort_unstable();
+                }
+            }
+        }
+        self.ns_notice.store(true, Ordering::Release);
+    }
+
+    /// Whether a Namespace Attribute Changed notice waits (cheap: the admin queue reads it on every poll).
+    pub fn ns_notice_pending(&self) -> bool {
+        self.ns_notice.load(Ordering::Acquire)
+    }
+
+    /// Takes the waiting notice (an AER is about to carry it).
+    pub fn take_ns_notice(&self) -> bool {
+        self.ns_notice.swap(false, Ordering::AcqRel)
+    }
+
+    /// The Changed Namespace List log page; `clear` (RAE 0) empties it.
+    pub fn changed_ns_log(&self, clear: bool) -> Vec<u32> {
+        let mut list = self.changed_ns.lock().unwrap_or_else(|e| e.into_inner());
+        if clear {
+            std::mem::take(&mut *list)
+        } else {
+            list.clone()
         }
     }
 
@@ -136,6 +181,24 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn changed_namespaces_are_listed_once_and_cleared_by_a_read() {
+        let c = Controller::new_for_test(1);
+        assert!(!c.ns_notice_pending());
+        c.namespace_changed(3);
+        c.namespace_changed(1);
+        c.namespace_changed(3);
+        assert!(c.take_ns_notice());
+        assert!(!c.take_ns_notice());
+        assert_eq!(c.changed_ns_log(false), vec![1, 3]);
+        assert_eq!(c.changed_ns_log(true), vec![1, 3]);
+        assert!(c.changed_ns_log(false).is_empty());
+        for id in 1..=2000 {
+            c.namespace_changed(id);
+        }
+        assert_eq!(c.changed_ns_log(true), vec![u32::MAX]);
+    }
 
     #[test]
     fn keep_alive_and_queue_claims() {

@@ -1,4 +1,4 @@
-//! The discovery log page: one entry per NVM subsystem, at the address the host reached us on.
+//! The discovery log page: one entry per NVM subsystem the host may use on the listener it reached us on.
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
@@ -6,22 +6,24 @@ use std::net::SocketAddr;
 use nvpoll::spec::{DiscoveryLog, DiscoveryLogEntry};
 
 use super::subsystem::Kind;
-use super::TargetShared;
+use super::{Listener, TargetShared, TlsMode};
 
-/// Port ID of our one listener.
-const PORT_ID: u16 = 1;
 /// Admin queue size hosts should ask for (as Linux's target announces).
 const ASQSZ: u16 = 32;
 
-/// The log page as the discovery controller reached at `local` reports it to `hostnqn`: only the subsystems
-/// that host may connect to. The generation counter never moves: the subsystems do not change while the
-/// target runs.
-pub(crate) fn log_page(target: &TargetShared, local: SocketAddr, hostnqn: &str) -> Vec<u8> {
+/// The log page as the discovery controller reached through `listener` (at `local`) reports it to
+/// `hostnqn`: the subsystems exported on that listener that the host may connect to.
+pub(crate) fn log_page(
+    target: &TargetShared,
+    listener: &Listener,
+    local: SocketAddr,
+    hostnqn: &str,
+) -> Vec<u8> {
     // A listener on the unspecified address is reachable at whatever address this host used.
-    let addr = if target.listen.ip().is_unspecified() {
+    let addr = if listener.addr.ip().is_unspecified() {
         local
     } else {
-        target.listen
+        listener.addr
     };
     let adrfam = if addr.is_ipv4() {
         DiscoveryLogEntry::ADRFAM_IPV4
@@ -29,31 +31,31 @@ pub(crate) fn log_page(target: &TargetShared, local: SocketAddr, hostnqn: &str) 
         DiscoveryLogEntry::ADRFAM_IPV6
     };
     // treq bits 1:0 say whether a secure channel is required; tsas.tcp.sectype names TLS 1.3 when we offer it.
-    let (secure, sectype) = match &target.tls {
-        Some(t) if t.required => (
+    let (secure, sectype) = match listener.tls {
+        TlsMode::Required => (
             DiscoveryLogEntry::TREQ_SECURE_REQUIRED,
             DiscoveryLogEntry::TCP_SECTYPE_TLS13,
         ),
-        Some(_) => (
+        TlsMode::Optional => (
             DiscoveryLogEntry::TREQ_SECURE_NOT_REQUIRED,
             DiscoveryLogEntry::TCP_SECTYPE_TLS13,
         ),
-        None => (
+        TlsMode::Off => (
             DiscoveryLogEntry::TREQ_SECURE_NOT_SPECIFIED,
             DiscoveryLogEntry::TCP_SECTYPE_NONE,
         ),
     };
-    let entries = target
-        .subsystems
+    let subsystems = target.subsystems();
+    let entries = subsystems
         .iter()
-        .filter(|s| s.kind == Kind::Nvm && s.hosts.allows(hostnqn))
+        .filter(|s| s.kind == Kind::Nvm && s.exported_on(listener.addr) && s.allows(hostnqn))
         .map(|s| DiscoveryLogEntry {
             trtype: DiscoveryLogEntry::TRTYPE_TCP,
             adrfam,
             subtype: DiscoveryLogEntry::SUBTYPE_NVME,
             // Hosts may disable SQ flow control (we support it).
             treq: secure | DiscoveryLogEntry::TREQ_DISABLE_SQFLOW,
-            portid: PORT_ID,
+            portid: listener.port_id,
             cntlid: nvpoll::spec::fabrics::CNTLID_DYNAMIC,
             asqsz: ASQSZ,
             eflags: 0,
@@ -64,7 +66,10 @@ pub(crate) fn log_page(target: &TargetShared, local: SocketAddr, hostnqn: &str) 
         })
         .collect();
     DiscoveryLog {
-        genctr: 1,
+        genctr: target
+            .registry
+            .generation
+            .load(std::sync::atomic::Ordering::Acquire),
         recfmt: 0,
         entries,
     }

@@ -17,20 +17,15 @@ const ALL_NAMESPACES: u32 = 0xffff_ffff;
 
 /// Checks a read or write: the namespace, the block range, and that the data pointer covers exactly the blocks.
 /// Returns the namespace and the byte offset and length.
-fn check_rw(
-    q: &Queue,
-    sqe: &Sqe,
-    xfer_len: u32,
-    max_transfer: u32,
-) -> Result<(Arc<Namespace>, u64, u32), Status> {
-    let Some(ns) = q.subsys.namespace(sqe.nsid) else {
+fn check_rw(q: &Queue, sqe: &Sqe, xfer_len: u32) -> Result<(Arc<Namespace>, u64, u32), Status> {
+    let Some(ns) = q.namespace(sqe.nsid) else {
         return Err(Status::INVALID_NAMESPACE.with_dnr());
     };
     let nlb = u64::from(sqe.nlb_zero_based()) + 1;
     let Some((off, len)) = ns.byte_range(sqe.slba(), nlb) else {
         return Err(Status::LBA_OUT_OF_RANGE.with_dnr());
     };
-    if len > u64::from(max_transfer) {
+    if len > u64::from(q.max_transfer()) {
         return Err(Status::INVALID_FIELD.with_dnr());
     }
     if u64::from(xfer_len) != len {
@@ -44,9 +39,8 @@ pub(crate) fn prepare_write(
     q: &Queue,
     sqe: &Sqe,
     xfer_len: u32,
-    max_transfer: u32,
 ) -> Result<(Arc<Namespace>, u64), Status> {
-    check_rw(q, sqe, xfer_len, max_transfer).map(|(ns, off, _)| (ns, off))
+    check_rw(q, sqe, xfer_len).map(|(ns, off, _)| (ns, off))
 }
 
 /// A write with its data in the capsule.
@@ -54,10 +48,9 @@ pub(crate) fn write_in_capsule(
     q: &Queue,
     sqe: &Sqe,
     data: &[u8],
-    max_transfer: u32,
     stats: &mut SessionStats,
 ) -> Reply {
-    let (ns, off, _) = match check_rw(q, sqe, data.len() as u32, max_transfer) {
+    let (ns, off, _) = match check_rw(q, sqe, data.len() as u32) {
         Ok(v) => v,
         Err(status) => return Reply::status(status),
     };
@@ -74,35 +67,33 @@ pub(crate) fn write_in_capsule(
 }
 
 /// An I/O command that carries no host-to-controller data.
-pub(crate) fn execute(q: &Queue, sqe: &Sqe, max_transfer: u32) -> Reply {
+pub(crate) fn execute(q: &Queue, sqe: &Sqe) -> Reply {
     let xfer_len = sqe.sgl().length;
     match sqe.opcode {
-        op::READ => match check_rw(q, sqe, xfer_len, max_transfer) {
+        op::READ => match check_rw(q, sqe, xfer_len) {
             Ok((ns, off, len)) => Reply::Read { ns, off, len },
             Err(status) => Reply::status(status),
         },
         // A write always has data; one without any describes the wrong length.
-        op::WRITE => match check_rw(q, sqe, 0, max_transfer) {
+        op::WRITE => match check_rw(q, sqe, 0) {
             Ok(_) => Reply::ok(0),
             Err(status) => Reply::status(status),
         },
         op::FLUSH => {
             if sqe.nsid == ALL_NAMESPACES {
                 let all = q
-                    .subsys
-                    .namespaces
-                    .iter()
+                    .namespaces()
                     .map(|ns| (Arc::clone(ns), ns.store.start_flush()))
                     .collect();
                 return Reply::Flush(all);
             }
-            match q.subsys.namespace(sqe.nsid) {
+            match q.namespace(sqe.nsid) {
                 Some(ns) => Reply::Flush(vec![(Arc::clone(ns), ns.store.start_flush())]),
                 None => Reply::status(Status::INVALID_NAMESPACE.with_dnr()),
             }
         }
         op::WRITE_ZEROES => {
-            let Some(ns) = q.subsys.namespace(sqe.nsid) else {
+            let Some(ns) = q.namespace(sqe.nsid) else {
                 return Reply::status(Status::INVALID_NAMESPACE.with_dnr());
             };
             let nlb = u64::from(sqe.nlb_zero_based()) + 1;

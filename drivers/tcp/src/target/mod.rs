@@ -1,25 +1,35 @@
 //! The NVMe/TCP target: NVM subsystems served to Linux hosts and to our own initiator, polled on nvpoll's
 //! reactors.
 //!
-//! - [`Target::bind`] opens the namespaces and the listening socket; [`Target::start`] registers the listener
-//!   as a poller on reactor 0. Each accepted connection goes to the next reactor, round robin, and stays
-//!   there: one owner per queue, no locks on the I/O path. Until Fabrics Connect succeeds it sits in that
-//!   reactor's setup set (idle half-open connections are looked at once per millisecond by a timed poller,
-//!   and cost nothing in between); then it becomes a session poller of its own, polled on every iteration.
-//! - A session (`session`) speaks NVMe/TCP: ICReq/ICResp, Fabrics Connect, and then commands: admin and
-//!   fabrics ones (`admin`), NVM I/O (`io`), and the discovery log (`discovery`) for the well-known
-//!   discovery subsystem, which every target serves.
+//! - [`Target::bind`] opens the namespaces and the listening sockets (one or more, each plain, TLS optional or
+//!   TLS required); [`Target::start`] registers the acceptor as a poller on reactor 0. Each accepted
+//!   connection goes to the next reactor, round robin, and stays there: one owner per queue, no locks on the
+//!   I/O path. Until Fabrics Connect succeeds it sits in that reactor's setup set (idle half-open connections
+//!   are looked at once per millisecond by a timed poller, and cost nothing in between); then it becomes a
+//!   session poller of its own, polled on every iteration.
+//! - A session (`session`) speaks NVMe/TCP: TLS 1.3 with a PSK where the listener asks for it, ICReq/ICResp,
+//!   Fabrics Connect, and then commands: admin and fabrics ones (`admin`), NVM I/O (`io`), and the discovery
+//!   log (`discovery`) for the well-known discovery subsystem, which every target serves.
 //! - A controller (`controller`) is created by an admin-queue Connect (dynamic controller IDs) and torn down
 //!   with its admin connection, or when its keep-alive timeout passes without a command on any of its queues.
-//! - Namespaces (`subsystem`) are backed by RAM or by a file or block device (`store`).
+//! - Subsystems (`subsystem`) have their own namespaces (RAM, a file or block device, or another NVMe
+//!   namespace: `store`, `device`), limits, allowed hosts and host PSKs, and may be limited to some listeners.
+//! - While the target runs, a [`TargetHandle`] adds and removes subsystems, namespaces, listeners, allowed
+//!   hosts and keys. A namespace change raises a Namespace Attribute Changed event on every controller of its
+//!   subsystem; I/O queues see the new namespace table at their next poll (one atomic load per poll when
+//!   nothing changed).
+//!
+//! Who gets in: a host is authenticated by the TLS identity it proved, not by what it claims in Connect: the
+//! identity's host and subsystem NQNs must be those of the Connect. A subsystem lets in any host, or only the
+//! hosts it lists.
 //!
 //! What hosts get: NVMe 1.3 controllers with MDTS 1 MiB, 8 KiB of in-capsule data (IOCCSZ 516), 128-entry
-//! queues, SGLs (offset and transport data blocks), header and data digests as asked in ICReq, MAXH2CDATA
-//! 128 KiB, one R2T per write at a time (so any MAXR2T is respected), the C2H success optimization when the host
-//! disables SQ flow control, keep-alive enforcement (traffic based), held Asynchronous Event Requests, and the
-//! Identify, feature and log pages the Linux host reads at connect. Not implemented: TLS (the connection's
-//! byte transport, `crate::conn::Conn`, is where it goes), in-band authentication, reservations, Dataset
-//! Management, ANA; asynchronous events never fire because namespaces never change while the target runs.
+//! queues and 128 I/O queues (per subsystem, by default), SGLs (offset and transport data blocks), header and
+//! data digests as asked in ICReq, MAXH2CDATA 128 KiB, one R2T per write at a time (so any MAXR2T is
+//! respected), the C2H success optimization when the host disables SQ flow control, keep-alive enforcement
+//! (traffic based), Asynchronous Event Requests (Namespace Attribute Changed), and the Identify, feature and
+//! log pages the Linux host reads at connect. Not implemented: in-band authentication, reservations, Dataset
+//! Management, ANA.
 //!
 //! Sending follows nvpoll's split of *queue* and *kick*: handlers only append PDUs to a connection's send
 //! buffer, and the reactor's end-of-iteration flush writes each connection's buffer with one `write`.
@@ -52,7 +62,8 @@ mod subsystem;
 
 pub use device::{BlockDevice, QueuePairDevice};
 pub use subsystem::{
-    Backing, HostAccess, NamespaceConfig, SubsystemConfig, DISCOVERY_NQN, MAX_NQN_LEN,
+    Backing, HostAccess, HostKey, NamespaceConfig, SubsystemConfig, SubsystemLimits, DISCOVERY_NQN,
+    MAX_NAMESPACES, MAX_NQN_LEN,
 };
 
 use std::cell::{Cell, RefCell};
@@ -61,8 +72,8 @@ use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use nvpoll::reactor::{PollStatus, Poller, PollerId, ReactorContext, Reactors};
@@ -212,22 +223,77 @@ impl fmt::Display for TargetEvent<'_> {
 /// A callback that hears about [`TargetEvent`]s. It runs on the reactors: keep it short.
 pub type EventHook = Arc<dyn Fn(&TargetEvent<'_>) + Send + Sync>;
 
+/// Whether a listener speaks TLS.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TlsMode {
+    /// Plain TCP only.
+    #[default]
+    Off,
+    /// The first bytes decide: a TLS record (0x16) starts the handshake, a plain ICReq proceeds without TLS.
+    Optional,
+    /// Every host must start with a TLS handshake.
+    Required,
+}
+
+impl TlsMode {
+    /// The name used on command lines and in configuration files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TlsMode::Off => "off",
+            TlsMode::Optional => "optional",
+            TlsMode::Required => "required",
+        }
+    }
+}
+
+impl std::str::FromStr for TlsMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<TlsMode, String> {
+        match s {
+            "off" => Ok(TlsMode::Off),
+            "optional" => Ok(TlsMode::Optional),
+            "required" => Ok(TlsMode::Required),
+            _ => Err(format!("TLS mode {s:?}: must be off, optional or required")),
+        }
+    }
+}
+
+impl fmt::Display for TlsMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One address the target listens on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenerConfig {
+    /// Address and port (port 0: any free port).
+    pub address: SocketAddr,
+    /// Plain, TLS optional or TLS required.
+    pub tls: TlsMode,
+}
+
 /// Everything a target serves and how.
 #[derive(Clone)]
 pub struct TargetConfig {
-    /// Address to listen on.
+    /// The first address to listen on; its TLS mode follows [`TargetConfig::tls`].
     pub listen: SocketAddr,
+    /// More listeners, each with its own TLS mode, all served by the same reactors.
+    pub listeners: Vec<ListenerConfig>,
     /// The NVM subsystems (the discovery subsystem is always added).
     pub subsystems: Vec<SubsystemConfig>,
     /// MAXH2CDATA announced in ICResp: the largest H2CData PDU hosts send (default 128 KiB).
     pub maxh2cdata: u32,
     /// In-capsule data accepted per command (default 8 KiB; Identify IOCCSZ is this plus the 64-byte command).
     pub incapsule_data: u32,
-    /// Maximum Data Transfer Size as a power of two of 4 KiB pages (default 8: 1 MiB).
+    /// Maximum Data Transfer Size as a power of two of 4 KiB pages (default 8: 1 MiB), for subsystems that do
+    /// not set their own.
     pub mdts: u8,
-    /// Entries per queue, admin and I/O (CAP.MQES + 1, default 128).
+    /// Entries per queue, admin and I/O (CAP.MQES + 1, default 128), for subsystems that do not set their own.
     pub queue_entries: u16,
-    /// I/O queues per controller (default 128, as nvmet and SPDK grant).
+    /// I/O queues per controller (default 128, as nvmet and SPDK grant), for subsystems that do not set their
+    /// own.
     pub max_io_queues: u16,
     /// Time a new connection has for ICReq and Fabrics Connect (default 10 s).
     pub connect_timeout: Duration,
@@ -236,18 +302,21 @@ pub struct TargetConfig {
     /// When responses leave (see [`nvpoll::send`]): inline as each is made, at the end-of-iteration flush, or
     /// adaptive (inline while the connection has nothing else to answer). Deferred by default.
     pub send_mode: SendMode,
-    /// TLS 1.3 with external PSKs (NVMe/TCP 1.1 §3.6); `None` serves plain TCP only.
+    /// TLS on the first listener ([`TargetConfig::listen`]) and PSKs valid for several subsystems; `None`:
+    /// that listener is plain. Subsystems carry their own host keys too ([`SubsystemConfig::host_keys`]).
     pub tls: Option<TargetTls>,
 }
 
-/// The target's TLS settings.
+/// TLS of the first listener, and host keys shared by several subsystems.
 #[derive(Clone, Debug)]
 pub struct TargetTls {
     /// Refuse hosts that do not start with a TLS handshake. When `false` (optional), the first bytes decide:
     /// a TLS record (0x16) starts the handshake, a plain ICReq proceeds without TLS.
     pub required: bool,
-    /// The handshake settings, including the PSK of every known identity.
-    pub server: crate::tls::ServerConfig,
+    /// Host keys, each valid for every subsystem of `subnqns`.
+    pub keys: Vec<HostKey>,
+    /// The subsystems (the discovery subsystem among them if wanted) the keys are valid for.
+    pub subnqns: Vec<String>,
 }
 
 impl TargetTls {
@@ -258,23 +327,25 @@ impl TargetTls {
         keys: &[(String, crate::tls::ConfiguredKey)],
         subnqns: &[String],
     ) -> TargetTls {
-        use crate::tls::{Derivation, IdentityVersion, Psk};
-        let mut table: Vec<(Vec<u8>, Psk)> = Vec::new();
-        for (host, key) in keys {
-            for sub in subnqns {
-                for v in [IdentityVersion::V0, IdentityVersion::V1] {
-                    let (identity, psk) = key.derive(v, host, sub, Derivation::Rfc8446);
-                    table.push((identity.into_bytes(), psk));
-                }
-            }
-        }
-        let server = crate::tls::ServerConfig::new(move |id| {
-            table
+        TargetTls {
+            required,
+            keys: keys
                 .iter()
-                .find(|(i, _)| i.as_slice() == id)
-                .map(|(_, p)| p.clone())
-        });
-        TargetTls { required, server }
+                .map(|(h, k)| HostKey {
+                    hostnqn: h.clone(),
+                    key: k.clone(),
+                })
+                .collect(),
+            subnqns: subnqns.to_vec(),
+        }
+    }
+
+    fn mode(&self) -> TlsMode {
+        if self.required {
+            TlsMode::Required
+        } else {
+            TlsMode::Optional
+        }
     }
 }
 
@@ -282,6 +353,7 @@ impl fmt::Debug for TargetConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TargetConfig")
             .field("listen", &self.listen)
+            .field("listeners", &self.listeners)
             .field("subsystems", &self.subsystems)
             .field("maxh2cdata", &self.maxh2cdata)
             .field("incapsule_data", &self.incapsule_data)
@@ -298,6 +370,7 @@ impl TargetConfig {
     pub fn new(listen: SocketAddr) -> TargetConfig {
         TargetConfig {
             listen,
+            listeners: Vec::new(),
             subsystems: Vec::new(),
             maxh2cdata: 128 * 1024,
             incapsule_data: 8192,
@@ -314,6 +387,12 @@ impl TargetConfig {
     /// Adds a subsystem.
     pub fn subsystem(mut self, s: SubsystemConfig) -> TargetConfig {
         self.subsystems.push(s);
+        self
+    }
+
+    /// Adds a listener.
+    pub fn listener(mut self, address: SocketAddr, tls: TlsMode) -> TargetConfig {
+        self.listeners.push(ListenerConfig { address, tls });
         self
     }
 
@@ -346,31 +425,17 @@ impl TargetConfig {
                 self.incapsule_data
             ));
         }
-        if !(1..=10).contains(&self.mdts) {
-            return bad(format!(
-                "MDTS {}: must be 1 (8 KiB) to 10 (4 MiB)",
-                self.mdts
-            ));
-        }
-        if !(2..=1024).contains(&self.queue_entries) {
-            return bad(format!(
-                "queue size {}: must be 2 to 1024 entries",
-                self.queue_entries
-            ));
-        }
-        if !(1..=1024).contains(&self.max_io_queues) {
-            return bad(format!(
-                "I/O queues {}: must be 1 to 1024",
-                self.max_io_queues
-            ));
-        }
+        let defaults = subsystem::Limits {
+            max_io_queues: self.max_io_queues,
+            queue_entries: self.queue_entries,
+            mdts: self.mdts,
+        };
+        defaults.check()?;
         Ok(Limits {
             maxh2cdata: self.maxh2cdata,
             incapsule_data: self.incapsule_data,
-            mdts: self.mdts,
-            queue_entries: self.queue_entries,
-            max_io_queues: self.max_io_queues,
             connect_timeout: self.connect_timeout,
+            defaults,
         })
     }
 }
@@ -380,17 +445,9 @@ impl TargetConfig {
 pub(crate) struct Limits {
     pub maxh2cdata: u32,
     pub incapsule_data: u32,
-    pub mdts: u8,
-    pub queue_entries: u16,
-    pub max_io_queues: u16,
     pub connect_timeout: Duration,
-}
-
-impl Limits {
-    /// The largest transfer of one command in bytes (MDTS in 4 KiB pages).
-    pub fn max_transfer(&self) -> u32 {
-        4096 << self.mdts
-    }
+    /// What subsystems get unless they say otherwise.
+    pub defaults: subsystem::Limits,
 }
 
 /// Running totals of a target, updated by the sessions (each publishes its counters when it is idle or closes).
@@ -477,20 +534,87 @@ impl fmt::Display for TargetCounters {
     }
 }
 
+/// A listener as the target runs it.
+#[derive(Debug)]
+pub(crate) struct Listener {
+    /// Port ID in the discovery log page.
+    pub port_id: u16,
+    /// The address actually listened on.
+    pub addr: SocketAddr,
+    pub tls: TlsMode,
+    /// Removed at run time: the acceptor closes its socket (connections made through it stay).
+    removed: AtomicBool,
+}
+
+/// The subsystems and keys, shared with the TLS PSK lookup (which runs inside handshakes).
+pub(crate) struct Registry {
+    subsystems: RwLock<Vec<Arc<Subsystem>>>,
+    /// Keys of [`TargetTls`]: valid for the subsystems they list.
+    target_keys: Vec<HostKey>,
+    target_key_subnqns: Vec<String>,
+    /// The discovery log's generation counter: moves with every change a discovery host could see.
+    pub generation: AtomicU64,
+}
+
+impl Registry {
+    fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        let list = self.subsystems.read().unwrap_or_else(|e| e.into_inner());
+        list.iter().find(|s| s.nqn == nqn).cloned()
+    }
+
+    fn all(&self) -> Vec<Arc<Subsystem>> {
+        self.subsystems
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The TLS PSK of an NVMe identity: the identity names its host and subsystem, and one of the keys that
+    /// host has for that subsystem (for the discovery subsystem: for any subsystem) must derive exactly it.
+    fn psk_for(&self, identity: &[u8]) -> Option<crate::tls::Psk> {
+        use crate::tls::{Derivation, ParsedIdentity};
+        let p = ParsedIdentity::parse(identity)?;
+        let mut candidates = Vec::new();
+        if self.target_key_subnqns.contains(&p.subnqn) {
+            candidates.extend(
+                self.target_keys
+                    .iter()
+                    .filter(|k| k.hostnqn == p.hostnqn)
+                    .map(|k| k.key.clone()),
+            );
+        }
+        if p.subnqn == DISCOVERY_NQN {
+            for s in self.all() {
+                candidates.extend(s.keys_of(&p.hostnqn));
+            }
+        } else if let Some(s) = self.subsystem(&p.subnqn) {
+            candidates.extend(s.keys_of(&p.hostnqn));
+        }
+        candidates.into_iter().find_map(|key| {
+            let (id, psk) = key.derive(p.version, &p.hostnqn, &p.subnqn, Derivation::Rfc8446);
+            (id.as_bytes() == identity).then_some(psk)
+        })
+    }
+}
+
 /// What every session and the listener share.
 pub(crate) struct TargetShared {
     pub limits: Limits,
-    pub subsystems: Vec<Arc<Subsystem>>,
-    /// The address actually listened on.
-    pub listen: SocketAddr,
+    pub registry: Arc<Registry>,
+    listeners: Mutex<Vec<Arc<Listener>>>,
+    /// Sockets bound at run time, for the acceptor to adopt.
+    new_listeners: Mutex<Vec<(Arc<Listener>, TcpListener)>>,
+    /// Moves when a listener is added or removed (the acceptor looks at it once per poll).
+    listeners_gen: AtomicU64,
+    next_port_id: AtomicU16,
     pub stats: TargetStats,
     epoch: Instant,
     stop: AtomicBool,
     events: Option<EventHook>,
     /// The send mode every session applies, switchable while the target runs.
     send_mode: AtomicU8,
-    /// TLS settings, if any.
-    pub tls: Option<TargetTls>,
+    /// The TLS server settings (the PSK lookup reads the registry).
+    pub tls_server: crate::tls::ServerConfig,
 }
 
 fn mode_to_u8(m: SendMode) -> u8 {
@@ -515,9 +639,39 @@ impl TargetShared {
         mode_from_u8(self.send_mode.load(Ordering::Relaxed))
     }
 
-    /// The subsystem named `nqn`.
+    /// The subsystem named `nqn` (the discovery subsystem included), if it is in service.
     pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
-        self.subsystems.iter().find(|s| s.nqn == nqn).cloned()
+        self.registry.subsystem(nqn)
+    }
+
+    /// Every subsystem in service, the discovery subsystem first.
+    pub fn subsystems(&self) -> Vec<Arc<Subsystem>> {
+        self.registry.all()
+    }
+
+    /// Something a discovery host could see changed.
+    fn discovery_changed(&self) {
+        self.registry.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Binds a listener; the acceptor on reactor 0 adopts it at its next poll (connections wait in the
+    /// socket's backlog until then).
+    fn bind_listener(&self, cfg: ListenerConfig) -> Result<(Arc<Listener>, TcpListener), Error> {
+        let socket = TcpListener::bind(cfg.address)
+            .map_err(|e| Error::io(format!("listen on {}", cfg.address), e))?;
+        socket
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("set O_NONBLOCK on the listener", e))?;
+        let addr = socket
+            .local_addr()
+            .map_err(|e| Error::io("listener address", e))?;
+        let listener = Arc::new(Listener {
+            port_id: self.next_port_id.fetch_add(1, Ordering::Relaxed),
+            addr,
+            tls: cfg.tls,
+            removed: AtomicBool::new(false),
+        });
+        Ok((listener, socket))
     }
 
     /// Milliseconds since the target started (the clock of keep-alive timeouts).
@@ -563,22 +717,22 @@ impl TargetShared {
 /// A bound target, not serving yet.
 pub struct Target {
     shared: Arc<TargetShared>,
-    listener: TcpListener,
+    sockets: Vec<(Arc<Listener>, TcpListener)>,
 }
 
 impl fmt::Debug for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Target")
-            .field("listen", &self.shared.listen)
+            .field("listen", &self.local_addr())
             .finish_non_exhaustive()
     }
 }
 
 impl Target {
-    /// Checks the configuration, opens every namespace and binds the listening socket.
+    /// Checks the configuration, opens every namespace and binds the listening sockets.
     pub fn bind(config: TargetConfig) -> Result<Target, Error> {
         let limits = config.limits()?;
-        let mut subsystems = vec![Arc::new(Subsystem::discovery())];
+        let mut subsystems = vec![Arc::new(Subsystem::discovery(limits.defaults))];
         for s in &config.subsystems {
             if subsystems.iter().any(|t| t.nqn == s.nqn) {
                 return Err(Error::InvalidArgument(format!(
@@ -586,83 +740,96 @@ impl Target {
                     s.nqn
                 )));
             }
-            subsystems.push(Arc::new(Subsystem::open(s)?));
+            subsystems.push(Arc::new(Subsystem::open(s, limits.defaults)?));
         }
-        let listener = TcpListener::bind(config.listen)
-            .map_err(|e| Error::io(format!("listen on {}", config.listen), e))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| Error::io("set O_NONBLOCK on the listener", e))?;
-        let listen = listener
-            .local_addr()
-            .map_err(|e| Error::io("listener address", e))?;
+        let (target_keys, target_key_subnqns) = match &config.tls {
+            Some(t) => (t.keys.clone(), t.subnqns.clone()),
+            None => (Vec::new(), Vec::new()),
+        };
+        let registry = Arc::new(Registry {
+            subsystems: RwLock::new(subsystems),
+            target_keys,
+            target_key_subnqns,
+            generation: AtomicU64::new(1),
+        });
+        let lookup = Arc::clone(&registry);
         let shared = Arc::new(TargetShared {
             limits,
-            subsystems,
-            listen,
+            registry,
+            listeners: Mutex::new(Vec::new()),
+            new_listeners: Mutex::new(Vec::new()),
+            listeners_gen: AtomicU64::new(0),
+            next_port_id: AtomicU16::new(1),
             stats: TargetStats::default(),
             epoch: Instant::now(),
             stop: AtomicBool::new(false),
             events: config.events,
             send_mode: AtomicU8::new(mode_to_u8(config.send_mode)),
-            tls: config.tls,
+            tls_server: crate::tls::ServerConfig::new(move |id| lookup.psk_for(id)),
         });
-        Ok(Target { shared, listener })
+        let first = ListenerConfig {
+            address: config.listen,
+            tls: config.tls.as_ref().map_or(TlsMode::Off, TargetTls::mode),
+        };
+        let mut sockets: Vec<(Arc<Listener>, TcpListener)> = Vec::new();
+        for cfg in std::iter::once(first).chain(config.listeners.iter().copied()) {
+            if sockets.iter().any(|(l, _)| l.addr == cfg.address) {
+                return Err(Error::InvalidArgument(format!(
+                    "listener {} is configured twice",
+                    cfg.address
+                )));
+            }
+            sockets.push(shared.bind_listener(cfg)?);
+        }
+        *lock(&shared.listeners) = sockets.iter().map(|(l, _)| Arc::clone(l)).collect();
+        Ok(Target { shared, sockets })
     }
 
-    /// The address the target listens on (with the real port if the configuration said 0).
+    /// The address of the first listener (with the real port if the configuration said 0).
     pub fn local_addr(&self) -> SocketAddr {
-        self.shared.listen
+        self.sockets[0].0.addr
     }
 
-    /// A one-line description of each subsystem and namespace, for logs.
+    /// Every listener's address and TLS mode, in configuration order.
+    pub fn listeners(&self) -> Vec<ListenerConfig> {
+        self.handle().listeners()
+    }
+
+    fn handle(&self) -> TargetHandle {
+        TargetHandle {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// A one-line description of each listener, subsystem and namespace, for logs.
     pub fn describe(&self) -> Vec<String> {
         let mut out = Vec::new();
-        for s in self
-            .shared
-            .subsystems
-            .iter()
-            .filter(|s| s.kind == subsystem::Kind::Nvm)
-        {
-            let hosts = match &s.hosts {
-                HostAccess::AnyHost => "any host may connect".to_string(),
-                HostAccess::Only(h) => format!("allowed hosts: {}", h.join(", ")),
-            };
-            out.push(format!(
-                "subsystem {} (serial {}, model {}); {hosts}",
-                s.nqn, s.serial, s.model
-            ));
-            for ns in &s.namespaces {
-                out.push(format!(
-                    "  namespace {}: {} blocks of {} bytes ({} MiB) on {}",
-                    ns.nsid,
-                    ns.blocks,
-                    ns.block_size,
-                    (ns.blocks * u64::from(ns.block_size)) >> 20,
-                    ns.store.describe()
-                ));
-            }
+        for l in self.listeners() {
+            out.push(format!("listener {} (TLS {})", l.address, l.tls));
+        }
+        for s in self.handle().subsystems() {
+            out.extend(s.describe());
         }
         out
     }
 
-    /// Starts serving: the listener becomes a poller on reactor 0, and connections are spread over all
+    /// Starts serving: the acceptor becomes a poller on reactor 0, and connections are spread over all
     /// reactors.
     pub fn start(self, reactors: &Reactors) -> Result<TargetHandle, Error> {
-        let handle = TargetHandle {
-            shared: Arc::clone(&self.shared),
-        };
-        let Target { shared, listener } = self;
+        let handle = self.handle();
+        let Target { shared, sockets } = self;
+        let seen = shared.listeners_gen.load(Ordering::Acquire);
         reactors
             .send(0, move |ctx| {
                 let id = Rc::new(Cell::new(None));
-                // Accepting is not latency-critical: polling the listener every iteration would cost one
-                // accept4() system call per poll of the busiest reactor, as much as the I/O sockets' reads.
+                // Accepting is not latency-critical: polling the listeners every iteration would cost one
+                // accept4() system call each per poll of the busiest reactor, as much as the I/O sockets' reads.
                 let pid = ctx.add_timed_poller(
                     LISTEN_POLL_PERIOD,
-                    ListenerPoller {
-                        listener,
+                    Acceptor {
+                        sockets,
                         shared,
+                        seen,
                         next: 0,
                         id: Rc::clone(&id),
                     },
@@ -676,7 +843,109 @@ impl Target {
     }
 }
 
-/// A running target.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A subsystem as [`TargetHandle::subsystems`] reports it: no key material, only which hosts have a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SubsystemInfo {
+    /// Its NQN.
+    pub nqn: String,
+    /// Serial number.
+    pub serial: String,
+    /// Model number.
+    pub model: String,
+    /// Who may connect.
+    pub hosts: HostAccess,
+    /// The hosts that have a TLS PSK for it.
+    pub hosts_with_keys: Vec<String>,
+    /// Its namespaces.
+    pub namespaces: Vec<NamespaceInfo>,
+    /// The listeners it is reachable on (`None`: all).
+    pub listeners: Option<Vec<SocketAddr>>,
+    /// I/O queues per controller.
+    pub max_io_queues: u16,
+    /// Entries per queue.
+    pub queue_entries: u16,
+    /// MDTS (a power of two of 4 KiB pages).
+    pub mdts: u8,
+    /// Controllers connected now.
+    pub controllers: usize,
+}
+
+impl SubsystemInfo {
+    fn describe(&self) -> Vec<String> {
+        let hosts = match &self.hosts {
+            HostAccess::AnyHost => "any host may connect".to_string(),
+            HostAccess::Only(h) if h.is_empty() => "no host may connect".to_string(),
+            HostAccess::Only(h) => format!("allowed hosts: {}", h.join(", ")),
+        };
+        let keys = if self.hosts_with_keys.is_empty() {
+            String::new()
+        } else {
+            format!("; TLS keys for {}", self.hosts_with_keys.join(", "))
+        };
+        let mut out = vec![format!(
+            "subsystem {} (serial {}, model {}); {hosts}{keys}",
+            self.nqn, self.serial, self.model
+        )];
+        for ns in &self.namespaces {
+            out.push(format!(
+                "  namespace {}: {} blocks of {} bytes ({} MiB) on {}",
+                ns.nsid,
+                ns.blocks,
+                ns.block_size,
+                (ns.blocks * u64::from(ns.block_size)) >> 20,
+                ns.backing
+            ));
+        }
+        out
+    }
+}
+
+/// A namespace as [`TargetHandle::subsystems`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NamespaceInfo {
+    /// Namespace ID.
+    pub nsid: u32,
+    /// Logical block size.
+    pub block_size: u32,
+    /// Number of blocks.
+    pub blocks: u64,
+    /// What backs it, in words.
+    pub backing: String,
+}
+
+fn info(s: &Subsystem) -> SubsystemInfo {
+    let (table, _) = s.ns_table();
+    SubsystemInfo {
+        nqn: s.nqn.clone(),
+        serial: s.serial.clone(),
+        model: s.model.clone(),
+        hosts: s.hosts(),
+        hosts_with_keys: s.key_hosts(),
+        namespaces: table
+            .iter()
+            .map(|ns| NamespaceInfo {
+                nsid: ns.nsid,
+                block_size: ns.block_size,
+                blocks: ns.blocks,
+                backing: ns.store.describe(),
+            })
+            .collect(),
+        listeners: s.listeners.clone(),
+        max_io_queues: s.limits.max_io_queues,
+        queue_entries: s.limits.queue_entries,
+        mdts: s.limits.mdts,
+        controllers: s.controller_count(),
+    }
+}
+
+/// A running target. Every method may be called from any thread while the reactors serve hosts; a change
+/// touches only what it names, so no host of another subsystem notices.
 #[derive(Clone)]
 pub struct TargetHandle {
     shared: Arc<TargetShared>,
@@ -684,16 +953,16 @@ pub struct TargetHandle {
 
 impl fmt::Debug for TargetHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TargetHandle")
-            .field("listen", &self.shared.listen)
-            .finish_non_exhaustive()
+        f.debug_struct("TargetHandle").finish_non_exhaustive()
     }
 }
 
 impl TargetHandle {
-    /// The address the target listens on.
+    /// The address of the first listener still open (the first configured one unless it was removed).
     pub fn local_addr(&self) -> SocketAddr {
-        self.shared.listen
+        let l = lock(&self.shared.listeners);
+        l.first()
+            .map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |l| l.addr)
     }
 
     /// The counters as they are now (sessions publish theirs when idle, so a busy one may lag a little).
@@ -712,56 +981,268 @@ impl TargetHandle {
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::Release);
     }
+
+    /// The listeners, in the order they were added.
+    pub fn listeners(&self) -> Vec<ListenerConfig> {
+        lock(&self.shared.listeners)
+            .iter()
+            .map(|l| ListenerConfig {
+                address: l.addr,
+                tls: l.tls,
+            })
+            .collect()
+    }
+
+    /// Opens a listener; returns the address it listens on (the real port if `cfg` said 0).
+    pub fn add_listener(&self, cfg: ListenerConfig) -> Result<SocketAddr, Error> {
+        if self.shared.stopping() {
+            return Err(Error::InvalidArgument("the target is stopping".into()));
+        }
+        let mut listeners = lock(&self.shared.listeners);
+        if cfg.address.port() != 0 && listeners.iter().any(|l| l.addr == cfg.address) {
+            return Err(Error::InvalidArgument(format!(
+                "listener {} exists already",
+                cfg.address
+            )));
+        }
+        let (listener, socket) = self.shared.bind_listener(cfg)?;
+        let addr = listener.addr;
+        listeners.push(Arc::clone(&listener));
+        lock(&self.shared.new_listeners).push((listener, socket));
+        self.shared.listeners_gen.fetch_add(1, Ordering::AcqRel);
+        self.shared.discovery_changed();
+        Ok(addr)
+    }
+
+    /// Closes the listener on `addr`. Connections made through it stay until their hosts end them.
+    pub fn remove_listener(&self, addr: SocketAddr) -> Result<(), Error> {
+        let mut listeners = lock(&self.shared.listeners);
+        let Some(i) = listeners.iter().position(|l| l.addr == addr) else {
+            return Err(Error::InvalidArgument(format!("no listener on {addr}")));
+        };
+        let l = listeners.remove(i);
+        l.removed.store(true, Ordering::Release);
+        self.shared.listeners_gen.fetch_add(1, Ordering::AcqRel);
+        self.shared.discovery_changed();
+        Ok(())
+    }
+
+    /// Every NVM subsystem, as it is now (no key material).
+    pub fn subsystems(&self) -> Vec<SubsystemInfo> {
+        self.shared
+            .subsystems()
+            .iter()
+            .filter(|s| s.kind == subsystem::Kind::Nvm)
+            .map(|s| info(s))
+            .collect()
+    }
+
+    /// Adds a subsystem (its namespaces are opened first; nothing changes if one fails).
+    pub fn add_subsystem(&self, cfg: &SubsystemConfig) -> Result<(), Error> {
+        let s = Arc::new(Subsystem::open(cfg, self.shared.limits.defaults)?);
+        let mut list = self
+            .shared
+            .registry
+            .subsystems
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        if list.iter().any(|t| t.nqn == cfg.nqn) {
+            return Err(Error::InvalidArgument(format!(
+                "subsystem {} exists already",
+                cfg.nqn
+            )));
+        }
+        list.push(s);
+        self.shared.discovery_changed();
+        Ok(())
+    }
+
+    /// Removes a subsystem: no host can connect to it any more, and its controllers are torn down. Their
+    /// queues complete what they hold (commands waiting for data or a flush, held AERs) with Command Aborted
+    /// due to SQ Deletion, then close.
+    pub fn remove_subsystem(&self, nqn: &str) -> Result<(), Error> {
+        let mut list = self
+            .shared
+            .registry
+            .subsystems
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let Some(i) = list
+            .iter()
+            .position(|s| s.nqn == nqn && s.kind == subsystem::Kind::Nvm)
+        else {
+            return Err(no_subsystem(nqn));
+        };
+        let s = list.remove(i);
+        drop(list);
+        s.remove();
+        self.shared.discovery_changed();
+        Ok(())
+    }
+
+    fn nvm_subsystem(&self, nqn: &str) -> Result<Arc<Subsystem>, Error> {
+        self.shared
+            .subsystem(nqn)
+            .filter(|s| s.kind == subsystem::Kind::Nvm)
+            .ok_or_else(|| no_subsystem(nqn))
+    }
+
+    /// Adds a namespace to subsystem `nqn`; returns its ID. Connected hosts get a Namespace Attribute Changed
+    /// event.
+    pub fn add_namespace(&self, nqn: &str, ns: &NamespaceConfig) -> Result<u32, Error> {
+        self.nvm_subsystem(nqn)?.add_namespace(ns)
+    }
+
+    /// Removes namespace `nsid` of subsystem `nqn`. Commands already running on it finish with it; later ones
+    /// get Invalid Namespace. Connected hosts get a Namespace Attribute Changed event.
+    pub fn remove_namespace(&self, nqn: &str, nsid: u32) -> Result<(), Error> {
+        self.nvm_subsystem(nqn)?.remove_namespace(nsid)
+    }
+
+    /// Lets `hostnqn` connect to subsystem `nqn` (a subsystem that allowed any host then allows only the
+    /// hosts added).
+    pub fn allow_host(&self, nqn: &str, hostnqn: &str) -> Result<(), Error> {
+        let s = self.nvm_subsystem(nqn)?;
+        let hosts = match s.hosts() {
+            HostAccess::AnyHost => HostAccess::Only(vec![hostnqn.to_string()]),
+            HostAccess::Only(mut h) => {
+                if h.iter().any(|x| x == hostnqn) {
+                    return Err(Error::InvalidArgument(format!(
+                        "host {hostnqn} is allowed on {nqn} already"
+                    )));
+                }
+                h.push(hostnqn.to_string());
+                HostAccess::Only(h)
+            }
+        };
+        s.set_hosts(hosts)?;
+        self.shared.discovery_changed();
+        Ok(())
+    }
+
+    /// No longer lets `hostnqn` connect to subsystem `nqn` (its connected controllers stay).
+    pub fn disallow_host(&self, nqn: &str, hostnqn: &str) -> Result<(), Error> {
+        let s = self.nvm_subsystem(nqn)?;
+        match s.hosts() {
+            HostAccess::Only(mut h) if h.iter().any(|x| x == hostnqn) => {
+                h.retain(|x| x != hostnqn);
+                s.set_hosts(HostAccess::Only(h))?;
+                self.shared.discovery_changed();
+                Ok(())
+            }
+            _ => Err(Error::InvalidArgument(format!(
+                "host {hostnqn} is not among the allowed hosts of {nqn}"
+            ))),
+        }
+    }
+
+    /// Lets any host connect to subsystem `nqn` (`true`), or only the hosts listed so far (`false`).
+    pub fn set_allow_any_host(&self, nqn: &str, any: bool) -> Result<(), Error> {
+        let s = self.nvm_subsystem(nqn)?;
+        match (s.hosts(), any) {
+            (HostAccess::AnyHost, true) | (HostAccess::Only(_), false) => return Ok(()),
+            (HostAccess::Only(_), true) => s.set_hosts(HostAccess::AnyHost)?,
+            (HostAccess::AnyHost, false) => s.set_hosts(HostAccess::Only(Vec::new()))?,
+        }
+        self.shared.discovery_changed();
+        Ok(())
+    }
+
+    /// Sets (or replaces) a host's TLS PSK for subsystem `nqn`. New handshakes use it at once.
+    pub fn set_host_key(&self, nqn: &str, key: HostKey) -> Result<(), Error> {
+        self.nvm_subsystem(nqn)?.set_key(key)
+    }
+
+    /// Removes a host's TLS PSK for subsystem `nqn` (sessions already made stay).
+    pub fn remove_host_key(&self, nqn: &str, hostnqn: &str) -> Result<(), Error> {
+        if self.nvm_subsystem(nqn)?.remove_key(hostnqn) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "host {hostnqn} has no key for {nqn}"
+            )))
+        }
+    }
 }
 
-/// Accepts connections and hands each to a reactor, round robin.
-struct ListenerPoller {
-    listener: TcpListener,
+fn no_subsystem(nqn: &str) -> Error {
+    Error::InvalidArgument(format!("no subsystem {nqn}"))
+}
+
+/// Accepts connections on every listener and hands each to a reactor, round robin.
+struct Acceptor {
+    sockets: Vec<(Arc<Listener>, TcpListener)>,
     shared: Arc<TargetShared>,
+    /// The listener generation the sockets reflect.
+    seen: u64,
     next: usize,
     id: Rc<Cell<Option<PollerId>>>,
 }
 
-/// How often the listener looks for new connections.
+/// How often the listeners are looked at for new connections.
 const LISTEN_POLL_PERIOD: Duration = Duration::from_millis(1);
 
-/// Connections accepted per poll at most, so that a connect storm does not starve the other pollers.
+/// Connections accepted per listener and poll at most, so that a connect storm does not starve the other
+/// pollers.
 const ACCEPT_BATCH: usize = 16;
 
-impl Poller for ListenerPoller {
+impl Acceptor {
+    fn sync_listeners(&mut self) {
+        let generation = self.shared.listeners_gen.load(Ordering::Acquire);
+        if generation == self.seen {
+            return;
+        }
+        self.seen = generation;
+        self.sockets
+            .extend(lock(&self.shared.new_listeners).drain(..));
+        // Dropping a socket closes it: the port is free again.
+        self.sockets
+            .retain(|(l, _)| !l.removed.load(Ordering::Acquire));
+    }
+}
+
+impl Poller for Acceptor {
     fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus {
         if self.shared.stopping() {
+            self.sockets.clear();
             if let Some(id) = self.id.take() {
                 ctx.remove_poller(id);
             }
             return PollStatus::Idle;
         }
+        self.sync_listeners();
         let mut status = PollStatus::Idle;
-        for _ in 0..ACCEPT_BATCH {
-            let stream = match self.listener.accept() {
-                Ok((stream, _)) => stream,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e)
-                    if e.kind() == ErrorKind::Interrupted
-                        || e.kind() == ErrorKind::ConnectionAborted =>
+        for (listener, socket) in &self.sockets {
+            for _ in 0..ACCEPT_BATCH {
+                let stream = match socket.accept() {
+                    Ok((stream, _)) => stream,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e)
+                        if e.kind() == ErrorKind::Interrupted
+                            || e.kind() == ErrorKind::ConnectionAborted =>
+                    {
+                        continue
+                    }
+                    // Out of file descriptors and the like: try again on a later poll.
+                    Err(_) => break,
+                };
+                status = PollStatus::Busy;
+                self.shared.stats.accepted.fetch_add(1, Ordering::Relaxed);
+                let reactor = self.next % ctx.reactor_count();
+                self.next = self.next.wrapping_add(1);
+                let shared = Arc::clone(&self.shared);
+                let listener = Arc::clone(listener);
+                if ctx
+                    .send(reactor, move |ctx| {
+                        start_session(ctx, stream, shared, listener)
+                    })
+                    .is_err()
                 {
-                    continue
+                    // The reactor's ring is full or it stopped: the connection is closed (dropped with the
+                    // message).
+                    self.shared.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                    self.shared.stats.closed.fetch_add(1, Ordering::Relaxed);
                 }
-                // Out of file descriptors and the like: try again on a later poll.
-                Err(_) => break,
-            };
-            status = PollStatus::Busy;
-            self.shared.stats.accepted.fetch_add(1, Ordering::Relaxed);
-            let reactor = self.next % ctx.reactor_count();
-            self.next = self.next.wrapping_add(1);
-            let shared = Arc::clone(&self.shared);
-            if ctx
-                .send(reactor, move |ctx| start_session(ctx, stream, shared))
-                .is_err()
-            {
-                // The reactor's ring is full or it stopped: the connection is closed (dropped with the message).
-                self.shared.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                self.shared.stats.closed.fetch_add(1, Ordering::Relaxed);
             }
         }
         status
@@ -769,9 +1250,14 @@ impl Poller for ListenerPoller {
 }
 
 /// Runs on the reactor that will own the connection: the session starts in that reactor's setup poller.
-fn start_session(ctx: &mut ReactorContext, stream: std::net::TcpStream, shared: Arc<TargetShared>) {
+fn start_session(
+    ctx: &mut ReactorContext,
+    stream: std::net::TcpStream,
+    shared: Arc<TargetShared>,
+    listener: Arc<Listener>,
+) {
     let peer = stream.peer_addr();
-    match Session::new(stream, Arc::clone(&shared)) {
+    match Session::new(stream, Arc::clone(&shared), listener) {
         Ok(session) => {
             shared.emit(&TargetEvent::Accepted {
                 peer: session.peer(),

@@ -28,8 +28,8 @@ use super::admin::{self, AdminState};
 use super::controller::Controller;
 use super::io;
 use super::store::{FlushStatus, FlushTicket};
-use super::subsystem::{Namespace, Subsystem};
-use super::{TargetEvent, TargetShared};
+use super::subsystem::{Namespace, NsTable, Subsystem};
+use super::{Listener, TargetEvent, TargetShared, TlsMode};
 use crate::conn::Conn;
 use crate::pdu::{self, Decoded, Digests, Fes, Pdu, PduError};
 use crate::Error;
@@ -107,6 +107,9 @@ pub(crate) struct Queue {
     pub ctrl: Arc<Controller>,
     /// The registers and features, on the admin queue only.
     pub admin: Option<AdminState>,
+    /// The subsystem's namespaces as this queue sees them, refreshed when the subsystem's generation moves.
+    ns: Arc<NsTable>,
+    ns_gen: u64,
 }
 
 impl Queue {
@@ -119,6 +122,7 @@ impl Queue {
     ) -> Queue {
         let admin = (qid == 0).then(|| AdminState::new(subsys.kind));
         let sqflow_disabled = cattr & fabrics::CATTR_DISABLE_SQFLOW != 0;
+        let (ns, ns_gen) = subsys.ns_table();
         Queue {
             qid,
             sqsize,
@@ -127,7 +131,31 @@ impl Queue {
             subsys,
             ctrl,
             admin,
+            ns,
+            ns_gen,
         }
+    }
+
+    /// The active namespace `nsid` (no lock: the queue's copy of the table).
+    pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
+        self.ns.get(nsid)
+    }
+
+    /// Every active namespace.
+    pub fn namespaces(&self) -> impl Iterator<Item = &Arc<Namespace>> {
+        self.ns.iter()
+    }
+
+    /// Takes the subsystem's namespace table if it changed (one atomic load when it did not).
+    fn refresh_namespaces(&mut self) {
+        if self.subsys.ns_gen() != self.ns_gen {
+            (self.ns, self.ns_gen) = self.subsys.ns_table();
+        }
+    }
+
+    /// The largest transfer of one command.
+    pub fn max_transfer(&self) -> u32 {
+        self.subsys.limits.max_transfer()
     }
 
     /// Most commands outstanding at once.
@@ -142,6 +170,8 @@ pub(crate) struct Ctx<'a> {
     pub queue: &'a mut Queue,
     /// The local address the host reached us on (for the discovery log).
     pub local: SocketAddr,
+    /// The listener the host came through.
+    pub listener: &'a Listener,
     /// Bytes the command's data pointer describes.
     pub xfer_len: u32,
     /// Number of Asynchronous Event Requests held on this queue.
@@ -270,6 +300,7 @@ pub(crate) struct Session {
     peer: SocketAddr,
     local: SocketAddr,
     target: Arc<TargetShared>,
+    listener: Arc<Listener>,
     phase: Phase,
     digests: Digests,
     hpda: u8,
@@ -304,7 +335,11 @@ const SETUP_RX_BUFFER: usize = 8192;
 
 impl Session {
     /// Wraps an accepted connection.
-    pub fn new(stream: TcpStream, target: Arc<TargetShared>) -> Result<Session, Error> {
+    pub fn new(
+        stream: TcpStream,
+        target: Arc<TargetShared>,
+        listener: Arc<Listener>,
+    ) -> Result<Session, Error> {
         let peer = stream
             .peer_addr()
             .map_err(|e| Error::io("peer address", e))?;
@@ -327,11 +362,12 @@ impl Session {
             conn,
             peer,
             local,
-            phase: if target.tls.is_some() {
-                Phase::Detect
-            } else {
+            phase: if listener.tls == TlsMode::Off {
                 Phase::IcReq
+            } else {
+                Phase::Detect
             },
+            listener,
             tls_hs: None,
             tls_inb: Vec::new(),
             digests: Digests::NONE,
@@ -381,8 +417,16 @@ impl Session {
         }
         let now_ms = self.target.now_ms();
         if let Some(why) = self.check_timers(now_ms) {
+            // What the queue still holds gets an answer before the connection goes.
+            self.abort_outstanding();
             self.close(None, why);
             return Progress::Busy;
+        }
+        if let Some(q) = &mut self.queue {
+            q.refresh_namespaces();
+            if q.qid == 0 && q.ctrl.ns_notice_pending() {
+                self.deliver_ns_notice();
+            }
         }
         self.policy.set_mode(self.target.send_mode());
         match self.phase {
@@ -432,19 +476,16 @@ impl Session {
     /// Before ICReq on a TLS-enabled target: tells TLS from plain TCP by the first byte, then runs the
     /// handshake one non-blocking step per poll. The connect deadline bounds both.
     fn poll_tls(&mut self) -> Progress {
-        let tls = self
-            .target
-            .tls
-            .as_ref()
-            .expect("TLS phases only with TLS configured");
         if self.phase == Phase::Detect {
             match self.conn.peek_first_byte() {
                 Ok(None) => return Progress::Idle,
                 Ok(Some(0x16)) => {
-                    self.tls_hs = Some(crate::tls::Handshake::server(tls.server.clone()));
+                    self.tls_hs = Some(crate::tls::Handshake::server(
+                        self.target.tls_server.clone(),
+                    ));
                     self.phase = Phase::Tls;
                 }
-                Ok(Some(_)) if tls.required => {
+                Ok(Some(_)) if self.listener.tls == TlsMode::Required => {
                     self.close(None, "TLS is required and the host sent plaintext".into());
                     return Progress::Busy;
                 }
@@ -499,6 +540,9 @@ impl Session {
                 )
             });
         };
+        if q.subsys.is_removed() {
+            return Some(format!("subsystem {} was removed", q.subsys.nqn));
+        }
         if q.qid == 0 {
             if q.ctrl.keep_alive_expired(now_ms) {
                 self.target.emit(&TargetEvent::KeepAliveExpired {
@@ -749,7 +793,13 @@ impl Session {
         }
         if self.phase == Phase::Connect {
             let data = &self.conn.rx_data()[data];
-            let outcome = admin::connect(&self.target, &sqe, data, self.tls_identity());
+            let outcome = admin::connect(
+                &self.target,
+                &self.listener,
+                &sqe,
+                data,
+                self.tls_identity(),
+            );
             return self.finish_connect(sqe.cid, outcome);
         }
         let reply = {
@@ -760,13 +810,7 @@ impl Session {
                 .expect("a connected session has a queue");
             if queue.qid != 0 && sqe.opcode == io_op::WRITE && !data.is_empty() {
                 // An in-capsule write goes straight to the namespace.
-                io::write_in_capsule(
-                    queue,
-                    &sqe,
-                    data,
-                    self.target.limits.max_transfer(),
-                    &mut self.stats,
-                )
+                io::write_in_capsule(queue, &sqe, data, &mut self.stats)
             } else {
                 let held_aers = if queue.qid == 0 {
                     held_aers(&self.slots)
@@ -777,6 +821,7 @@ impl Session {
                     target: &self.target,
                     queue,
                     local: self.local,
+                    listener: &self.listener,
                     xfer_len,
                     held_aers,
                 };
@@ -790,7 +835,7 @@ impl Session {
     fn solicit(&mut self, sqe: Sqe, len: u32) -> Result<(), Fatal> {
         let sink = match &self.queue {
             Some(q) if q.qid != 0 && sqe.opcode == io_op::WRITE => {
-                match io::prepare_write(q, &sqe, len, self.target.limits.max_transfer()) {
+                match io::prepare_write(q, &sqe, len) {
                     Ok((ns, off)) => Sink::Namespace {
                         ns,
                         off,
@@ -962,7 +1007,13 @@ impl Session {
             }
             Sink::Buffer(buf) => {
                 if self.phase == Phase::Connect {
-                    let outcome = admin::connect(&self.target, &sqe, &buf, self.tls_identity());
+                    let outcome = admin::connect(
+                        &self.target,
+                        &self.listener,
+                        &sqe,
+                        &buf,
+                        self.tls_identity(),
+                    );
                     return self.finish_connect(sqe.cid, outcome);
                 }
                 let queue = self
@@ -975,6 +1026,7 @@ impl Session {
                     target: &self.target,
                     queue,
                     local: self.local,
+                    listener: &self.listener,
                     xfer_len,
                     held_aers,
                 };
@@ -1033,7 +1085,11 @@ impl Session {
             Reply::Complete { status, dw0, dw1 } => self.complete(sqe.cid, status, dw0, dw1),
             Reply::Data(mut data) => {
                 let len = sqe.sgl().length;
-                if len > self.target.limits.max_transfer() {
+                let max = self
+                    .queue
+                    .as_ref()
+                    .map_or(MAX_ADMIN_DATA, Queue::max_transfer);
+                if len > max {
                     return self.complete(
                         sqe.cid,
                         Status::DATA_SGL_LENGTH_INVALID.with_dnr(),
@@ -1165,6 +1221,57 @@ impl Session {
         self.slots[i].state = SlotState::Free;
         self.busy_slots -= 1;
         self.stats.aers_retired += 1;
+    }
+
+    /// A Namespace Attribute Changed notice waits: a held AER carries it, if the host enabled such notices
+    /// (otherwise it is dropped; the Changed Namespace List still has the IDs).
+    fn deliver_ns_notice(&mut self) {
+        let Some(q) = &self.queue else { return };
+        let enabled = q
+            .admin
+            .as_ref()
+            .is_some_and(|a| a.async_event_config() & admin::AEC_NS_ATTRIBUTE != 0);
+        if enabled {
+            let Some(i) = self
+                .slots
+                .iter()
+                .position(|s| matches!(s.state, SlotState::Held))
+            else {
+                // The notice waits for the next AER.
+                return;
+            };
+            if q.ctrl.take_ns_notice() {
+                let cid = self.slots[i].cid;
+                self.slots[i].state = SlotState::Free;
+                self.busy_slots -= 1;
+                let _ = self.complete(cid, Status::SUCCESS, admin::NS_ATTRIBUTE_CHANGED_EVENT, 0);
+            }
+        } else {
+            q.ctrl.take_ns_notice();
+        }
+    }
+
+    /// Completes every command the queue still holds (waiting for data or a flush, or a held AER) with Command
+    /// Aborted due to SQ Deletion: the connection is about to close on the target's account, and the host must
+    /// hear what became of each command rather than guess.
+    fn abort_outstanding(&mut self) {
+        if self.busy_slots == 0 || self.phase != Phase::Ready {
+            return;
+        }
+        let cids: Vec<u16> = self
+            .slots
+            .iter_mut()
+            .filter(|s| !matches!(s.state, SlotState::Free))
+            .map(|s| {
+                s.state = SlotState::Free;
+                s.cid
+            })
+            .collect();
+        self.busy_slots = 0;
+        self.flushing = 0;
+        for cid in cids {
+            let _ = self.complete(cid, Status::ABORTED_SQ_DELETION, 0, 0);
+        }
     }
 
     /// Puts a command in a free slot (its index is the R2T transfer tag).
@@ -1311,7 +1418,7 @@ fn dispatch(ctx: &mut Ctx<'_>, sqe: &Sqe, data: &[u8]) -> Reply {
     if ctx.queue.qid == 0 {
         admin::execute(ctx, sqe, data)
     } else {
-        io::execute(ctx.queue, sqe, ctx.target.limits.max_transfer())
+        io::execute(ctx.queue, sqe)
     }
 }
 

@@ -2,11 +2,14 @@
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use super::controller::Controller;
 use super::store::Store;
+use crate::tls::ConfiguredKey;
 use crate::Error;
 
 /// The NQN of the well-known discovery subsystem, which every target serves.
@@ -47,6 +50,75 @@ pub struct NamespaceConfig {
     pub backing: Backing,
     /// Logical block size: 512 or 4096.
     pub block_size: u32,
+    /// Its namespace ID; `None` takes the lowest free one.
+    pub nsid: Option<u32>,
+}
+
+/// The highest namespace ID a subsystem hands out (Identify Controller NN).
+pub const MAX_NAMESPACES: u32 = 1024;
+
+/// A host's TLS PSK, for one subsystem (or, in [`super::TargetTls`], for every subsystem).
+#[derive(Clone, PartialEq, Eq)]
+pub struct HostKey {
+    /// The host it belongs to.
+    pub hostnqn: String,
+    /// The configured PSK (`NVMeTLSkey-1:...`); its Debug form shows no key material.
+    pub key: ConfiguredKey,
+}
+
+impl std::fmt::Debug for HostKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostKey({}, <redacted>)", self.hostnqn)
+    }
+}
+
+/// Limits of one subsystem's controllers; `None` takes the target's default ([`super::TargetConfig`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SubsystemLimits {
+    /// I/O queues per controller (Set Features Number of Queues grants this many).
+    pub max_io_queues: Option<u16>,
+    /// Entries per queue (CAP.MQES + 1): the deepest queue a host may connect.
+    pub queue_entries: Option<u16>,
+    /// Maximum Data Transfer Size, as a power of two of 4 KiB pages (1 to 10).
+    pub mdts: Option<u8>,
+}
+
+/// The limits of a subsystem once the target's defaults filled the gaps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Limits {
+    pub max_io_queues: u16,
+    pub queue_entries: u16,
+    pub mdts: u8,
+}
+
+impl Limits {
+    /// The largest transfer of one command in bytes (MDTS in 4 KiB pages).
+    pub fn max_transfer(&self) -> u32 {
+        4096 << self.mdts
+    }
+
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        let bad = |what: String| Err(Error::InvalidArgument(what));
+        if !(1..=10).contains(&self.mdts) {
+            return bad(format!(
+                "MDTS {}: must be 1 (8 KiB) to 10 (4 MiB)",
+                self.mdts
+            ));
+        }
+        if !(2..=1024).contains(&self.queue_entries) {
+            return bad(format!(
+                "queue size {}: must be 2 to 1024 entries",
+                self.queue_entries
+            ));
+        }
+        if !(1..=1024).contains(&self.max_io_queues) {
+            return bad(format!(
+                "I/O queues {}: must be 1 to 1024",
+                self.max_io_queues
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Which hosts may connect to a subsystem (by the Host NQN of Fabrics Connect; with TLS, the host the TLS
@@ -83,6 +155,12 @@ pub struct SubsystemConfig {
     pub namespaces: Vec<NamespaceConfig>,
     /// Which hosts may connect (default: any host).
     pub hosts: HostAccess,
+    /// TLS PSKs of hosts, for this subsystem (a host may present the v0 or v1 identity derived from its key).
+    pub host_keys: Vec<HostKey>,
+    /// Limits of its controllers.
+    pub limits: SubsystemLimits,
+    /// The listeners (by address) it is reachable on; `None`: every listener of the target.
+    pub listeners: Option<Vec<SocketAddr>>,
 }
 
 impl SubsystemConfig {
@@ -96,7 +174,19 @@ impl SubsystemConfig {
             model: "nvpoll".to_string(),
             namespaces: Vec::new(),
             hosts: HostAccess::AnyHost,
+            host_keys: Vec::new(),
+            limits: SubsystemLimits::default(),
+            listeners: None,
         }
+    }
+
+    /// Gives `hostnqn` a TLS PSK for this subsystem.
+    pub fn host_key(mut self, hostnqn: impl Into<String>, key: ConfiguredKey) -> SubsystemConfig {
+        self.host_keys.push(HostKey {
+            hostnqn: hostnqn.into(),
+            key,
+        });
+        self
     }
 
     /// Lets `hostnqn` connect; the first call turns "any host" into "only the hosts allowed so far".
@@ -113,6 +203,7 @@ impl SubsystemConfig {
         self.namespaces.push(NamespaceConfig {
             backing,
             block_size,
+            nsid: None,
         });
         self
     }
@@ -216,6 +307,57 @@ pub(crate) enum Kind {
     Discovery,
 }
 
+/// The active namespaces of a subsystem at one moment, indexed by `nsid - 1`. Queues keep a copy (an `Arc`)
+/// and look it up without a lock; a change installs a new table and moves the subsystem's generation.
+#[derive(Debug, Default)]
+pub(crate) struct NsTable {
+    slots: Vec<Option<Arc<Namespace>>>,
+}
+
+impl NsTable {
+    /// The active namespace `nsid`.
+    pub fn get(&self, nsid: u32) -> Option<&Arc<Namespace>> {
+        let index = nsid.checked_sub(1)? as usize;
+        self.slots.get(index)?.as_ref()
+    }
+
+    /// Every active namespace, by ascending ID.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Namespace>> {
+        self.slots.iter().flatten()
+    }
+
+    /// The number of active namespaces.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.iter().count()
+    }
+
+    fn with(&self, ns: Arc<Namespace>) -> NsTable {
+        let mut slots = self.slots.clone();
+        let index = ns.nsid as usize - 1;
+        if slots.len() <= index {
+            slots.resize(index + 1, None);
+        }
+        slots[index] = Some(ns);
+        NsTable { slots }
+    }
+
+    fn without(&self, nsid: u32) -> NsTable {
+        let mut slots = self.slots.clone();
+        if let Some(s) = slots.get_mut(nsid as usize - 1) {
+            *s = None;
+        }
+        while matches!(slots.last(), Some(None)) {
+            slots.pop();
+        }
+        NsTable { slots }
+    }
+
+    fn lowest_free(&self) -> Option<u32> {
+        (1..=MAX_NAMESPACES).find(|&id| self.get(id).is_none())
+    }
+}
+
 /// A subsystem as the target runs it.
 #[derive(Debug)]
 pub(crate) struct Subsystem {
@@ -223,8 +365,16 @@ pub(crate) struct Subsystem {
     pub nqn: String,
     pub serial: String,
     pub model: String,
-    pub namespaces: Vec<Arc<Namespace>>,
-    pub hosts: HostAccess,
+    pub limits: Limits,
+    /// The listeners it is reachable on (`None`: all).
+    pub listeners: Option<Vec<SocketAddr>>,
+    namespaces: Mutex<Arc<NsTable>>,
+    /// Moves whenever the namespaces change; queues compare it with their copy's once per poll.
+    ns_gen: AtomicU64,
+    hosts: RwLock<HostAccess>,
+    keys: RwLock<Vec<HostKey>>,
+    /// Removed from the target: no Connect finds it, and its controllers are torn down.
+    removed: AtomicBool,
     controllers: Mutex<Controllers>,
 }
 
@@ -237,8 +387,12 @@ struct Controllers {
 /// The highest controller ID the dynamic controller model hands out (0xFFF0 and up are reserved).
 const MAX_CNTLID: u16 = 0xffef;
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Subsystem {
-    pub fn open(cfg: &SubsystemConfig) -> Result<Subsystem, Error> {
+    pub fn open(cfg: &SubsystemConfig, defaults: Limits) -> Result<Subsystem, Error> {
         check_nqn(&cfg.nqn)?;
         if cfg.nqn == DISCOVERY_NQN {
             return Err(Error::InvalidArgument(format!(
@@ -247,44 +401,50 @@ impl Subsystem {
         }
         check_ascii("serial number", &cfg.serial, 20)?;
         check_ascii("model number", &cfg.model, 40)?;
-        let mut namespaces = Vec::with_capacity(cfg.namespaces.len());
-        for (i, ns) in cfg.namespaces.iter().enumerate() {
-            namespaces.push(Arc::new(Namespace::open(&cfg.nqn, i as u32 + 1, ns)?));
-        }
+        let limits = Limits {
+            max_io_queues: cfg.limits.max_io_queues.unwrap_or(defaults.max_io_queues),
+            queue_entries: cfg.limits.queue_entries.unwrap_or(defaults.queue_entries),
+            mdts: cfg.limits.mdts.unwrap_or(defaults.mdts),
+        };
+        limits
+            .check()
+            .map_err(|e| Error::InvalidArgument(format!("subsystem {}: {e}", cfg.nqn)))?;
         if let HostAccess::Only(hosts) = &cfg.hosts {
             for h in hosts {
                 check_nqn(h)?;
             }
+        }
+        for k in &cfg.host_keys {
+            check_nqn(&k.hostnqn)?;
         }
         let mut s = Subsystem::new(
             Kind::Nvm,
             cfg.nqn.clone(),
             cfg.serial.clone(),
             cfg.model.clone(),
-            namespaces,
+            limits,
         );
-        s.hosts = cfg.hosts.clone();
+        s.listeners.clone_from(&cfg.listeners);
+        *s.hosts.get_mut().unwrap_or_else(|e| e.into_inner()) = cfg.hosts.clone();
+        *s.keys.get_mut().unwrap_or_else(|e| e.into_inner()) = cfg.host_keys.clone();
+        for ns in &cfg.namespaces {
+            s.add_namespace(ns)?;
+        }
         Ok(s)
     }
 
-    pub fn discovery() -> Subsystem {
+    pub fn discovery(defaults: Limits) -> Subsystem {
         let serial = format!("nvpoll{:08x}", crc32c::crc32c(DISCOVERY_NQN.as_bytes()));
         Subsystem::new(
             Kind::Discovery,
             DISCOVERY_NQN.to_string(),
             serial,
             "nvpoll".to_string(),
-            Vec::new(),
+            defaults,
         )
     }
 
-    fn new(
-        kind: Kind,
-        nqn: String,
-        serial: String,
-        model: String,
-        namespaces: Vec<Arc<Namespace>>,
-    ) -> Subsystem {
+    fn new(kind: Kind, nqn: String, serial: String, model: String, limits: Limits) -> Subsystem {
         let controllers = Mutex::new(Controllers {
             next_cntlid: 1,
             live: HashMap::new(),
@@ -294,26 +454,183 @@ impl Subsystem {
             nqn,
             serial,
             model,
-            namespaces,
-            hosts: HostAccess::AnyHost,
+            limits,
+            listeners: None,
+            namespaces: Mutex::new(Arc::new(NsTable::default())),
+            ns_gen: AtomicU64::new(0),
+            hosts: RwLock::new(HostAccess::AnyHost),
+            keys: RwLock::new(Vec::new()),
+            removed: AtomicBool::new(false),
             controllers,
         }
     }
 
-    /// The active namespace `nsid`.
-    pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
-        let index = nsid.checked_sub(1)? as usize;
-        self.namespaces.get(index)
+    /// The namespaces as they are now, and the generation they belong to.
+    pub fn ns_table(&self) -> (Arc<NsTable>, u64) {
+        let t = lock(&self.namespaces);
+        (Arc::clone(&t), self.ns_gen.load(Ordering::Acquire))
     }
 
-    /// The highest namespace ID (Identify Controller NN).
-    pub fn max_nsid(&self) -> u32 {
-        self.namespaces.len() as u32
+    /// The generation of the namespace table (cheap: queues read it once per poll).
+    pub fn ns_gen(&self) -> u64 {
+        self.ns_gen.load(Ordering::Acquire)
+    }
+
+    /// Opens a namespace and makes it active; returns its ID. Every controller hears of it (Namespace
+    /// Attribute Changed).
+    pub fn add_namespace(&self, cfg: &NamespaceConfig) -> Result<u32, Error> {
+        if self.kind == Kind::Discovery {
+            return Err(Error::InvalidArgument(
+                "the discovery subsystem has no namespaces".into(),
+            ));
+        }
+        let nsid = {
+            let t = lock(&self.namespaces);
+            match cfg.nsid {
+                Some(id) if id == 0 || id > MAX_NAMESPACES => {
+                    return Err(Error::InvalidArgument(format!(
+                        "namespace ID {id}: must be 1 to {MAX_NAMESPACES}"
+                    )))
+                }
+                Some(id) if t.get(id).is_some() => {
+                    return Err(Error::InvalidArgument(format!(
+                        "namespace {id} of {} exists already",
+                        self.nqn
+                    )))
+                }
+                Some(id) => id,
+                None => t.lowest_free().ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "{} has {MAX_NAMESPACES} namespaces already",
+                        self.nqn
+                    ))
+                })?,
+            }
+        };
+        // Opening a file may take a while: not under the lock.
+        let ns = Arc::new(Namespace::open(&self.nqn, nsid, cfg)?);
+        {
+            let mut t = lock(&self.namespaces);
+            if t.get(nsid).is_some() {
+                return Err(Error::InvalidArgument(format!(
+                    "namespace {nsid} of {} exists already",
+                    self.nqn
+                )));
+            }
+            *t = Arc::new(t.with(ns));
+            self.ns_gen.fetch_add(1, Ordering::AcqRel);
+        }
+        self.namespace_changed(nsid);
+        Ok(nsid)
+    }
+
+    /// Deactivates namespace `nsid`. Commands already running on it (data still arriving, a flush) finish
+    /// with it; new ones get Invalid Namespace. Every controller hears of it.
+    pub fn remove_namespace(&self, nsid: u32) -> Result<(), Error> {
+        {
+            let mut t = lock(&self.namespaces);
+            if t.get(nsid).is_none() {
+                return Err(Error::InvalidArgument(format!(
+                    "{} has no namespace {nsid}",
+                    self.nqn
+                )));
+            }
+            *t = Arc::new(t.without(nsid));
+            self.ns_gen.fetch_add(1, Ordering::AcqRel);
+        }
+        self.namespace_changed(nsid);
+        Ok(())
+    }
+
+    fn namespace_changed(&self, nsid: u32) {
+        for c in lock(&self.controllers).live.values() {
+            c.namespace_changed(nsid);
+        }
+    }
+
+    /// Which hosts may connect.
+    pub fn hosts(&self) -> HostAccess {
+        self.hosts.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Whether `hostnqn` may connect.
+    pub fn allows(&self, hostnqn: &str) -> bool {
+        self.hosts
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .allows(hostnqn)
+    }
+
+    /// Replaces who may connect (hosts already connected stay).
+    pub fn set_hosts(&self, hosts: HostAccess) -> Result<(), Error> {
+        if let HostAccess::Only(list) = &hosts {
+            for h in list {
+                check_nqn(h)?;
+            }
+        }
+        *self.hosts.write().unwrap_or_else(|e| e.into_inner()) = hosts;
+        Ok(())
+    }
+
+    /// The hosts that have a TLS PSK for this subsystem.
+    pub fn key_hosts(&self) -> Vec<String> {
+        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        keys.iter().map(|k| k.hostnqn.clone()).collect()
+    }
+
+    /// The PSKs configured for `hostnqn`.
+    pub fn keys_of(&self, hostnqn: &str) -> Vec<ConfiguredKey> {
+        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        keys.iter()
+            .filter(|k| k.hostnqn == hostnqn)
+            .map(|k| k.key.clone())
+            .collect()
+    }
+
+    /// Sets (or replaces) `hostnqn`'s PSK.
+    pub fn set_key(&self, key: HostKey) -> Result<(), Error> {
+        check_nqn(&key.hostnqn)?;
+        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        keys.retain(|k| k.hostnqn != key.hostnqn);
+        keys.push(key);
+        Ok(())
+    }
+
+    /// Removes `hostnqn`'s PSK; `false` if it had none. Connections already made stay.
+    pub fn remove_key(&self, hostnqn: &str) -> bool {
+        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        let before = keys.len();
+        keys.retain(|k| k.hostnqn != hostnqn);
+        keys.len() != before
+    }
+
+    /// Whether hosts may reach it on the listener at `addr`.
+    pub fn exported_on(&self, addr: SocketAddr) -> bool {
+        self.listeners.as_ref().is_none_or(|l| l.contains(&addr))
+    }
+
+    /// Whether it was removed from the target.
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Acquire)
+    }
+
+    /// Takes it out of service: every controller is torn down (their queues complete what they hold with an
+    /// abort status and close).
+    pub fn remove(&self) {
+        self.removed.store(true, Ordering::Release);
+        for c in lock(&self.controllers).live.values() {
+            c.kill();
+        }
+    }
+
+    /// The number of live controllers.
+    pub fn controller_count(&self) -> usize {
+        lock(&self.controllers).live.len()
     }
 
     /// Registers a new controller under a fresh controller ID; `None` if all IDs are taken.
     pub fn add_controller(&self, make: impl FnOnce(u16) -> Controller) -> Option<Arc<Controller>> {
-        let mut c = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = lock(&self.controllers);
         for _ in 0..MAX_CNTLID {
             let id = c.next_cntlid;
             c.next_cntlid = if id >= MAX_CNTLID { 1 } else { id + 1 };
@@ -328,21 +645,12 @@ impl Subsystem {
 
     /// The live controller `cntlid`.
     pub fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
-        self.controllers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .live
-            .get(&cntlid)
-            .cloned()
+        lock(&self.controllers).live.get(&cntlid).cloned()
     }
 
     /// Forgets controller `cntlid` (its ID may be handed out again).
     pub fn remove_controller(&self, cntlid: u16) {
-        self.controllers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .live
-            .remove(&cntlid);
+        lock(&self.controllers).live.remove(&cntlid);
     }
 }
 
@@ -368,6 +676,37 @@ fn check_ascii(what: &str, s: &str, max: usize) -> Result<(), Error> {
 mod tests {
     use super::*;
 
+    const LIMITS: Limits = Limits {
+        max_io_queues: 4,
+        queue_entries: 128,
+        mdts: 8,
+    };
+
+    #[test]
+    fn namespaces_come_and_go_with_the_generation() {
+        let cfg = SubsystemConfig::new("nqn.x").namespace(Backing::Ram(1 << 20), 512);
+        let s = Subsystem::open(&cfg, LIMITS).unwrap();
+        let (t, g) = s.ns_table();
+        assert_eq!(t.len(), 1);
+        let ns = NamespaceConfig {
+            backing: Backing::Ram(1 << 20),
+            block_size: 512,
+            nsid: Some(5),
+        };
+        assert_eq!(s.add_namespace(&ns).unwrap(), 5);
+        assert!(s.add_namespace(&ns).is_err());
+        assert!(s.ns_gen() > g);
+        let free = NamespaceConfig { nsid: None, ..ns };
+        assert_eq!(s.add_namespace(&free).unwrap(), 2);
+        s.remove_namespace(1).unwrap();
+        assert!(s.remove_namespace(1).is_err());
+        let (t, _) = s.ns_table();
+        assert_eq!(t.iter().map(|n| n.nsid).collect::<Vec<_>>(), vec![2, 5]);
+        assert!(t.get(1).is_none());
+        // The table a queue held before still has what it had.
+        assert_eq!(s.add_namespace(&free).unwrap(), 1);
+    }
+
     #[test]
     fn ids_are_stable_and_differ_between_subsystems() {
         let a = namespace_ids("nqn.a", 1);
@@ -382,6 +721,7 @@ mod tests {
         let cfg = NamespaceConfig {
             backing: Backing::Ram(1 << 20),
             block_size: 4096,
+            nsid: None,
         };
         let ns = Namespace::open("nqn.x", 1, &cfg).unwrap();
         assert_eq!(ns.blocks, 256);
@@ -393,7 +733,8 @@ mod tests {
             1,
             &NamespaceConfig {
                 backing: Backing::Ram(100),
-                block_size: 512
+                block_size: 512,
+                nsid: None,
             }
         )
         .is_err());
@@ -401,7 +742,7 @@ mod tests {
 
     #[test]
     fn controller_ids_are_reused_only_when_free() {
-        let s = Subsystem::discovery();
+        let s = Subsystem::discovery(LIMITS);
         let make = |id| Controller::new_for_test(id);
         let a = s.add_controller(make).unwrap();
         let b = s.add_controller(make).unwrap();
