@@ -52,10 +52,12 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+pub mod config;
 mod controller;
 mod device;
 mod discovery;
 mod io;
+pub mod rpc;
 mod session;
 mod store;
 mod subsystem;

@@ -1,0 +1,1 @@
+//! The target's configuration file (being written).

@@ -1,0 +1,1 @@
+//! The target's control socket (being written).
