@@ -1,8 +1,10 @@
-//! nvpoll's NVMe/TCP target as a program: serves one NVM subsystem (and the discovery subsystem) until Ctrl-C
-//! or SIGTERM, printing one line per connection and a stats line at the end.
+//! nvpoll's NVMe/TCP target as a program: serves the NVM subsystems of a configuration file, or one given by
+//! flags (and the discovery subsystem), until Ctrl-C or SIGTERM, printing one line per connection and a stats
+//! line at the end. With --rpc-socket, a control socket changes it while it runs (examples/rpc.rs).
 //!
 //! ```text
 //! cargo run --release --example target -- --listen 127.0.0.1:4420 --nqn nqn.2024-01.io.nvpoll:demo --ram 1G --cores 0
+//! cargo run --release --example target -- --config target.json --rpc-socket /var/tmp/nvpoll.sock
 //! nvme discover -t tcp -a 127.0.0.1 -s 4420
 //! nvme connect -t tcp -a 127.0.0.1 -s 4420 -n nqn.2024-01.io.nvpoll:demo
 //! ```
@@ -10,62 +12,88 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
 use clap::Parser;
 use nvpoll::reactor::{CoreList, Reactors};
-use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig, TargetEvent};
+use nvpoll_tcp::target::rpc::{self, ServeOptions};
+use nvpoll_tcp::target::{
+    config, Backing, ListenerConfig, SubsystemConfig, Target, TargetConfig, TargetEvent, TargetTls,
+    TlsMode,
+};
 
 /// nvpoll NVMe/TCP target: a polled-mode target on nvpoll's reactors.
 ///
-/// Serves one NVM subsystem with one or more namespaces (a RAM namespace and/or one per --file), plus the
-/// discovery subsystem (nqn.2014-08.org.nvmexpress.discovery) for `nvme discover`. Namespace IDs are given in
-/// order: the RAM namespace first (if any), then the files. Runs until Ctrl-C or SIGTERM, then prints the
-/// target's counters.
+/// Serves the NVM subsystems of a configuration file (--config), or one NVM subsystem given by flags with one
+/// or more namespaces (a RAM namespace and/or one per --file or --pcie), plus the discovery subsystem
+/// (nqn.2014-08.org.nvmexpress.discovery) for `nvme discover`. Namespace IDs are given in order: the RAM
+/// namespace first (if any), then the files, then the PCIe namespaces. With --rpc-socket, subsystems,
+/// namespaces, hosts, keys and listeners can be changed while it runs (the `rpc` example). Runs until Ctrl-C
+/// or SIGTERM, then prints the target's counters.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
+    /// A JSON configuration file: listeners, defaults and subsystems (see the README). The flags that describe
+    /// the subsystem or the first listener (--nqn, --ram, --file, --pcie, --psk, --tls, --listen, ...) must
+    /// then not be given.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+
+    /// Serve a JSON-RPC control socket at PATH (mode 0600): `rpc -s PATH METHOD ...` adds and removes
+    /// subsystems, namespaces, hosts, keys and listeners while the target runs. None unless given.
+    #[arg(long, value_name = "PATH")]
+    rpc_socket: Option<PathBuf>,
+
+    /// One more listener, as ADDR[,tls=off|optional|required]; may be given several times.
+    #[arg(long = "listener", value_name = "ADDR[,tls=MODE]", value_parser = parse_listener)]
+    listeners: Vec<ListenerConfig>,
+
     /// When responses leave: inline (as each is made), deferred (at the reactor's end-of-iteration flush, all
-    /// together) or adaptive (inline while the connection has nothing else to answer).
-    #[arg(long, default_value = "deferred")]
-    send_mode: nvpoll::send::SendMode,
+    /// together) or adaptive (inline while the connection has nothing else to answer). Default: deferred, or
+    /// the configuration file's send_mode.
+    #[arg(long)]
+    send_mode: Option<nvpoll::send::SendMode>,
 
     /// A host's TLS PSK, as HOSTNQN=KEY with KEY in the NVMe interchange format (NVMeTLSkey-1:01:...:). May be
     /// given once per host. The host may present the v0 or v1 identity derived from it.
-    #[arg(long = "psk", value_name = "HOSTNQN=KEY")]
+    #[arg(long = "psk", value_name = "HOSTNQN=KEY", conflicts_with = "config")]
     psks: Vec<String>,
 
-    /// TLS 1.3: off, optional (the first bytes decide: a ClientHello starts TLS, a plain ICReq goes on
-    /// without), or required. Default: required when a --psk is given, off otherwise.
-    #[arg(long, value_parser = ["off", "optional", "required"])]
+    /// TLS 1.3 on --listen: off, optional (the first bytes decide: a ClientHello starts TLS, a plain ICReq goes
+    /// on without), or required. Default: required when a --psk is given, off otherwise.
+    #[arg(long, value_parser = ["off", "optional", "required"], conflicts_with = "config")]
     tls: Option<String>,
 
     /// Address and port to listen on.
-    #[arg(long, default_value = "127.0.0.1:4420")]
+    #[arg(long, default_value = "127.0.0.1:4420", conflicts_with = "config")]
     listen: SocketAddr,
 
     /// NQN of the NVM subsystem.
-    #[arg(long, default_value = "nqn.2024-01.io.nvpoll:target")]
+    #[arg(
+        long,
+        default_value = "nqn.2024-01.io.nvpoll:target",
+        conflicts_with = "config"
+    )]
     nqn: String,
 
     /// Size of a RAM namespace (bytes, or with a K, M, G or T suffix: powers of 1024). Its contents are lost
     /// when the target stops. Default: 1G when no --file or --pcie is given, none otherwise.
-    #[arg(long, value_parser = nvpoll::loadgen::parse_size)]
+    #[arg(long, value_parser = nvpoll::loadgen::parse_size, conflicts_with = "config")]
     ram: Option<u64>,
 
     /// A namespace backed by an existing regular file or block device, read and written through the page
     /// cache (Flush runs fdatasync). May be given several times.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "config")]
     file: Vec<PathBuf>,
 
     /// A namespace backed by namespace 1 of a local NVMe controller bound to vfio-pci (see `nvpoll-setup
     /// bind`), driven by nvpoll's PCIe driver: the target exports the SSD over NVMe/TCP. Its block size is the
     /// SSD's. May be given several times.
-    #[arg(long, value_name = "BDF")]
+    #[arg(long, value_name = "BDF", conflicts_with = "config")]
     pcie: Vec<nvpoll::trid::PciAddress>,
 
     /// Logical block size of every namespace: 512 or 4096.
-    #[arg(long, default_value_t = 512, value_parser = parse_block_size)]
+    #[arg(long, default_value_t = 512, value_parser = parse_block_size, conflicts_with = "config")]
     block_size: u32,
 
     /// Cores to run reactors on: a list with ranges ("0", "0-3", "0,2") or a hexadecimal mask ("0x3").
@@ -74,25 +102,25 @@ struct Args {
     cores: CoreList,
 
     /// Serial number reported by Identify Controller (at most 20 characters; default: derived from the NQN).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "config")]
     serial: Option<String>,
 
     /// Model number reported by Identify Controller (at most 40 characters).
-    #[arg(long, default_value = "nvpoll")]
+    #[arg(long, default_value = "nvpoll", conflicts_with = "config")]
     model: String,
 
     /// Entries per queue (CAP.MQES + 1): the most commands a host may have outstanding on one queue.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, conflicts_with = "config")]
     queue_size: u16,
 
     /// I/O queues per controller (what Set Features Number of Queues grants; 128 as nvmet and SPDK).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, conflicts_with = "config")]
     io_queues: u16,
 
     /// A host (by Host NQN) that may connect; may be given several times. Without it any host may, an empty
     /// Host NQN included (as SPDK's allow-any-host). A refused host gets Connect Invalid Parameters (HOSTNQN),
     /// and the refusal is logged with its reason.
-    #[arg(long = "allow-host", value_name = "HOSTNQN")]
+    #[arg(long = "allow-host", value_name = "HOSTNQN", conflicts_with = "config")]
     allow_hosts: Vec<String>,
 
     /// Also print accepted connections and every closed one (by default: one line per connected queue, and
@@ -128,7 +156,48 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: Args) -> Result<(), String> {
+/// `ADDR[,tls=off|optional|required]`.
+fn parse_listener(s: &str) -> Result<ListenerConfig, String> {
+    let mut parts = s.split(',');
+    let addr = parts.next().unwrap_or_default();
+    let address = addr
+        .parse()
+        .map_err(|_| format!("{addr:?} is not an IP address and port such as 127.0.0.1:4421"))?;
+    let mut tls = TlsMode::Off;
+    for option in parts {
+        match option.split_once('=') {
+            Some(("tls", mode)) => tls = mode.parse()?,
+            _ => {
+                return Err(format!(
+                    "{option:?}: the only option is tls=off|optional|required"
+                ))
+            }
+        }
+    }
+    Ok(ListenerConfig { address, tls })
+}
+
+/// Opens namespace 1 of the NVMe controller at `bdf` (bound to vfio-pci) with nvpoll's PCIe driver: what
+/// --pcie and the configuration file's and the control socket's `pcie` namespaces give.
+fn open_pcie(bdf: &str) -> Result<Backing, String> {
+    let addr: nvpoll::trid::PciAddress = bdf
+        .parse()
+        .map_err(|e| format!("{bdf:?} is not a PCI address: {e}"))?;
+    let pool = nvpoll::mem::DmaPool::builder()
+        .class(4096, 256)
+        .class(1 << 20, 8)
+        .build()
+        .map_err(|e| format!("DMA pool for {addr}: {e}"))?;
+    let ctrl =
+        nvpoll_pcie::PcieController::open(addr, pool.clone(), nvpoll_pcie::PcieOptions::default())
+            .map_err(|e| format!("{addr}: {e}"))?;
+    let dev = nvpoll_tcp::target::QueuePairDevice::new(ctrl, pool, 1, format!("PCIe {addr}"))
+        .map_err(|e| format!("{addr}: {e}"))?;
+    Ok(Backing::Device(Arc::new(dev)))
+}
+
+/// The target the subsystem flags describe (when no --config is given).
+fn from_flags(args: &Args) -> Result<TargetConfig, String> {
     let mut subsys = SubsystemConfig::new(args.nqn.clone());
     subsys.model = args.model.clone();
     if let Some(serial) = &args.serial {
@@ -152,66 +221,65 @@ fn run(args: Args) -> Result<(), String> {
         subsys = subsys.namespace(Backing::File(path.clone()), args.block_size);
     }
     for bdf in &args.pcie {
-        let pool = nvpoll::mem::DmaPool::builder()
-            .class(4096, 256)
-            .class(1 << 20, 8)
-            .build()
-            .map_err(|e| format!("DMA pool for {bdf}: {e}"))?;
-        let ctrl = nvpoll_pcie::PcieController::open(
-            *bdf,
-            pool.clone(),
-            nvpoll_pcie::PcieOptions::default(),
-        )
-        .map_err(|e| format!("--pcie {bdf}: {e}"))?;
-        let dev = nvpoll_tcp::target::QueuePairDevice::new(ctrl, pool, 1, format!("PCIe {bdf}"))
-            .map_err(|e| format!("--pcie {bdf}: {e}"))?;
-        let bs = nvpoll_tcp::target::BlockDevice::block_size(&dev);
-        subsys = subsys.namespace(Backing::Device(std::sync::Arc::new(dev)), bs);
+        let backing = open_pcie(&bdf.to_string()).map_err(|e| format!("--pcie {e}"))?;
+        let bs = match &backing {
+            Backing::Device(d) => d.block_size(),
+            _ => args.block_size,
+        };
+        subsys = subsys.namespace(backing, bs);
     }
     for h in &args.allow_hosts {
         subsys = subsys.allow_host(h.clone());
     }
-    let verbose = args.verbose;
-    let mut config = TargetConfig::new(args.listen)
-        .subsystem(subsys)
-        .on_event(move |e| match e {
-            TargetEvent::Accepted { .. } if !verbose => {}
-            TargetEvent::Closed { reason, .. } if !verbose && ordinary_close(reason) => {}
-            e => println!("{e}"),
-        });
-    config.queue_entries = args.queue_size;
-    config.send_mode = args.send_mode;
-    let mut keys = Vec::new();
     for p in &args.psks {
         let (host, key) = p
             .split_once('=')
             .ok_or_else(|| format!("--psk '{}': expected HOSTNQN=KEY", redact(p)))?;
         let key = nvpoll_tcp::tls::ConfiguredKey::parse(key)
             .map_err(|e| format!("--psk for {host}: {e}"))?;
-        keys.push((host.to_string(), key));
+        subsys = subsys.host_key(host, key);
     }
     let tls = args.tls.clone().unwrap_or_else(|| {
-        if keys.is_empty() {
+        if args.psks.is_empty() {
             "off".into()
         } else {
             "required".into()
         }
     });
+    let mut config = TargetConfig::new(args.listen).subsystem(subsys);
     if tls != "off" {
-        if keys.is_empty() {
+        if args.psks.is_empty() && args.rpc_socket.is_none() {
             return Err(format!("--tls {tls} needs at least one --psk HOSTNQN=KEY"));
         }
-        let subnqns = [
-            args.nqn.clone(),
-            nvpoll_tcp::target::DISCOVERY_NQN.to_string(),
-        ];
-        config.tls = Some(nvpoll_tcp::target::TargetTls::with_host_keys(
-            tls == "required",
-            &keys,
-            &subnqns,
-        ));
+        // The keys are the subsystem's (and so valid for discovery too); this sets the listener's mode.
+        config.tls = Some(TargetTls {
+            required: tls == "required",
+            keys: Vec::new(),
+            subnqns: Vec::new(),
+        });
     }
+    config.queue_entries = args.queue_size;
     config.max_io_queues = args.io_queues;
+    Ok(config)
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let mut config = match &args.config {
+        Some(path) => config::load(path, &open_pcie).map_err(|e| e.to_string())?,
+        None => from_flags(&args)?,
+    };
+    for l in &args.listeners {
+        config = config.listener(l.address, l.tls);
+    }
+    if let Some(mode) = args.send_mode {
+        config.send_mode = mode;
+    }
+    let verbose = args.verbose;
+    let config = config.on_event(move |e| match e {
+        TargetEvent::Accepted { .. } if !verbose => {}
+        TargetEvent::Closed { reason, .. } if !verbose && ordinary_close(reason) => {}
+        e => println!("{e}"),
+    });
 
     let target = Target::bind(config).map_err(|e| e.to_string())?;
     println!(
@@ -229,7 +297,30 @@ fn run(args: Args) -> Result<(), String> {
     .map_err(|e| format!("cannot handle Ctrl-C: {e}"))?;
     let reactors = Reactors::start(&args.cores).map_err(|e| e.to_string())?;
     let handle = target.start(&reactors).map_err(|e| e.to_string())?;
+    let server = match &args.rpc_socket {
+        Some(path) => {
+            let options = ServeOptions {
+                pcie: Arc::new(open_pcie),
+                on_change: Some(Arc::new(|line: &str| println!("rpc: {line}"))),
+            };
+            let server = rpc::serve(path, handle.clone(), options);
+            let server = match server {
+                Ok(s) => s,
+                Err(e) => {
+                    handle.stop();
+                    let _ = reactors.stop();
+                    return Err(format!("--rpc-socket {}: {e}", path.display()));
+                }
+            };
+            println!("control socket: {}", path.display());
+            Some(server)
+        }
+        None => None,
+    };
     let _ = stop_rx.recv();
+    if let Some(s) = server {
+        s.stop();
+    }
     handle.stop();
     let stats = reactors.stop().map_err(|e| e.to_string())?;
     println!("stats: {}", handle.counters());

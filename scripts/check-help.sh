@@ -12,7 +12,7 @@ bin=${BASH_REMATCH[1]}/debug
 # every package's description, one a line
 descs=$(grep -o '"description":"[^"]*"' <<< "$meta" | sed 's/^"description":"//; s/"$//')
 bad=0 n=0
-for exe in "$bin"/examples/{perf,identify,hello_world,target} "$bin"/nvpoll-setup; do
+for exe in "$bin"/examples/{perf,identify,hello_world,target,rpc} "$bin"/nvpoll-setup; do
     [ -x "$exe" ] || die "$exe was not built"
     help=$("$exe" --help) || die "$exe --help failed"
     first=$(head -n 1 <<< "$help")
