@@ -15,9 +15,9 @@
 //! | `subsystem_remove` | `{nqn}` | `true` |
 //! | `namespace_add` | `{nqn, nsid?, ram \| file \| pcie, block_size?}` | `{nsid}` |
 //! | `namespace_remove` | `{nqn, nsid}` | `true` |
-//! | `host_add` | `{nqn, host, psk_file?}`: allows the host, and sets its key | `true` |
+//! | `host_add` | `{nqn, host, psk_file?}`: allows the host (a subsystem open to any host is then open to its listed hosts only, as [`TargetHandle::allow_host`]) and sets its key | `true` |
 //! | `host_remove` | `{nqn, host}`: disallows the host and drops its key | `true` |
-//! | `subsystem_allow_any_host` | `{nqn, allow}` | `true` |
+//! | `subsystem_allow_any_host` | `{nqn, allow}` (`false`: only the hosts added since) | `true` |
 //! | `key_set` | `{nqn, host, psk_file}` | `true` |
 //! | `key_remove` | `{nqn, host}` | `true` |
 //! | `stats_get` | | the [`super::TargetCounters`] fields |
