@@ -9,7 +9,8 @@
 #
 # Two directions, each a matrix of cells:
 #   ours -> SPDK   our perf --verify (randrw, every block stamped and checked) against SPDK's nvmf_tgt
-#   SPDK -> ours   spdk_nvme_perf (randrw) against our target
+#   SPDK -> ours   spdk_nvme_perf (randrw) against our target: one process with a plain and a TLS listener and
+#                  two subsystems, configured by a file (--config), as an operator would run it
 # cells: plain and TLS (PSK, NVMeTLSkey-1:01), without and with header+data digests, I/O sizes 512 B, 4 KiB,
 # 128 KiB and 1 MiB, queue depth 1 and 128, 1 and 16 queue pairs. The queue depth counts the commands
 # outstanding on the namespace in all, as spdk_nvme_perf -q does (-q 128 -P 16: 8 per queue pair); our perf
@@ -30,7 +31,7 @@
 #   INTEROP_QPAIRS           1,16
 #   INTEROP_SECURITY         plain,tls
 #   INTEROP_DIGESTS          none,hd   (hd: header and data digests)
-#   INTEROP_PORT=4520        first TCP port used on 127.0.0.1 (two are used)
+#   INTEROP_PORT=4520        first TCP port used on 127.0.0.1 (four are used)
 #   INTEROP_TARGET_CORE=0    core of the target under test (ours or SPDK's); the initiator gets the other
 #   INTEROP_INITIATOR_CORE=1
 #   INTEROP_KEEP=0           1: keep the work folder (logs of every cell)
@@ -194,16 +195,30 @@ start_spdk_target() {
     wait_listen "$SPDK_PLAIN_PORT" "$SPDK_TGT_PID" "$WORK/nvmf_tgt.log"
 }
 
-# Our target: one process per security setting (one subsystem and listener per process today).
-start_our_target() {   # plain|tls
-    local sec=$1 port args=()
-    if [ "$sec" = tls ]; then port=$OUR_TLS_PORT; args=(--psk "$HOSTNQN=$KEY" --tls required); else port=$OUR_PLAIN_PORT; fi
-    "$BIN/target" --listen "127.0.0.1:$port" --nqn "$SUBNQN" --ram 256M --block-size 512 --cores "$TCORE" \
-        "${args[@]}" > "$WORK/our-target-$sec.log" 2>&1 &
-    local pid=$!
-    PIDS+=("$pid")
-    wait_listen "$port" "$pid" "$WORK/our-target-$sec.log"
-    eval "OUR_TGT_PID_$sec=$pid"
+# Our target: one process, configured by a file (a plain and a TLS listener, two subsystems: the one the cells
+# use, open to any host and holding HOSTNQN's key, and one only another host may use, which must not get in the way).
+start_our_target() {
+    local conf=$WORK/our-target.json
+    cat > "$conf" <<JSON
+{
+  "listeners": [
+    { "address": "127.0.0.1:$OUR_PLAIN_PORT", "tls": "off" },
+    { "address": "127.0.0.1:$OUR_TLS_PORT", "tls": "required" }
+  ],
+  "subsystems": [
+    { "nqn": "$SUBNQN", "allow_any_host": true,
+      "hosts": [ { "nqn": "$HOSTNQN", "psk_file": "$KEYFILE" } ],
+      "namespaces": [ { "ram": "256M", "block_size": 512 } ] },
+    { "nqn": "$SUBNQN.other", "hosts": [ { "nqn": "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000ff" } ],
+      "namespaces": [ { "ram": "16M", "block_size": 4096 } ] }
+  ]
+}
+JSON
+    "$BIN/target" --config "$conf" --cores "$TCORE" > "$WORK/our-target.log" 2>&1 &
+    OUR_TGT_PID=$!
+    PIDS+=("$OUR_TGT_PID")
+    wait_listen "$OUR_PLAIN_PORT" "$OUR_TGT_PID" "$WORK/our-target.log"
+    wait_listen "$OUR_TLS_PORT" "$OUR_TGT_PID" "$WORK/our-target.log"
 }
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -246,7 +261,7 @@ spdk_to_ours() {   # sec dg size qd qp
     local sec=$1 dg=$2 size=$3 qd=$4 qp=$5 port=$OUR_PLAIN_PORT args=()
     [ "$sec" = tls ] && { port=$OUR_TLS_PORT; args+=(-S ssl --psk-path "$KEYFILE"); }
     [ "$dg" = hd ] && args+=(-H -I)
-    local tlog="$WORK/our-target-$sec.log"
+    local tlog="$WORK/our-target.log"
     local before; before=$(wc -l < "$tlog")
     local log=$WORK/spdk-ours-$sec-$dg-$size-$qd-$qp.log rc=0
     run_bounded "$log" "$SPDK_PERF" --no-huge -s 512 -c "$((1 << ICORE))" -q "$qd" -P "$qp" -o "$(bytes "$size")" \
@@ -270,8 +285,7 @@ spdk_to_ours() {   # sec dg size qd qp
         [ -z "$errs" ] || result="spdk_nvme_perf: $(head -n 1 <<< "$errs" | sed 's/^.*\] //' | cut -c1-40)"
         [ "$iops" = - ] && [ "$result" = ok ] && result="no Total line from spdk_nvme_perf"
     fi
-    local pidvar=OUR_TGT_PID_$sec
-    kill -0 "${!pidvar}" 2>/dev/null || result="our target died"
+    kill -0 "$OUR_TGT_PID" 2>/dev/null || result="our target died"
     # what our target said during the cell: refusals and closes on the host's account fail it
     local said; said=$(tail -n +"$((before + 1))" "$tlog" | grep -E 'refused|closed: ' | grep -vE 'closed: (closed by the host|host sent Disconnect)' || true)
     if [ -n "$said" ] && [ "$result" = ok ]; then result="target: $(head -n 1 <<< "$said" | cut -c1-60)"; fi
@@ -287,10 +301,9 @@ header='| direction | sec   | digests |  size |  qd | qpairs |       IOPS |     
 rule='|-----------|-------|---------|-------|-----|--------|------------|-----------|------------------------------|'
 echo "$header"; echo "$rule"
 for dir in "${DIRECTIONS[@]}"; do
-    if [ "$dir" = ours-spdk ]; then start_spdk_target; fi
+    # one busy-polling target on the target core at a time: two would halve each other
+    if [ "$dir" = ours-spdk ]; then start_spdk_target; else start_our_target; fi
     for sec in "${SECURITY[@]}"; do
-        # one busy-polling target on the target core at a time: two would halve each other
-        if [ "$dir" = spdk-ours ]; then start_our_target "$sec"; fi
         for dg in "${DIGESTS[@]}"; do
             for size in "${SIZES[@]}"; do
                 for qd in "${QDS[@]}"; do
@@ -301,9 +314,8 @@ for dir in "${DIRECTIONS[@]}"; do
                 done
             done
         done
-        if [ "$dir" = spdk-ours ]; then v=OUR_TGT_PID_$sec; stop_pid "${!v}"; fi
     done
-    if [ "$dir" = ours-spdk ]; then stop_pid "$SPDK_TGT_PID"; fi
+    if [ "$dir" = ours-spdk ]; then stop_pid "$SPDK_TGT_PID"; else stop_pid "$OUR_TGT_PID"; fi
 done
 
 echo

@@ -520,7 +520,10 @@ fn removing_a_subsystem_aborts_what_it_holds_and_no_other_host_notices() {
 fn hosts_and_keys_change_at_run_time() {
     let (t, tls_addr) = two_listeners();
     const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000aa";
-    // PLAIN: any host, then only OTHER, then any host again.
+    // PLAIN: any host, then only OTHER, then any host again. Adding a host to a subsystem open to any host
+    // is refused rather than silently locking every other host out.
+    assert!(t.handle.allow_host(PLAIN, OTHER).is_err());
+    t.handle.set_allow_any_host(PLAIN, false).unwrap();
     t.handle.allow_host(PLAIN, OTHER).unwrap();
     refused_with(
         TcpController::connect(ConnectOptions::new(t.addr, PLAIN, HOSTNQN), pool()),

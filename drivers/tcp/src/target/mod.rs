@@ -1101,12 +1101,17 @@ impl TargetHandle {
         self.nvm_subsystem(nqn)?.remove_namespace(nsid)
     }
 
-    /// Lets `hostnqn` connect to subsystem `nqn` (a subsystem that allowed any host then allows only the
-    /// hosts added).
+    /// Lets `hostnqn` connect to subsystem `nqn`. A subsystem that lets any host in refuses this (turn that off
+    /// first with [`TargetHandle::set_allow_any_host`]): silently closing it to every other host would be a
+    /// surprise, and SPDK users expect adding a host never to lock anyone out.
     pub fn allow_host(&self, nqn: &str, hostnqn: &str) -> Result<(), Error> {
         let s = self.nvm_subsystem(nqn)?;
         let hosts = match s.hosts() {
-            HostAccess::AnyHost => HostAccess::Only(vec![hostnqn.to_string()]),
+            HostAccess::AnyHost => {
+                return Err(Error::InvalidArgument(format!(
+                    "{nqn} lets any host in; turn allow-any-host off first to list the hosts it allows"
+                )))
+            }
             HostAccess::Only(mut h) => {
                 if h.iter().any(|x| x == hostnqn) {
                     return Err(Error::InvalidArgument(format!(

@@ -15,7 +15,7 @@
 //! | `subsystem_remove` | `{nqn}` | `true` |
 //! | `namespace_add` | `{nqn, nsid?, ram \| file \| pcie, block_size?}` | `{nsid}` |
 //! | `namespace_remove` | `{nqn, nsid}` | `true` |
-//! | `host_add` | `{nqn, host, psk_file?}`: allows the host (a subsystem open to any host is then open to its listed hosts only, as [`TargetHandle::allow_host`]) and sets its key | `true` |
+//! | `host_add` | `{nqn, host, psk_file?}`: allows the host and sets its key; refused on a subsystem open to any host (turn that off first; `key_set` gives such a subsystem's host a key) | `true` |
 //! | `host_remove` | `{nqn, host}`: disallows the host and drops its key | `true` |
 //! | `subsystem_allow_any_host` | `{nqn, allow}` (`false`: only the hosts added since) | `true` |
 //! | `key_set` | `{nqn, host, psk_file}` | `true` |
@@ -691,15 +691,11 @@ impl Shared {
                     Some(f) => Some(host_key(&p.host, f)?),
                     None => None,
                 };
-                let before = self.info(&p.nqn)?.hosts;
                 h.allow_host(&p.nqn, &p.host).map_err(RpcError::refused)?;
                 if let Some(key) = key {
                     if let Err(e) = h.set_host_key(&p.nqn, key) {
                         // Undo the half done.
-                        let _ = match before {
-                            HostAccess::AnyHost => h.set_allow_any_host(&p.nqn, true),
-                            HostAccess::Only(_) => h.disallow_host(&p.nqn, &p.host),
-                        };
+                        let _ = h.disallow_host(&p.nqn, &p.host);
                         return Err(RpcError::refused(e));
                     }
                 }
