@@ -1107,9 +1107,10 @@ impl TargetHandle {
     pub fn allow_host(&self, nqn: &str, hostnqn: &str) -> Result<(), Error> {
         let s = self.nvm_subsystem(nqn)?;
         let hosts = match s.hosts() {
-            HostAccess::AnyHost => return Err(Error::InvalidArgument(format!(
-                "{nqn} lets any host in; turn allow-any-host off first to list the hosts it allows"
-            ))),
+            HostAccess::AnyHost => {
+                let why = "lets any host in; turn allow-any-host off first to list its hosts";
+                return Err(Error::InvalidArgument(format!("{nqn} {why}")));
+            }
             HostAccess::Only(mut h) => {
                 if h.iter().any(|x| x == hostnqn) {
                     return Err(Error::InvalidArgument(format!(
