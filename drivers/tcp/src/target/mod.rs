@@ -889,8 +889,15 @@ impl SubsystemInfo {
         } else {
             format!("; TLS keys for {}", self.hosts_with_keys.join(", "))
         };
+        let on = match &self.listeners {
+            None => String::new(),
+            Some(l) => {
+                let l: Vec<String> = l.iter().map(SocketAddr::to_string).collect();
+                format!("; only on {}", l.join(", "))
+            }
+        };
         let mut out = vec![format!(
-            "subsystem {} (serial {}, model {}); {hosts}{keys}",
+            "subsystem {} (serial {}, model {}); {hosts}{keys}{on}",
             self.nqn, self.serial, self.model
         )];
         for ns in &self.namespaces {
