@@ -5,6 +5,9 @@
 //! syscalls per I/O, and CPU time per I/O on the initiator's and on the target's reactor. Then the ratios the
 //! send-mode design is judged by.
 //!
+//! Then large I/O: 128 KiB (qd16) and 1 MiB (qd4) sequential reads and writes, plain and TLS, adaptive, with
+//! GB/s and the CPU time each side spends per GB.
+//!
 //! `cargo bench --bench loopback` (NVPOLL_BENCH_TIME=5s NVPOLL_BENCH_RUNS=5 for longer runs).
 
 mod common;
@@ -51,6 +54,8 @@ fn main() {
         .expect("start target");
     let pool = DmaPool::builder()
         .class(4096, 1024)
+        .class(128 << 10, 64)
+        .class(1 << 20, 16)
         .build()
         .expect("DMA pool");
     let reactors = Reactors::start(&icores).expect("initiator reactors");
@@ -84,43 +89,15 @@ fn main() {
                         drain_timeout: Duration::from_secs(30),
                     };
                     target.set_send_mode(send_mode);
-                    let mut results = Vec::new();
-                    let mut tcpu = Vec::new();
-                    for _ in 0..runs {
-                        // The target reactor's CPU time across the measured window.
-                        let cpu_at = || target_reactors.stats()[0].cpu_time;
-                        let (start, end) = (Cell::new(None), Cell::new(None));
-                        let ctrl_cell = RefCell::new(&mut ctrl);
-                        let mut connect = |_: usize, depth: u16| -> nvpoll::Result<_> {
-                            Ok((ctrl_cell.borrow_mut().connect_io_queue(depth)?, ns.clone()))
-                        };
-                        let mut tick = |phase: Phase| -> nvpoll::Result<()> {
-                            match phase {
-                                Phase::Measuring if start.get().is_none() => {
-                                    start.set(Some(cpu_at()))
-                                }
-                                Phase::Draining if end.get().is_none() && start.get().is_some() => {
-                                    end.set(Some(cpu_at()))
-                                }
-                                _ => {}
-                            }
-                            Ok(ctrl_cell.borrow_mut().poll_admin()?)
-                        };
-                        let r = gen
-                            .run(&reactors, spec, &mut connect, &mut tick)
-                            .expect("run");
-                        assert!(r.failures.is_empty() && r.errors == 0, "{:?}", r.failures);
-                        let t = match (start.get(), end.get()) {
-                            (Some(s), Some(e)) if r.iops > 0.0 => {
-                                e.saturating_sub(s).as_secs_f64() * 1e6
-                                    / (r.iops * time.as_secs_f64())
-                            }
-                            _ => f64::NAN,
-                        };
-                        tcpu.push(t);
-                        results.push(r);
-                    }
-                    tcpu.sort_by(f64::total_cmp);
+                    let (results, tcpu) = measure(
+                        &mut gen,
+                        &mut ctrl,
+                        &ns,
+                        spec,
+                        &reactors,
+                        &target_reactors,
+                        runs,
+                    );
                     let label = format!(
                         "qd{qd} x 1 {}{}",
                         workload.name(),
@@ -134,7 +111,7 @@ fn main() {
                     };
                     cells.push(Cell2 {
                         row,
-                        target_cpu_us: tcpu[tcpu.len() / 2],
+                        target_cpu_us: tcpu,
                     });
                 }
             }
@@ -161,9 +138,159 @@ fn main() {
         );
     }
     ratios(&cells);
+    large_io(
+        &target,
+        &key,
+        &pool,
+        &reactors,
+        &target_reactors,
+        time,
+        warmup,
+        runs,
+    );
     reactors.stop().expect("stop initiator reactors");
     target.stop();
     target_reactors.stop().expect("stop target reactors");
+}
+
+/// `runs` measured runs of `spec` on one queue pair of `ctrl`: the results, and the target reactor's median CPU
+/// time per I/O (us) across the measured windows.
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    gen: &mut LoadGen<TcpQueuePair>,
+    ctrl: &mut TcpController,
+    ns: &nvpoll::api::Namespace,
+    spec: RunSpec,
+    reactors: &Reactors,
+    target_reactors: &Reactors,
+    runs: usize,
+) -> (Vec<RunResult>, f64) {
+    let mut results = Vec::new();
+    let mut tcpu = Vec::new();
+    for _ in 0..runs {
+        // The target reactor's CPU time across the measured window.
+        let cpu_at = || target_reactors.stats()[0].cpu_time;
+        let (start, end) = (Cell::new(None), Cell::new(None));
+        let ctrl_cell = RefCell::new(&mut *ctrl);
+        let mut connect = |_: usize, depth: u16| -> nvpoll::Result<_> {
+            Ok((ctrl_cell.borrow_mut().connect_io_queue(depth)?, ns.clone()))
+        };
+        let mut tick = |phase: Phase| -> nvpoll::Result<()> {
+            match phase {
+                Phase::Measuring if start.get().is_none() => start.set(Some(cpu_at())),
+                Phase::Draining if end.get().is_none() && start.get().is_some() => {
+                    end.set(Some(cpu_at()))
+                }
+                _ => {}
+            }
+            Ok(ctrl_cell.borrow_mut().poll_admin()?)
+        };
+        let r = gen
+            .run(reactors, spec, &mut connect, &mut tick)
+            .expect("run");
+        assert!(r.failures.is_empty() && r.errors == 0, "{:?}", r.failures);
+        let t = match (start.get(), end.get()) {
+            (Some(s), Some(e)) if r.iops > 0.0 => {
+                e.saturating_sub(s).as_secs_f64() * 1e6 / (r.iops * spec.time.as_secs_f64())
+            }
+            _ => f64::NAN,
+        };
+        tcpu.push(t);
+        results.push(r);
+    }
+    tcpu.sort_by(f64::total_cmp);
+    (results, tcpu[tcpu.len() / 2])
+}
+
+/// Large I/O: 128 KiB at qd16 and 1 MiB at qd4, sequential reads and writes, plain and TLS, adaptive: GB/s and
+/// CPU time per GB on each side.
+#[allow(clippy::too_many_arguments)]
+fn large_io(
+    target: &nvpoll_tcp::target::TargetHandle,
+    key: &ConfiguredKey,
+    pool: &DmaPool,
+    reactors: &Reactors,
+    target_reactors: &Reactors,
+    time: Duration,
+    warmup: Duration,
+    runs: usize,
+) {
+    println!(
+        "\n| {:<24} | {:>9} | {:>7} | {:>8} | {:>8} | {:>17} | {:>14} |",
+        "large I/O (adaptive)",
+        "IOPS",
+        "GB/s",
+        "p50 us",
+        "p99 us",
+        "initiator CPU s/GB",
+        "target CPU s/GB"
+    );
+    println!(
+        "|--------------------------|-----------|---------|----------|----------|--------------------|-----------------|"
+    );
+    target.set_send_mode(SendMode::Adaptive);
+    let mut gbps = Vec::new();
+    for tls in [false, true] {
+        let mut o = ConnectOptions::new(target.local_addr(), NQN, HOSTNQN);
+        if tls {
+            o = o.with_tls_key(key, IdentityVersion::V0);
+        }
+        let mut ctrl = TcpController::connect(o, pool.clone()).expect("connect to our target");
+        let ns = ctrl.namespaces()[0].clone();
+        for (size, qd) in [(128u64 << 10, 16u16), (1 << 20, 4)] {
+            let mut gen: LoadGen<TcpQueuePair> = LoadGen::new(pool.clone(), 16, false);
+            for workload in [Workload::Read, Workload::Write] {
+                let spec = RunSpec {
+                    qd,
+                    jobs: 1,
+                    io_size: size,
+                    workload,
+                    rwmix: 0,
+                    verify: false,
+                    warmup,
+                    time,
+                    send_mode: SendMode::Adaptive,
+                    drain_timeout: Duration::from_secs(30),
+                };
+                let (results, tcpu) = measure(
+                    &mut gen,
+                    &mut ctrl,
+                    &ns,
+                    spec,
+                    reactors,
+                    target_reactors,
+                    runs,
+                );
+                let r = loadgen::median(results);
+                let per_gb = 1e9 / size as f64 / 1e6; // I/Os per GB, in millions: us/IO -> s/GB
+                let label = format!(
+                    "{} {} qd{qd}{}",
+                    if size >= 1 << 20 { "1m" } else { "128k" },
+                    workload.name(),
+                    if tls { " tls" } else { "" }
+                );
+                let gb_s = r.iops * size as f64 / 1e9;
+                println!(
+                    "| {:<24} | {:>9.0} | {:>7.2} | {:>8.1} | {:>8.1} | {:>18.3} | {:>15.3} |",
+                    label,
+                    r.iops,
+                    gb_s,
+                    r.p50_us,
+                    r.p99_us,
+                    r.cpu_us_per_io * per_gb,
+                    tcpu * per_gb
+                );
+                gbps.push((label, gb_s));
+            }
+            gen.release_queue_pairs();
+        }
+        ctrl.shutdown().expect("controller shutdown");
+    }
+    for (label, plain) in gbps.iter().filter(|(l, _)| !l.ends_with(" tls")) {
+        if let Some((_, tls)) = gbps.iter().find(|(l, _)| *l == format!("{label} tls")) {
+            println!("{label}: TLS reaches {:.0}% of plain", 100.0 * tls / plain);
+        }
+    }
 }
 
 fn clone_row(r: &Row) -> Row {
