@@ -222,6 +222,8 @@ pub struct ReactorStats {
     /// CPU time the reactor thread used. While it runs this is refreshed every 4096 iterations; after it
     /// stopped it is exact.
     pub cpu_time: Duration,
+    /// Pollers registered now, timed ones included (what each iteration walks).
+    pub pollers: u64,
 }
 
 /// Configures and starts [`Reactors`]; see [`Reactors::builder`].
@@ -595,6 +597,7 @@ impl PerReactor {
             idle: c.idle.load(Ordering::Relaxed),
             messages: c.messages.load(Ordering::Relaxed),
             cpu_time: Duration::from_nanos(c.cpu_ns.load(Ordering::Relaxed)),
+            pollers: c.pollers.load(Ordering::Relaxed),
         }
     }
 
@@ -615,6 +618,7 @@ struct Counters {
     idle: AtomicU64,
     messages: AtomicU64,
     cpu_ns: AtomicU64,
+    pollers: AtomicU64,
 }
 
 thread_local! {
@@ -832,6 +836,11 @@ impl Reactor {
             self.ctx.removed = removed;
             self.ctx.removed.clear();
         }
+        let count = (self.pollers.len() + self.timers.len()) as u64;
+        self.ctx.shared.reactors[self.ctx.index]
+            .stats
+            .pollers
+            .store(count, Ordering::Relaxed);
     }
 
     fn stats(&self) -> ReactorStats {

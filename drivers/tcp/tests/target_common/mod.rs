@@ -75,6 +75,11 @@ impl TestTarget {
         self.handle.counters()
     }
 
+    /// The target reactors' counters (pollers registered, CPU time, ...).
+    pub fn reactor_stats(&self) -> Vec<nvpoll::reactor::ReactorStats> {
+        self.reactors.as_ref().expect("running").stats()
+    }
+
     /// Waits until `f` holds for the counters (they are published by idle sessions).
     pub fn wait_counters(&self, what: &str, f: impl Fn(&TargetCounters) -> bool) -> TargetCounters {
         let deadline = Instant::now() + Duration::from_secs(10);
