@@ -3,7 +3,7 @@
 //! processes on one core halve each other).
 //!
 //! Side by side in one run, 4 KiB random reads at qd32 per connection, adaptive mode, one initiator reactor and
-//! one target core; each row is the median of several runs:
+//! one target core; each row is the median of several rounds (every round runs every row once, in turn):
 //! - a plain connection alone, and a TLS connection alone, to a single-listener target (TLS optional) and to
 //!   the plain or the TLS listener of a two-listener target: a second listener must cost a connection nothing;
 //! - a plain and a TLS connection at once, to the single-listener target, to the two-listener target, and to
@@ -65,7 +65,7 @@ fn target(
     (reactors, handle, addrs)
 }
 
-/// One connection per (address, TLS) pair, one job each, run together; the median of `runs`.
+/// One connection per (address, TLS) pair, one job each, run together once.
 fn measure(
     reactors: &Reactors,
     pool: &DmaPool,
@@ -96,8 +96,7 @@ fn measure(
         send_mode: SendMode::Adaptive,
         drain_timeout: Duration::from_secs(30),
     };
-    let mut results = Vec::new();
-    for _ in 0..knobs.runs {
+    let r = {
         let cell = RefCell::new(&mut ctrls);
         let mut connect = |job: usize, depth: u16| -> nvpoll::Result<_> {
             Ok((cell.borrow_mut()[job].connect_io_queue(depth)?, ns.clone()))
@@ -112,13 +111,13 @@ fn measure(
             .run(reactors, spec, &mut connect, &mut tick)
             .expect("run");
         assert!(r.failures.is_empty() && r.errors == 0, "{:?}", r.failures);
-        results.push(r);
-    }
+        r
+    };
     gen.release_queue_pairs();
     for c in ctrls {
         c.shutdown().expect("shutdown");
     }
-    loadgen::median(results)
+    r
 }
 
 fn main() {
@@ -134,54 +133,64 @@ fn main() {
          median of {} x {:?} (after {:?}) per row",
         knobs.runs, knobs.time, knobs.warmup
     );
-    let mut rows: Vec<(String, RunResult)> = Vec::new();
-    let mut row = |label: &str, r: RunResult| rows.push((label.to_string(), r));
+    // Rounds, each with every target and row once, so that a drift of the machine hits all rows alike.
+    let mut runs: Vec<(&str, Vec<RunResult>)> = Vec::new();
+    let mut add =
+        |label: &'static str, r: RunResult| match runs.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, v)) => v.push(r),
+            None => runs.push((label, vec![r])),
+        };
+    for _ in 0..knobs.runs {
+        // Today's single-listener target, TLS optional (it serves both kinds of host on one port).
+        let (r1, h1, a1) = target(&tcores, TlsMode::Optional, None);
+        add(
+            "1 listener: plain alone",
+            measure(&reactors, &pool, &[(a1[0], false)], &knobs),
+        );
+        add(
+            "1 listener: TLS alone",
+            measure(&reactors, &pool, &[(a1[0], true)], &knobs),
+        );
+        add(
+            "1 listener: plain + TLS",
+            measure(&reactors, &pool, &[(a1[0], false), (a1[0], true)], &knobs),
+        );
+        h1.stop();
+        r1.stop().expect("stop");
 
-    // Today's single-listener target, TLS optional (it serves both kinds of host on one port).
-    let (r1, h1, a1) = target(&tcores, TlsMode::Optional, None);
-    row(
-        "1 listener: plain alone",
-        measure(&reactors, &pool, &[(a1[0], false)], &knobs),
-    );
-    row(
-        "1 listener: TLS alone",
-        measure(&reactors, &pool, &[(a1[0], true)], &knobs),
-    );
-    row(
-        "1 listener: plain + TLS",
-        measure(&reactors, &pool, &[(a1[0], false), (a1[0], true)], &knobs),
-    );
-    h1.stop();
-    r1.stop().expect("stop");
+        // One process, a plain and a TLS listener, one reactor.
+        let (r2, h2, a2) = target(&tcores, TlsMode::Off, Some(TlsMode::Required));
+        add(
+            "2 listeners: plain alone",
+            measure(&reactors, &pool, &[(a2[0], false)], &knobs),
+        );
+        add(
+            "2 listeners: TLS alone",
+            measure(&reactors, &pool, &[(a2[1], true)], &knobs),
+        );
+        add(
+            "2 listeners: plain + TLS",
+            measure(&reactors, &pool, &[(a2[0], false), (a2[1], true)], &knobs),
+        );
+        h2.stop();
+        r2.stop().expect("stop");
 
-    // One process, a plain and a TLS listener, one reactor.
-    let (r2, h2, a2) = target(&tcores, TlsMode::Off, Some(TlsMode::Required));
-    row(
-        "2 listeners: plain alone",
-        measure(&reactors, &pool, &[(a2[0], false)], &knobs),
-    );
-    row(
-        "2 listeners: TLS alone",
-        measure(&reactors, &pool, &[(a2[1], true)], &knobs),
-    );
-    row(
-        "2 listeners: plain + TLS",
-        measure(&reactors, &pool, &[(a2[0], false), (a2[1], true)], &knobs),
-    );
-    h2.stop();
-    r2.stop().expect("stop");
-
-    // What a user ran before: two single-listener targets, two busy-polling reactors on the one core.
-    let (r3, h3, a3) = target(&tcores, TlsMode::Off, None);
-    let (r4, h4, a4) = target(&tcores, TlsMode::Required, None);
-    row(
-        "2 targets, 1 core: plain + TLS",
-        measure(&reactors, &pool, &[(a3[0], false), (a4[0], true)], &knobs),
-    );
-    h3.stop();
-    h4.stop();
-    r3.stop().expect("stop");
-    r4.stop().expect("stop");
+        // What a user ran before: two single-listener targets, two busy-polling reactors on the one core.
+        let (r3, h3, a3) = target(&tcores, TlsMode::Off, None);
+        let (r4, h4, a4) = target(&tcores, TlsMode::Required, None);
+        add(
+            "2 targets, 1 core: plain + TLS",
+            measure(&reactors, &pool, &[(a3[0], false), (a4[0], true)], &knobs),
+        );
+        h3.stop();
+        h4.stop();
+        r3.stop().expect("stop");
+        r4.stop().expect("stop");
+    }
+    let rows: Vec<(String, RunResult)> = runs
+        .into_iter()
+        .map(|(l, v)| (l.to_string(), loadgen::median(v)))
+        .collect();
 
     let table: Vec<Row> = rows
         .iter()
