@@ -84,7 +84,7 @@ use nvpoll::send::SendMode;
 use crate::pdu::Digests;
 use crate::Error;
 use session::{Progress, Session};
-use subsystem::Subsystem;
+use subsystem::{lock, Subsystem};
 
 /// Something that happened on the target, for logging.
 #[derive(Clone, Copy, Debug)]
@@ -564,6 +564,11 @@ impl Registry {
         list.iter().find(|s| s.nqn == nqn).cloned()
     }
 
+    /// The subsystem list, to change it.
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Arc<Subsystem>>> {
+        self.subsystems.write().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn all(&self) -> Vec<Arc<Subsystem>> {
         self.subsystems
             .read()
@@ -845,10 +850,6 @@ impl Target {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// A subsystem as [`TargetHandle::subsystems`] reports it: no key material, only which hosts have a key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -1049,12 +1050,7 @@ impl TargetHandle {
     /// Adds a subsystem (its namespaces are opened first; nothing changes if one fails).
     pub fn add_subsystem(&self, cfg: &SubsystemConfig) -> Result<(), Error> {
         let s = Arc::new(Subsystem::open(cfg, self.shared.limits.defaults)?);
-        let mut list = self
-            .shared
-            .registry
-            .subsystems
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut list = self.shared.registry.write();
         if list.iter().any(|t| t.nqn == cfg.nqn) {
             return Err(Error::InvalidArgument(format!(
                 "subsystem {} exists already",
@@ -1070,12 +1066,7 @@ impl TargetHandle {
     /// queues complete what they hold (commands waiting for data or a flush, held AERs) with Command Aborted
     /// due to SQ Deletion, then close.
     pub fn remove_subsystem(&self, nqn: &str) -> Result<(), Error> {
-        let mut list = self
-            .shared
-            .registry
-            .subsystems
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut list = self.shared.registry.write();
         let Some(i) = list
             .iter()
             .position(|s| s.nqn == nqn && s.kind == subsystem::Kind::Nvm)

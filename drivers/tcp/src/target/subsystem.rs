@@ -387,7 +387,8 @@ struct Controllers {
 /// The highest controller ID the dynamic controller model hands out (0xFFF0 and up are reserved).
 const MAX_CNTLID: u16 = 0xffef;
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// Locks `m`, taking the data of a poisoned lock as it is (a panic elsewhere must not stop the target).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
