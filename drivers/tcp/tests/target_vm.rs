@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
 use nvpoll_tcp::host::{ConnectOptions, TcpController};
+use target_common::kernel::wait_disk;
 use target_common::{fill_pattern, pool, TestTarget, NQN};
 
 fn in_guest() -> bool {
@@ -44,56 +45,6 @@ fn nvme(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The block device of the first namespace of subsystem `nqn`, once the kernel created it.
-fn block_device(nqn: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        // With native multipath the disk hangs off the subsystem; without, off the controller.
-        for class in ["/sys/class/nvme-subsystem", "/sys/class/nvme"] {
-            let Ok(dir) = std::fs::read_dir(class) else {
-                continue;
-            };
-            for entry in dir.flatten() {
-                let p = entry.path();
-                let Ok(subnqn) = std::fs::read_to_string(p.join("subsysnqn")) else {
-                    continue;
-                };
-                if subnqn.trim() != nqn {
-                    continue;
-                }
-                let Ok(children) = std::fs::read_dir(&p) else {
-                    continue;
-                };
-                for c in children.flatten() {
-                    let name = c.file_name().to_string_lossy().into_owned();
-                    // A disk node (nvmeXnY, not a path node nvmeXcYnZ) whose namespace ID is 1: the kernel
-                    // numbers the nodes in scan order, which is not always namespace order.
-                    let disk = name.strip_prefix("nvme").is_some_and(|rest| {
-                        rest.split_once('n').is_some_and(|(a, b)| {
-                            !a.is_empty()
-                                && a.bytes().all(|x| x.is_ascii_digit())
-                                && !b.is_empty()
-                                && b.bytes().all(|x| x.is_ascii_digit())
-                        })
-                    });
-                    let nsid = std::fs::read_to_string(format!("/sys/block/{name}/nsid"))
-                        .ok()
-                        .and_then(|s| s.trim().parse::<u32>().ok());
-                    let dev = format!("/dev/{name}");
-                    if disk && nsid == Some(1) && Path::new(&dev).exists() {
-                        return dev;
-                    }
-                }
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no block device for {nqn} after 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Reads `expect.len()` bytes at byte offset `offset` of namespace 1 with our initiator and compares.
@@ -174,7 +125,7 @@ fn vm_kernel_writes_our_initiator_reads() {
         "--hostnqn",
         &hostnqn,
     ]);
-    let dev = block_device(NQN);
+    let dev = wait_disk(NQN, 1, true).expect("the kernel made a disk");
     let mut pattern = vec![0u8; 2 << 20];
     fill_pattern(&mut pattern, 2024);
     let offset = 5 << 20;

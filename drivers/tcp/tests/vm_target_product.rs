@@ -15,11 +15,11 @@ mod target_common;
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use nvpoll_tcp::target::{Backing, NamespaceConfig, SubsystemConfig, TargetConfig, TlsMode};
-use nvpoll_tcp::tls::{ConfiguredKey, Derivation, IdentityVersion};
+use nvpoll_tcp::tls::ConfiguredKey;
+use target_common::kernel::{insert_psk, kernel_disk, wait_disk};
 use target_common::TestTarget;
 
 const OPEN: &str = "nqn.2024-01.io.nvpoll:vm-open";
@@ -49,56 +49,6 @@ fn must(cmd: &str, args: &[&str]) -> String {
     let (ok, text) = run(cmd, args);
     assert!(ok, "{cmd} {}: {text}", args.join(" "));
     text
-}
-
-/// The kernel's disk for namespace `nsid` of `nqn`, if it exists now.
-fn kernel_disk(nqn: &str, nsid: u32) -> Option<String> {
-    for class in ["/sys/class/nvme-subsystem", "/sys/class/nvme"] {
-        for entry in std::fs::read_dir(class).into_iter().flatten().flatten() {
-            let p = entry.path();
-            let subnqn = std::fs::read_to_string(p.join("subsysnqn")).unwrap_or_default();
-            if subnqn.trim() != nqn {
-                continue;
-            }
-            for c in std::fs::read_dir(&p).into_iter().flatten().flatten() {
-                let name = c.file_name().to_string_lossy().into_owned();
-                // A disk node nvmeXnY (not a path node nvmeXcYnZ) with that namespace ID.
-                let disk = name.strip_prefix("nvme").is_some_and(|rest| {
-                    rest.split_once('n').is_some_and(|(a, b)| {
-                        !a.is_empty()
-                            && a.bytes().all(|x| x.is_ascii_digit())
-                            && !b.is_empty()
-                            && b.bytes().all(|x| x.is_ascii_digit())
-                    })
-                });
-                let id = std::fs::read_to_string(format!("/sys/block/{name}/nsid"))
-                    .ok()
-                    .and_then(|s| s.trim().parse::<u32>().ok());
-                let dev = format!("/dev/{name}");
-                if disk && id == Some(nsid) && std::path::Path::new(&dev).exists() {
-                    return Some(dev);
-                }
-            }
-        }
-    }
-    None
-}
-
-/// Waits until the disk of (`nqn`, `nsid`) exists (`present`) or is gone.
-fn wait_disk(nqn: &str, nsid: u32, present: bool) -> Option<String> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let d = kernel_disk(nqn, nsid);
-        if d.is_some() == present {
-            return d;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "namespace {nsid} of {nqn}: still {} after 60 s",
-            if present { "absent" } else { "present" }
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 fn fio_verify(dev: &str) {
@@ -137,28 +87,6 @@ fn connect_args<'a>(port: &'a str, nqn: &'a str, hostnqn: &'a str) -> Vec<&'a st
         "--hostnqn",
         hostnqn,
     ]
-}
-
-/// Puts the TLS PSK that `KEY` derives for (hostnqn, subnqn) into the .nvme keyring; returns its serial.
-fn insert_psk(hostnqn: &str, subnqn: &str) -> String {
-    let key = ConfiguredKey::parse(KEY).unwrap();
-    let (identity, psk) = key.derive(IdentityVersion::V0, hostnqn, subnqn, Derivation::Rfc8446);
-    let mut child = Command::new("keyctl")
-        .args(["padd", "psk", &identity, "%:.nvme"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run keyctl (keyutils)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(psk.dangerous_as_bytes())
-        .expect("hand the PSK to keyctl");
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "keyctl padd psk '{identity}'");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 #[test]
@@ -253,7 +181,7 @@ fn vm_kernel_host_against_a_multi_subsystem_target() {
             "skipping the TLS part: the guest runs no tlshd; give scripts/vm-test.sh NVPOLL_VM_TLSHD=/path/to/tlshd"
         );
     } else {
-        let serial = insert_psk(&hostnqn, SECURE);
+        let serial = insert_psk(KEY, &hostnqn, SECURE);
         let connect = format!(
             "transport=tcp,traddr=127.0.0.1,trsvcid={},nqn={SECURE},hostnqn={hostnqn},hostid={hostid},tls,tls_key={serial}",
             tls_addr.port()

@@ -22,6 +22,7 @@ use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
 use nvpoll_tcp::host::{ConnectOptions, TcpController};
 use nvpoll_tcp::target::TargetTls;
 use nvpoll_tcp::tls::{ConfiguredKey, Derivation, IdentityVersion};
+use target_common::kernel::{insert_psk, wait_disk};
 use target_common::{fill_pattern, pool, TestTarget, NQN};
 
 /// Test vector of the interchange format (shared/notes/tls-psk.md); a test-only key.
@@ -61,66 +62,6 @@ fn run(cmd: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Puts the TLS PSK that `KEY` derives for (hostnqn, subnqn) into the .nvme keyring under its v0 identity;
-/// returns the key's serial. The PSK goes to keyctl on stdin.
-fn insert_psk(hostnqn: &str, subnqn: &str) -> String {
-    let key = ConfiguredKey::parse(KEY).unwrap();
-    let (identity, psk) = key.derive(IdentityVersion::V0, hostnqn, subnqn, Derivation::Rfc8446);
-    let mut child = Command::new("keyctl")
-        .args(["padd", "psk", &identity, "%:.nvme"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run keyctl (keyutils)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(psk.dangerous_as_bytes())
-        .expect("hand the PSK to keyctl");
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "keyctl padd psk '{identity}': {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// The block device of namespace 1 of `nqn`, once the kernel made it.
-fn block_device(nqn: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        for class in ["/sys/class/nvme-subsystem", "/sys/class/nvme"] {
-            for entry in std::fs::read_dir(class).into_iter().flatten().flatten() {
-                let p = entry.path();
-                let subnqn = std::fs::read_to_string(p.join("subsysnqn")).unwrap_or_default();
-                if subnqn.trim() != nqn {
-                    continue;
-                }
-                for c in std::fs::read_dir(&p).into_iter().flatten().flatten() {
-                    let name = c.file_name().to_string_lossy().into_owned();
-                    let disk = name.strip_prefix("nvme").is_some_and(|rest| {
-                        rest.split_once('n').is_some_and(|(a, b)| {
-                            !a.is_empty() && a.bytes().all(|x| x.is_ascii_digit()) && b == "1"
-                        })
-                    });
-                    let dev = format!("/dev/{name}");
-                    if disk && std::path::Path::new(&dev).exists() {
-                        return dev;
-                    }
-                }
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no block device for {nqn} after 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn fio(dev: &str, args: &[&str]) {
     let mut all = vec![
         "--name=tls",
@@ -157,7 +98,7 @@ fn vm_tls_kernel_host_against_our_target() {
         ));
         c
     });
-    let serial = insert_psk(&hostnqn, NQN);
+    let serial = insert_psk(KEY, &hostnqn, NQN);
     let connect = format!(
         "transport=tcp,traddr=127.0.0.1,trsvcid={},nqn={NQN},hostnqn={hostnqn},hostid={hostid},tls,tls_key={serial}",
         t.addr.port()
@@ -168,7 +109,7 @@ fn vm_tls_kernel_host_against_our_target() {
         .open("/dev/nvme-fabrics")
         .and_then(|mut f| f.write_all(connect.as_bytes()))
         .expect("the kernel connects with TLS (see VM_OUT/tlshd.log)");
-    let dev = block_device(NQN);
+    let dev = wait_disk(NQN, 1, true).expect("the kernel made a disk");
     // 4 KiB writes (in-capsule data) with verification, then 128 KiB reads (C2HData across many records).
     fio(
         &dev,
@@ -247,7 +188,7 @@ fn vm_tls_our_initiator_against_nvmet() {
     }
     let hostnqn = env("VM_HOSTNQN");
     let subnqn = env("VM_NVMET_NQN");
-    insert_psk(&hostnqn, &subnqn);
+    insert_psk(KEY, &hostnqn, &subnqn);
     let _port = TlsPort::add(&subnqn);
     let key = ConfiguredKey::parse(KEY).unwrap();
     let o = ConnectOptions::new("127.0.0.1:4421".parse().unwrap(), &subnqn, &hostnqn)

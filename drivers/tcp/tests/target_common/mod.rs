@@ -2,6 +2,8 @@
 //! speaks NVMe/TCP PDU by PDU (to script both good and hostile hosts).
 #![allow(dead_code)]
 
+pub mod kernel;
+
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
