@@ -10,7 +10,6 @@ mod target_common;
 
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 

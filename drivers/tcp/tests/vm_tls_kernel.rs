@@ -15,13 +15,13 @@
 mod target_common;
 
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
 use nvpoll_tcp::host::{ConnectOptions, TcpController};
 use nvpoll_tcp::target::TargetTls;
-use nvpoll_tcp::tls::{ConfiguredKey, Derivation, IdentityVersion};
+use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 use target_common::kernel::{insert_psk, wait_disk};
 use target_common::{fill_pattern, pool, TestTarget, NQN};
 
