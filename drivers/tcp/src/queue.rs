@@ -14,7 +14,7 @@ use nvpoll::mem::DmaBuf;
 use nvpoll::send::{SendMode, SendPolicy};
 use nvpoll::spec::{Cqe, Sqe, Status};
 
-use crate::conn::Conn;
+use crate::conn::{Conn, DIRECT_SEND_MIN};
 use crate::pdu::{self, Decoded, Pdu};
 use crate::Error;
 
@@ -460,7 +460,13 @@ impl HostQueue {
         };
         let digests = self.digests();
         let waiting = self.conn.tx_pending();
-        pdu::encode_capsule_cmd(self.conn.tx_buf(), &sqe, data, digests, self.neg.cpda);
+        // Large in-capsule data leaves straight from the buffer, below, once the slot holds it.
+        let direct = data.len() >= DIRECT_SEND_MIN;
+        if direct {
+            pdu::encode_capsule_cmd_header(self.conn.tx_buf(), &sqe, len, digests, self.neg.cpda);
+        } else {
+            pdu::encode_capsule_cmd(self.conn.tx_buf(), &sqe, data, digests, self.neg.cpda);
+        }
         self.conn.pdu_queued();
         let kick = self.policy.kick_now(waiting, self.outstanding);
         let slot = &mut self.slots[usize::from(cid)];
@@ -479,6 +485,20 @@ impl HostQueue {
         };
         self.outstanding += 1;
         self.commands += 1;
+        if direct {
+            let slot = &self.slots[usize::from(cid)];
+            let data = &slot
+                .buf
+                .as_ref()
+                .expect("in-capsule data has a buffer")
+                .as_slice()[..len as usize];
+            if let Err(e) = self.conn.send_payload(&[data], digests.data) {
+                // The command is accepted: the failed queue completes it with an error.
+                let msg = e.to_string();
+                self.fail(&msg);
+            }
+            return Ok(());
+        }
         if kick {
             // The command is accepted either way: a failed write fails the queue, which completes it with
             // an error through the done list.
@@ -563,7 +583,7 @@ impl HostQueue {
                 }
                 (Action::SendData(r2t), len) => {
                     self.conn.consume(len);
-                    self.send_h2c(r2t);
+                    self.send_h2c(r2t)?;
                 }
             }
         }
@@ -573,7 +593,7 @@ impl HostQueue {
     }
 
     /// Queues the H2CData PDUs that answer an R2T (already validated), split by MAXH2CDATA.
-    fn send_h2c(&mut self, r2t: pdu::R2T) {
+    fn send_h2c(&mut self, r2t: pdu::R2T) -> Result<(), Error> {
         let digests = self.digests();
         let slot = &self.slots[usize::from(r2t.cccid)];
         let data = &slot
@@ -593,10 +613,17 @@ impl HostQueue {
                 last: off + n == end,
             };
             let chunk = &data[off as usize..(off + n) as usize];
-            pdu::encode_h2c_data(self.conn.tx_buf(), &hdr, chunk, digests, self.neg.cpda);
+            if chunk.len() >= DIRECT_SEND_MIN {
+                // Straight from the command's buffer to the socket.
+                pdu::encode_h2c_data_header(self.conn.tx_buf(), &hdr, digests, self.neg.cpda);
+                self.conn.send_payload(&[chunk], digests.data)?;
+            } else {
+                pdu::encode_h2c_data(self.conn.tx_buf(), &hdr, chunk, digests, self.neg.cpda);
+            }
             self.conn.pdu_queued();
             off += n;
         }
+        Ok(())
     }
 
     fn complete(&mut self, cid: u16, cqe: Option<Cqe>) {

@@ -30,7 +30,7 @@ use super::io;
 use super::store::{FlushStatus, FlushTicket};
 use super::subsystem::{Namespace, NsTable, Subsystem};
 use super::{Listener, TargetEvent, TargetShared, TlsMode};
-use crate::conn::Conn;
+use crate::conn::{Conn, DIRECT_SEND_MIN};
 use crate::pdu::{self, Decoded, Digests, Fes, Pdu, PduError};
 use crate::Error;
 
@@ -1119,6 +1119,26 @@ impl Session {
                     };
                     let tx = self.conn.tx_buf();
                     pdu::encode_c2h_data_header(tx, &hdr, self.digests, self.hpda);
+                    if n >= DIRECT_SEND_MIN {
+                        // Straight from the namespace's memory to the socket (RAM stores).
+                        let conn = &mut self.conn;
+                        let digest = self.digests.data;
+                        let sent = ns.store.with_ram_slices(off + done as u64, n, |data| {
+                            conn.send_payload(data, digest)
+                        });
+                        match sent {
+                            Some(Ok(_)) => {
+                                self.conn.pdu_queued();
+                                done += n;
+                                continue;
+                            }
+                            Some(Err(e)) => {
+                                return Err(Fatal::close(format!("send failed: {e}")));
+                            }
+                            None => {}
+                        }
+                    }
+                    let tx = self.conn.tx_buf();
                     let start = tx.len();
                     if ns.store.read_append(off + done as u64, n, tx).is_err() {
                         tx.truncate(mark);

@@ -19,6 +19,15 @@ use std::time::Duration;
 /// Size of one independently locked piece of a RAM store.
 const RAM_SEGMENT: usize = 64 * 1024;
 
+/// The longest range [`Store::with_ram_slices`] lends out at once.
+pub(crate) const DIRECT_READ_MAX: usize = 128 * 1024;
+
+/// The most segments such a range touches.
+const DIRECT_SEGMENTS: usize = DIRECT_READ_MAX / RAM_SEGMENT + 1;
+
+/// What an unwritten RAM segment reads as.
+static RAM_ZEROES: [u8; RAM_SEGMENT] = [0; RAM_SEGMENT];
+
 /// A zeroed buffer used to write zeroes to files.
 const ZERO_CHUNK: usize = 128 * 1024;
 
@@ -112,6 +121,47 @@ impl Store {
         }
     }
 
+    /// For a RAM store and a range of at most [`DIRECT_READ_MAX`] bytes: calls `f` with the bytes of
+    /// `off..off + len` as slices of the store itself (unwritten parts as zeroes), the segments locked
+    /// meanwhile, so the caller can send them with no copy of its own. `None` (and `f` is not called) for
+    /// other stores or longer ranges: the caller falls back to [`Store::read_append`].
+    pub(crate) fn with_ram_slices<R>(
+        &self,
+        off: u64,
+        len: usize,
+        f: impl FnOnce(&[&[u8]]) -> R,
+    ) -> Option<R> {
+        let Store::Ram(r) = self else { return None };
+        if len > DIRECT_READ_MAX {
+            return None;
+        }
+        // Lock in ascending order (as every other user does: one at a time), so no two callers deadlock.
+        let first = (off / RAM_SEGMENT as u64) as usize;
+        let last = ((off + len as u64).saturating_sub(1) / RAM_SEGMENT as u64) as usize;
+        let mut guards: [Option<SegmentGuard<'_>>; DIRECT_SEGMENTS] = Default::default();
+        if len > 0 {
+            for (g, seg) in guards.iter_mut().zip(&r.segments[first..=last]) {
+                *g = Some(seg.lock().unwrap_or_else(|e| e.into_inner()));
+            }
+        }
+        let mut slices: [&[u8]; DIRECT_SEGMENTS] = [&[]; DIRECT_SEGMENTS];
+        let mut at = 0usize;
+        let mut k = 0;
+        while at < len {
+            let pos = off + at as u64;
+            let start = (pos % RAM_SEGMENT as u64) as usize;
+            let n = (RAM_SEGMENT - start).min(len - at);
+            let bytes: &[u8] = match guards[k].as_deref().and_then(|s| s.as_deref()) {
+                Some(seg) => seg,
+                None => &RAM_ZEROES,
+            };
+            slices[k] = &bytes[start..start + n];
+            at += n;
+            k += 1;
+        }
+        Some(f(&slices[..k]))
+    }
+
     /// Writes `data` at byte offset `off` (the caller checked the range).
     pub(crate) fn write(&self, off: u64, data: &[u8]) -> io::Result<()> {
         match self {
@@ -188,6 +238,9 @@ impl Store {
 
 /// One piece of a RAM store: `None` until first written (it reads as zeroes).
 type Segment = Mutex<Option<Box<[u8]>>>;
+
+/// A locked segment.
+type SegmentGuard<'a> = std::sync::MutexGuard<'a, Option<Box<[u8]>>>;
 
 /// Memory in segments of [`RAM_SEGMENT`] bytes, each behind its own lock so that connections on different
 /// reactors only meet when they touch the same 64 KiB at the same moment (a copy of at most 64 KiB).
@@ -366,6 +419,30 @@ mod tests {
     }
 
     #[test]
+    fn ram_slices_lend_what_read_append_copies() {
+        let s = Store::ram(4 * RAM_SEGMENT as u64);
+        let data: Vec<u8> = (0..RAM_SEGMENT + 100).map(|i| (i * 13 + 1) as u8).collect();
+        s.write(RAM_SEGMENT as u64 + 50, &data).unwrap();
+        // Ranges within one segment, across two and across three, over written and unwritten bytes.
+        for (off, len) in [
+            (0u64, 4096usize),
+            (RAM_SEGMENT as u64 - 10, 20),
+            (10, DIRECT_READ_MAX),
+            (RAM_SEGMENT as u64 + 1, DIRECT_READ_MAX),
+            (2 * RAM_SEGMENT as u64 - 7, RAM_SEGMENT + 9),
+            (3 * RAM_SEGMENT as u64, 0),
+        ] {
+            let mut copied = Vec::new();
+            s.read_append(off, len, &mut copied).unwrap();
+            let lent = s
+                .with_ram_slices(off, len, |parts| parts.concat())
+                .expect("a RAM store lends its slices");
+            assert_eq!(lent, copied, "range {off}+{len}");
+        }
+        assert!(s.with_ram_slices(0, DIRECT_READ_MAX + 1, |_| ()).is_none());
+    }
+
+    #[test]
     fn file_store_round_trip_and_flush() {
         let dir = std::env::temp_dir().join(format!("nvpoll-store-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -376,6 +453,10 @@ mod tests {
             .unwrap();
         let s = Store::open(&path).unwrap();
         assert_eq!(s.len(), 1 << 20);
+        assert!(
+            s.with_ram_slices(0, 4096, |_| ()).is_none(),
+            "only RAM lends slices"
+        );
         s.write(4096, b"hello").unwrap();
         s.write_zeroes(4097, 2).unwrap();
         let mut out = Vec::new();
