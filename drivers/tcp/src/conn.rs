@@ -45,6 +45,8 @@ pub struct ConnStats {
     pub reads: u64,
     /// Bytes read from the socket.
     pub bytes_rx: u64,
+    /// Of those, bytes read straight into a command's buffer ([`Conn::fill_into`]).
+    pub bytes_rx_direct: u64,
     /// Flushes that found something to send.
     pub flushes: u64,
     /// Immediate ACKs asked of the kernel (`TCP_QUICKACK`) while a PDU was incomplete.
@@ -429,6 +431,71 @@ impl Conn {
         let _ = socket2::SockRef::from(&self.stream).set_quickack(true);
     }
 
+    /// Reads what the socket has with one `readv`: first into `dest` (the rest of a large PDU's data, straight
+    /// into the buffer where it belongs), then, past it, into the receive buffer (the PDUs that follow).
+    /// Returns the bytes that went into `dest`. Plain connections only (with TLS, use [`Conn::fill`]).
+    pub fn fill_into(&mut self, dest: &mut [u8]) -> Result<usize, Error> {
+        assert!(
+            self.tls.is_none(),
+            "fill_into reads plaintext from the socket"
+        );
+        if self.closed {
+            return Err(Error::Closed);
+        }
+        self.make_rx_room();
+        self.stats.reads += 1;
+        let want = dest.len();
+        let n = loop {
+            let mut iov = [
+                io::IoSliceMut::new(dest),
+                io::IoSliceMut::new(&mut self.rx[self.rx_end..]),
+            ];
+            match self.stream.read_vectored(&mut iov) {
+                Ok(0) => {
+                    self.closed = true;
+                    return Err(Error::Closed);
+                }
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io("recv", e)),
+            }
+        };
+        self.stats.bytes_rx += n as u64;
+        self.unacked_rx = true;
+        let direct = n.min(want);
+        self.stats.bytes_rx_direct += direct as u64;
+        self.rx_end += n - direct;
+        Ok(direct)
+    }
+
+    /// While a large PDU's data goes straight to its buffer ([`Conn::fill_into`]): asks for an immediate ACK
+    /// of what arrived since the last call, as [`Conn::ack_partial`] does for a PDU gathered in the receive
+    /// buffer.
+    pub fn ack_direct(&mut self) {
+        if std::mem::take(&mut self.unacked_rx) {
+            self.stats.quick_acks += 1;
+            // Best effort, as in ack_partial.
+            let _ = socket2::SockRef::from(&self.stream).set_quickack(true);
+        }
+    }
+
+    /// Drops `n` received bytes that are part of a PDU still being received (its header and the data moved
+    /// out of the receive buffer); [`Conn::pdu_received`] counts the PDU once it is whole.
+    pub fn skip(&mut self, n: usize) {
+        debug_assert!(n <= self.rx_end - self.rx_start);
+        self.rx_start += n;
+        if self.rx_start == self.rx_end {
+            self.rx_start = 0;
+            self.rx_end = 0;
+        }
+    }
+
+    /// Counts one PDU received in pieces (see [`Conn::skip`]).
+    pub fn pdu_received(&mut self) {
+        self.stats.pdus_rx += 1;
+    }
+
     /// Makes room at the end of the plaintext receive buffer: compacts, or grows when a PDU larger than the
     /// buffer is being received (only when the caller allowed such PDUs).
     fn make_rx_room(&mut self) {
@@ -535,13 +602,8 @@ impl Conn {
 
     /// Marks `n` received bytes as consumed (one decoded PDU).
     pub fn consume(&mut self, n: usize) {
-        debug_assert!(n <= self.rx_end - self.rx_start);
-        self.rx_start += n;
+        self.skip(n);
         self.stats.pdus_rx += 1;
-        if self.rx_start == self.rx_end {
-            self.rx_start = 0;
-            self.rx_end = 0;
-        }
     }
 
     /// Makes sure the receive buffer can hold a PDU of `len` bytes.

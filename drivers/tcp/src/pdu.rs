@@ -998,25 +998,10 @@ fn parse_header<'a>(h: &[u8], l: &Layout) -> Result<Pdu<'a>, PduError> {
 /// header is complete, the data digest once the PDU is. Reserved bytes are not checked; padding is skipped.
 /// Never panics, whatever `buf` holds.
 pub fn decode<'a>(buf: &'a [u8], cfg: &DecodeConfig) -> Result<Decoded<'a>, PduError> {
-    let Some(ch) = buf.get(..CH_LEN) else {
-        return Ok(Decoded::Incomplete { need: CH_LEN });
+    let (l, mut pdu) = match header(buf, cfg)? {
+        Header::Incomplete { need } => return Ok(Decoded::Incomplete { need }),
+        Header::Parsed(l, pdu) => (l, pdu),
     };
-    let l = check_common_header(ch, cfg)?;
-    let Some(h) = buf.get(..l.hend) else {
-        return Ok(Decoded::Incomplete { need: l.plen });
-    };
-    if l.hend > l.hlen {
-        let expected = crc32c::crc32c(&h[..l.hlen]);
-        let received = le32(h, l.hlen);
-        if expected != received {
-            return Err(PduError::HeaderDigest {
-                pdu_type: l.ty,
-                expected,
-                received,
-            });
-        }
-    }
-    let mut pdu = parse_header(&h[..l.hlen], &l)?;
     let Some(p) = buf.get(..l.plen) else {
         return Ok(Decoded::Incomplete { need: l.plen });
     };
@@ -1043,6 +1028,74 @@ pub fn decode<'a>(buf: &'a [u8], cfg: &DecodeConfig) -> Result<Decoded<'a>, PduE
     }
     pdu.set_data(data);
     Ok(Decoded::Pdu { pdu, len: l.plen })
+}
+
+enum Header<'a> {
+    /// `need` bytes in all before the header can be read (8, then `plen`).
+    Incomplete {
+        need: usize,
+    },
+    Parsed(Layout, Pdu<'a>),
+}
+
+/// Checks and parses the header (with its digest) at the start of `buf`.
+fn header<'a>(buf: &[u8], cfg: &DecodeConfig) -> Result<Header<'a>, PduError> {
+    let Some(ch) = buf.get(..CH_LEN) else {
+        return Ok(Header::Incomplete { need: CH_LEN });
+    };
+    let l = check_common_header(ch, cfg)?;
+    let Some(h) = buf.get(..l.hend) else {
+        return Ok(Header::Incomplete { need: l.plen });
+    };
+    if l.hend > l.hlen {
+        let expected = crc32c::crc32c(&h[..l.hlen]);
+        let received = le32(h, l.hlen);
+        if expected != received {
+            return Err(PduError::HeaderDigest {
+                pdu_type: l.ty,
+                expected,
+                received,
+            });
+        }
+    }
+    let pdu = parse_header(&h[..l.hlen], &l)?;
+    Ok(Header::Parsed(l, pdu))
+}
+
+/// The header of a PDU whose data has not all arrived: what [`decode_partial`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartialPdu<'a> {
+    /// The PDU with its header fields (its data is empty).
+    pub pdu: Pdu<'a>,
+    /// Where the data starts, from the start of the PDU (after the header, its digest and padding).
+    pub data_off: usize,
+    /// Bytes of data.
+    pub data_len: usize,
+    /// A data digest follows the data.
+    pub ddgst: bool,
+    /// The PDU's length on the wire.
+    pub plen: usize,
+}
+
+/// Decodes the header of the PDU at the start of `buf` once the header and its digest are there, before the
+/// data is: for a receiver that puts the data straight where it belongs (a read's buffer) instead of
+/// gathering the whole PDU first. `None` while the header is incomplete. The same checks as [`decode`]
+/// apply to the header; the data digest, if any, is the caller's to check (see [`DataDigest`]).
+pub fn decode_partial<'a>(
+    buf: &'a [u8],
+    cfg: &DecodeConfig,
+) -> Result<Option<PartialPdu<'a>>, PduError> {
+    let (l, pdu) = match header(buf, cfg)? {
+        Header::Incomplete { .. } => return Ok(None),
+        Header::Parsed(l, pdu) => (l, pdu),
+    };
+    Ok(Some(PartialPdu {
+        pdu,
+        data_off: l.data_off,
+        data_len: l.data_len,
+        ddgst: l.ddgst,
+        plen: l.plen,
+    }))
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -115,6 +115,55 @@ fn slot_in<'s>(slots: &'s mut [Slot], cid: u16, what: &str) -> Result<&'s mut Sl
     }
 }
 
+/// Checks a C2HData header against the command it names (a read, at the next offset, within its length) and
+/// counts its data as transferred; the caller then puts the data in the slot's buffer.
+fn accept_c2h<'s>(slots: &'s mut [Slot], hdr: &pdu::C2HDataHdr) -> Result<&'s mut Slot, Error> {
+    let cid = hdr.cccid;
+    let slot = slot_in(slots, cid, "C2HData")?;
+    if slot.dir != Some(DataDir::FromController) {
+        return Err(Error::Protocol(format!(
+            "C2HData for cid {cid}, which reads no data"
+        )));
+    }
+    let end = u64::from(hdr.datao) + u64::from(hdr.datal);
+    if end > u64::from(slot.len) {
+        return Err(Error::Protocol(format!(
+            "C2HData for cid {cid} covers bytes {}..{end}, beyond the {}-byte transfer",
+            hdr.datao, slot.len
+        )));
+    }
+    if hdr.datao != slot.transferred {
+        return Err(Error::Protocol(format!(
+            "C2HData for cid {cid} at offset {}, expected {}",
+            hdr.datao, slot.transferred
+        )));
+    }
+    slot.transferred += hdr.datal;
+    Ok(slot)
+}
+
+/// What a C2HData whose data is in place leads to: nothing, or (with SUCCESS) the command's completion.
+fn c2h_end(slot: &Slot, qid: u16, hdr: &pdu::C2HDataHdr) -> Result<Action, Error> {
+    let cid = hdr.cccid;
+    if !hdr.success {
+        return Ok(Action::None);
+    }
+    if slot.transferred != slot.len {
+        return Err(Error::Protocol(format!(
+            "C2HData SUCCESS for cid {cid} after {} of {} bytes",
+            slot.transferred, slot.len
+        )));
+    }
+    Ok(Action::Complete(
+        cid,
+        Some(Cqe {
+            cid,
+            sqid: qid,
+            ..Default::default()
+        }),
+    ))
+}
+
 /// Checks one PDU against the command it names and copies C2HData into the command's buffer.
 fn on_pdu(slots: &mut [Slot], qid: u16, pdu: &Pdu<'_>) -> Result<Action, Error> {
     match *pdu {
@@ -141,46 +190,10 @@ fn on_pdu(slots: &mut [Slot], qid: u16, pdu: &Pdu<'_>) -> Result<Action, Error> 
             Ok(Action::Complete(cqe.cid, Some(cqe)))
         }
         Pdu::C2HData { hdr, data } => {
-            let cid = hdr.cccid;
-            let slot = slot_in(slots, cid, "C2HData")?;
-            if slot.dir != Some(DataDir::FromController) {
-                return Err(Error::Protocol(format!(
-                    "C2HData for cid {cid}, which reads no data"
-                )));
-            }
-            let end = u64::from(hdr.datao) + u64::from(hdr.datal);
-            if end > u64::from(slot.len) {
-                return Err(Error::Protocol(format!(
-                    "C2HData for cid {cid} covers bytes {}..{end}, beyond the {}-byte transfer",
-                    hdr.datao, slot.len
-                )));
-            }
-            if hdr.datao != slot.transferred {
-                return Err(Error::Protocol(format!(
-                    "C2HData for cid {cid} at offset {}, expected {}",
-                    hdr.datao, slot.transferred
-                )));
-            }
-            slot.transferred += hdr.datal;
+            let slot = accept_c2h(slots, &hdr)?;
             let buf = slot.buf.as_mut().expect("read slot has a buffer");
-            buf.as_mut_slice()[hdr.datao as usize..end as usize].copy_from_slice(data);
-            if !hdr.success {
-                return Ok(Action::None);
-            }
-            if slot.transferred != slot.len {
-                return Err(Error::Protocol(format!(
-                    "C2HData SUCCESS for cid {cid} after {} of {} bytes",
-                    slot.transferred, slot.len
-                )));
-            }
-            Ok(Action::Complete(
-                cid,
-                Some(Cqe {
-                    cid,
-                    sqid: qid,
-                    ..Default::default()
-                }),
-            ))
+            buf.as_mut_slice()[hdr.datao as usize..][..data.len()].copy_from_slice(data);
+            c2h_end(slot, qid, &hdr)
         }
         Pdu::R2T(r2t) => {
             let cid = r2t.cccid;
@@ -209,6 +222,22 @@ fn on_pdu(slots: &mut [Slot], qid: u16, pdu: &Pdu<'_>) -> Result<Action, Error> 
             other.pdu_type()
         ))),
     }
+}
+
+/// C2HData payloads at least this large go straight from the socket into the read's buffer
+/// ([`Conn::fill_into`]) instead of through the receive buffer and a copy (plain connections).
+const DIRECT_RECV_MIN: usize = 16 * 1024;
+
+/// A C2HData PDU whose data is arriving straight into its command's buffer.
+#[derive(Debug)]
+struct DirectRx {
+    hdr: pdu::C2HDataHdr,
+    /// The next byte of the command's buffer to fill.
+    at: usize,
+    /// Data bytes still to come.
+    left: usize,
+    /// The data digest so far, when one follows the data.
+    crc: Option<pdu::DataDigest>,
 }
 
 /// Negotiated connection parameters (from ICResp).
@@ -245,6 +274,8 @@ pub struct HostQueue {
     /// On failure, keep outstanding commands in `orphans` (for a retry) instead of failing them.
     keep_orphans: bool,
     orphans: Vec<Orphan>,
+    /// The C2HData being received into its buffer, if any.
+    direct: Option<DirectRx>,
 }
 
 impl HostQueue {
@@ -348,6 +379,7 @@ impl HostQueue {
             now: Instant::now(),
             keep_orphans: false,
             orphans: Vec::new(),
+            direct: None,
         })
     }
 
@@ -545,10 +577,23 @@ impl HostQueue {
     }
 
     fn poll_inner(&mut self) -> Result<(), Error> {
-        self.conn.fill()?;
+        if self.direct.is_some() {
+            if !self.pump_direct()? {
+                self.conn.flush()?;
+                return Ok(());
+            }
+        } else {
+            self.conn.fill()?;
+        }
         loop {
             let action = match pdu::decode(self.conn.rx_data(), &self.decode) {
                 Ok(Decoded::Incomplete { need }) => {
+                    if need >= DIRECT_RECV_MIN && !self.conn.is_tls() && self.start_direct()? {
+                        if self.pump_direct()? {
+                            continue;
+                        }
+                        break;
+                    }
                     self.conn.reserve_rx(need);
                     self.conn.ack_partial(need);
                     break;
@@ -590,6 +635,98 @@ impl HostQueue {
         // H2CData queued by R2Ts goes out now.
         self.conn.flush()?;
         Ok(())
+    }
+
+    /// At an incomplete PDU: if it is a C2HData whose header (and padding) is here, checks it, moves the data
+    /// that came with it into the command's buffer and receives the rest straight there
+    /// ([`HostQueue::pump_direct`]). Returns whether it did.
+    fn start_direct(&mut self) -> Result<bool, Error> {
+        let rx = self.conn.rx_data();
+        let Some(p) = pdu::decode_partial(rx, &self.decode)? else {
+            return Ok(false);
+        };
+        let Pdu::C2HData { hdr, .. } = p.pdu else {
+            return Ok(false);
+        };
+        let (data_off, data_len, ddgst) = (p.data_off, p.data_len, p.ddgst);
+        if rx.len() < data_off {
+            return Ok(false);
+        }
+        let slot = accept_c2h(&mut self.slots, &hdr)?;
+        let have = (rx.len() - data_off).min(data_len);
+        let at = hdr.datao as usize;
+        let dest = &mut slot
+            .buf
+            .as_mut()
+            .expect("read slot has a buffer")
+            .as_mut_slice()[at..][..have];
+        dest.copy_from_slice(&rx[data_off..][..have]);
+        let mut crc = ddgst.then(pdu::DataDigest::new);
+        if let Some(c) = &mut crc {
+            c.update(dest);
+        }
+        self.conn.skip(data_off + have);
+        self.direct = Some(DirectRx {
+            hdr,
+            at: at + have,
+            left: data_len - have,
+            crc,
+        });
+        Ok(true)
+    }
+
+    /// Receives more of the C2HData in progress straight into its buffer. Returns `true` once the PDU is
+    /// whole (data and digest) and handled; `false` while the socket has no more of it.
+    fn pump_direct(&mut self) -> Result<bool, Error> {
+        let d = self.direct.as_mut().expect("a direct receive in progress");
+        let cid = d.hdr.cccid;
+        let slot = match self.slots.get_mut(usize::from(cid)) {
+            Some(s) if s.busy && s.buf.is_some() => s,
+            _ => {
+                return Err(Error::Protocol(format!(
+                    "read cid {cid} ended while its C2HData was arriving"
+                )))
+            }
+        };
+        if d.left > 0 {
+            let buf = slot.buf.as_mut().expect("checked above").as_mut_slice();
+            let dest = &mut buf[d.at..][..d.left];
+            let n = self.conn.fill_into(dest)?;
+            if let Some(c) = &mut d.crc {
+                c.update(&dest[..n]);
+            }
+            d.at += n;
+            d.left -= n;
+            if d.left > 0 {
+                self.conn.ack_direct();
+                return Ok(false);
+            }
+        }
+        if let Some(crc) = d.crc {
+            if self.conn.rx_data().len() < pdu::DIGEST_LEN {
+                self.conn.fill()?;
+                if self.conn.rx_data().len() < pdu::DIGEST_LEN {
+                    return Ok(false);
+                }
+            }
+            if self.conn.rx_data()[..pdu::DIGEST_LEN] != crc.finish() {
+                // Not fatal, as in the gathered path: the command fails; the stream goes on.
+                slot.data_digest_error = true;
+            }
+            self.conn.skip(pdu::DIGEST_LEN);
+        }
+        self.conn.pdu_received();
+        let hdr = d.hdr;
+        self.direct = None;
+        let action = if slot.data_digest_error && hdr.success {
+            Action::Complete(cid, None)
+        } else {
+            c2h_end(slot, self.qid, &hdr)?
+        };
+        if let Action::Complete(cid, cqe) = action {
+            self.complete(cid, cqe);
+        }
+        Ok(true)
     }
 
     /// Queues the H2CData PDUs that answer an R2T (already validated), split by MAXH2CDATA.
@@ -653,6 +790,7 @@ impl HostQueue {
     /// Fails the queue: every outstanding command completes with a transport error naming `why`, and later
     /// submits are refused.
     pub fn fail(&mut self, why: &str) {
+        self.direct = None;
         if self.failed.is_none() {
             self.failed = Some(why.to_string());
         }

@@ -392,3 +392,121 @@ fn bad_data_digest_fails_only_that_command() {
     assert_eq!(done[1].tag, 2);
     assert!(done[1].result.as_ref().unwrap().status().is_success());
 }
+
+#[test]
+fn large_c2h_data_arriving_in_pieces_lands_in_the_buffer_and_is_checked() {
+    // Two 64 KiB reads answered with C2HData (data digests on) that reach the host in pieces cut inside the
+    // header, the data and the digest, each piece sent only after the host has read the one before. The first
+    // carries a wrong digest: that read fails, the stream goes on, and the second read completes with every
+    // byte in place.
+    const LEN: usize = 64 * 1024;
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (cut_tx, cut_rx) = std::sync::mpsc::channel::<usize>();
+    let data: Vec<u8> = (0..LEN).map(|i| (i * 31 + 7) as u8).collect();
+    let expected = data.clone();
+    let peer = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut icreq = [0u8; 128];
+        s.read_exact(&mut icreq).unwrap();
+        let mut resp = icresp(false);
+        resp[11] |= 2;
+        s.write_all(&resp).unwrap();
+        let mut cids = Vec::new();
+        for _ in 0..2 {
+            let mut cmd = [0u8; 72];
+            s.read_exact(&mut cmd).unwrap();
+            cids.push(u16::from_le_bytes([cmd[10], cmd[11]]));
+        }
+        let pdu = |cid: u16, digest: [u8; 4]| {
+            let mut b = c2h_data(cid, 0, &data, 0x04 | 0x08 | 0x02);
+            let plen = u32::from_le_bytes(b[4..8].try_into().unwrap()) + 4;
+            b[4..8].copy_from_slice(&plen.to_le_bytes());
+            b.extend_from_slice(&digest);
+            b
+        };
+        let good = crc32c::crc32c(&data).to_le_bytes();
+        let mut stream = pdu(cids[0], [good[0] ^ 1, good[1], good[2], good[3]]);
+        let first = stream.len();
+        stream.extend_from_slice(&pdu(cids[1], good));
+        let cuts = [
+            24 + 100,
+            24 + 30_000,
+            first - 2,
+            first + 10,
+            first + 24 + 50_000,
+            stream.len() - 1,
+            stream.len(),
+        ];
+        let mut at = 0;
+        for cut in cuts {
+            s.write_all(&stream[at..cut]).unwrap();
+            at = cut;
+            cut_tx.send(cut).unwrap();
+            if go_rx.recv().is_err() {
+                return;
+            }
+        }
+        let mut sink = [0u8; 4096];
+        while let Ok(n) = s.read(&mut sink) {
+            if n == 0 {
+                break;
+            }
+        }
+    });
+    let pool = DmaPool::builder().class(LEN, 4).build().unwrap();
+    let mut q = queue_with(addr, false, true);
+    for tag in [1, 2] {
+        let mut buf = pool.alloc(LEN).unwrap();
+        buf.set_len(LEN).unwrap();
+        q.submit(
+            Sqe::read(1, 0, (LEN / 512 - 1) as u16),
+            DataDir::FromController,
+            Some(buf),
+            LEN as u32,
+            tag,
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+    }
+    q.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut done = Vec::new();
+    for _ in 0..7 {
+        let cut = cut_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the peer sends its next piece");
+        // 128 bytes of ICResp came first.
+        while q.conn_stats().bytes_rx < 128 + cut as u64 {
+            q.poll()
+                .expect("a data digest error is not fatal for the queue");
+            assert!(
+                Instant::now() < deadline,
+                "the pieces did not arrive in 10 s"
+            );
+        }
+        while let Some(d) = q.pop_done() {
+            done.push(d);
+        }
+        let _ = go_tx.send(());
+    }
+    assert!(
+        q.conn_stats().bytes_rx_direct > 30_000,
+        "most of the data went straight into the buffers"
+    );
+    drop(q);
+    peer.join().unwrap();
+    assert_eq!(done.len(), 2, "both reads completed");
+    assert_eq!(done[0].tag, 1);
+    assert!(
+        done[0].result.is_err(),
+        "a read whose data failed its digest is not a success"
+    );
+    assert_eq!(done[1].tag, 2);
+    assert!(done[1].result.as_ref().unwrap().status().is_success());
+    assert_eq!(
+        &done[1].buf.as_ref().unwrap().as_slice()[..LEN],
+        &expected[..]
+    );
+}
