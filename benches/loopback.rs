@@ -8,7 +8,8 @@
 //! Then large I/O: 128 KiB (qd16) and 1 MiB (qd4) sequential reads and writes, plain and TLS, adaptive, with
 //! GB/s and the CPU time each side spends per GB.
 //!
-//! `cargo bench --bench loopback` (NVPOLL_BENCH_TIME=5s NVPOLL_BENCH_RUNS=5 for longer runs).
+//! `cargo bench --bench loopback` (NVPOLL_BENCH_TIME=5s NVPOLL_BENCH_RUNS=5 for longer runs); `-- small` or
+//! `-- large` runs only the 4 KiB or only the large-I/O part.
 
 mod common;
 use std::cell::{Cell, RefCell};
@@ -34,7 +35,7 @@ struct Cell2 {
 }
 
 fn main() {
-    // `cargo bench` passes --bench; a filter argument, if any, is ignored.
+    // `cargo bench` passes --bench; a filter argument picks the part (see the top of the file).
     let common::Knobs { time, warmup, runs } = common::knobs("2s", "500ms", 3);
     let (icore, tcore, icores, tcores) = common::cores();
     let key = ConfiguredKey::parse(KEY).expect("key");
@@ -64,8 +65,19 @@ fn main() {
         "loopback: initiator core {icore}, target core {tcore}, 4 KiB, 1 queue pair, median of {runs} x {time:?} \
          (after {warmup:?}) per row"
     );
+    // `cargo bench --bench loopback -- large` (or `-- small`) runs one part only.
+    let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let (small, large) = match only.as_deref() {
+        None => (true, true),
+        Some("small") => (true, false),
+        Some("large") => (false, true),
+        Some(other) => {
+            eprintln!("loopback: unknown part {other:?}: give small, large or nothing (both)");
+            std::process::exit(2);
+        }
+    };
     let mut cells = Vec::new();
-    for tls in [false, true] {
+    for tls in [false, true].into_iter().filter(|_| small) {
         let mut o = ConnectOptions::new(target.local_addr(), NQN, HOSTNQN);
         if tls {
             o = o.with_tls_key(&key, IdentityVersion::V0);
@@ -126,28 +138,32 @@ fn main() {
             ..clone_row(&c.row)
         })
         .collect();
-    print!("{}", loadgen::table(&rows));
-    println!(
-        "\n| {:<24} | {:<8} | {:>15} | {:>12} |",
-        "workload", "mode", "initiator us/IO", "target us/IO"
-    );
-    for c in &cells {
+    if small {
+        print!("{}", loadgen::table(&rows));
         println!(
-            "| {:<24} | {:<8} | {:>15.2} | {:>12.2} |",
-            c.row.workload, c.row.mode, c.row.result.cpu_us_per_io, c.target_cpu_us
+            "\n| {:<24} | {:<8} | {:>15} | {:>12} |",
+            "workload", "mode", "initiator us/IO", "target us/IO"
+        );
+        for c in &cells {
+            println!(
+                "| {:<24} | {:<8} | {:>15.2} | {:>12.2} |",
+                c.row.workload, c.row.mode, c.row.result.cpu_us_per_io, c.target_cpu_us
+            );
+        }
+        ratios(&cells);
+    }
+    if large {
+        large_io(
+            &target,
+            &key,
+            &pool,
+            &reactors,
+            &target_reactors,
+            time,
+            warmup,
+            runs,
         );
     }
-    ratios(&cells);
-    large_io(
-        &target,
-        &key,
-        &pool,
-        &reactors,
-        &target_reactors,
-        time,
-        warmup,
-        runs,
-    );
     reactors.stop().expect("stop initiator reactors");
     target.stop();
     target_reactors.stop().expect("stop target reactors");
