@@ -6,9 +6,10 @@
 # SPDK_DIR is an SPDK build (v26.05 is the version we measure against) made by its own instructions; this
 # script never builds one. Without SPDK_DIR it says so and exits 0.
 #
-# For each target (SPDK's nvmf_tgt, then ours), one at a time on the target core, every cell runs SPDK's
-# spdk_nvme_perf and our perf against it, alternately (SPDK, ours, SPDK, ours, ...), BENCH_RUNS times each, on
-# one queue pair; the median IOPS of each is kept. Then one table with the four pairings side by side and two
+# In each of BENCH_RUNS rounds, each target (SPDK's nvmf_tgt, then ours: a fresh process, one at a time on the
+# target core) runs every cell with SPDK's spdk_nvme_perf and then our perf against it, on one queue pair; the
+# median IOPS over the rounds is kept. Alternating the targets round by round spreads the machine's drift
+# over both. Then one table with the four pairings side by side and two
 # ratios:
 #   initiator ratio = our perf / spdk_nvme_perf, both against SPDK's target
 #   target ratio    = our target / SPDK's target, both driven by spdk_nvme_perf
@@ -21,7 +22,7 @@
 #   SPDK_RPC_PYTHON          the python3 that runs rpc.py (default /usr/bin/python3)
 #   NVPOLL_EXAMPLES_DIR      folder with our built perf and target (default: cargo build --release)
 #   BENCH_TIME=3             seconds per run
-#   BENCH_RUNS=3             runs per initiator and cell (the median is printed)
+#   BENCH_RUNS=3             rounds: runs per target, initiator and cell (the median is printed)
 #   BENCH_CELLS              workload:size:qd list, default
 #                            randread:4k:128,randwrite:4k:128,read:128k:16,write:128k:16,read:1m:4,write:1m:4
 #   BENCH_SECURITY           plain,tls
@@ -132,6 +133,7 @@ wait_listen() {   # PORT LOG
 rpc() { "$RPC_PYTHON" "$RPC_PY" -s "$RPC_SOCK" "$@" >> "$WORK/rpc.log" 2>&1 || die "rpc.py $* failed: $(tail -n 3 "$WORK/rpc.log")"; }
 
 start_spdk() {
+    rm -f "$RPC_SOCK"   # a killed predecessor leaves its socket behind
     "$NVMF_TGT" -m "$((1 << TCORE))" --no-huge -s 1024 -r "$RPC_SOCK" > "$WORK/nvmf_tgt.log" 2>&1 &
     TGT_PID=$!
     local i
@@ -199,32 +201,39 @@ median() {   # values... (a "fail" makes the median "fail")
     printf '%s\n' "$@" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'
 }
 
-declare -A RESULT   # [target/initiator/sec/cell] = median IOPS
-measure_target() {   # spdk|ours
-    local tgt=$1 sec cell w s q b i spdk=() ours=()
+declare -A RUNS_OF   # [target/initiator/sec/cell] = the IOPS of each round, space-separated
+declare -A RESULT    # [target/initiator/sec/cell] = their median
+measure_round() {   # spdk|ours round
+    local tgt=$1 round=$2 sec cell w s q b a o
     for sec in "${SECURITY[@]}"; do
         for cell in "${CELLS[@]}"; do
             IFS=: read -r w s q <<< "$cell"
             b=$(bytes "$s")
-            spdk=(); ours=()
-            for i in $(seq "$RUNS"); do
-                spdk+=("$(spdk_run "$sec" "$w" "$b" "$q")")
-                ours+=("$(our_run "$sec" "$w" "$b" "$q")")
-            done
-            RESULT[$tgt/spdk/$sec/$cell]=$(median "${spdk[@]}")
-            RESULT[$tgt/ours/$sec/$cell]=$(median "${ours[@]}")
-            say "$tgt target, $sec $w $s qd$q: spdk_nvme_perf ${spdk[*]}, our perf ${ours[*]}"
+            a=$(spdk_run "$sec" "$w" "$b" "$q")
+            o=$(our_run "$sec" "$w" "$b" "$q")
+            RUNS_OF[$tgt/spdk/$sec/$cell]+="$a "
+            RUNS_OF[$tgt/ours/$sec/$cell]+="$o "
+            say "round $round/$RUNS, $tgt target, $sec $w $s qd$q: spdk_nvme_perf $a, our perf $o"
         done
     done
 }
 
-say "SPDK at $SPDK_DIR; ours from $BIN; target core $TCORE, initiator core $ICORE; ${RUNS} x ${TIME}s per initiator and cell"
-start_spdk
-measure_target spdk
-stop_pid "$TGT_PID"; TGT_PID=
-start_ours
-measure_target ours
-stop_pid "$TGT_PID"; TGT_PID=
+say "SPDK at $SPDK_DIR; ours from $BIN; target core $TCORE, initiator core $ICORE; ${RUNS} round(s) of ${TIME}s per initiator and cell"
+# Rounds alternate the targets (SPDK's, then ours, then SPDK's again ...), each target a fresh process that
+# runs every cell in order, so a drift of the machine over the minutes a run takes falls on both targets
+# alike instead of on whichever ran second.
+for round in $(seq "$RUNS"); do
+    start_spdk
+    measure_round spdk "$round"
+    stop_pid "$TGT_PID"; TGT_PID=
+    start_ours
+    measure_round ours "$round"
+    stop_pid "$TGT_PID"; TGT_PID=
+done
+for k in "${!RUNS_OF[@]}"; do
+    # shellcheck disable=SC2086 # the runs are space-separated on purpose
+    RESULT[$k]=$(median ${RUNS_OF[$k]})
+done
 
 ratio() { if [ "$1" = fail ] || [ "$2" = fail ] || [ "$2" = 0 ]; then echo -; else awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; fi; }
 echo
