@@ -31,8 +31,11 @@
 //! log pages the Linux host reads at connect. Not implemented: in-band authentication, reservations, Dataset
 //! Management, ANA.
 //!
-//! Sending follows nvpoll's split of *queue* and *kick*: handlers only append PDUs to a connection's send
-//! buffer, and the reactor's end-of-iteration flush writes each connection's buffer with one `write`.
+//! Sending follows nvpoll's split of *queue* and *kick*: handlers append PDUs to a connection's send buffer,
+//! and the send mode decides when it leaves (at once, or with the reactor's end-of-iteration flush, one `write`
+//! per connection). Read data of 16 KiB or more from a RAM namespace is the exception: it leaves at once,
+//! behind what is queued, with one `writev` straight from the namespace's memory (or sealed straight from it
+//! into TLS records), instead of being copied into the send buffer first.
 //!
 //! # Example
 //! ```no_run
