@@ -6,7 +6,8 @@
 //!   emulation, and the NVMe specification allows 32-bit accesses to every register.
 //! - [`SharedMem`]: a [`DmaBuf`] that the device reads or writes behind the compiler's back (submission and
 //!   completion queues, PRP lists). Each access is volatile, so a completion written by the device is seen by
-//!   the next poll and an entry the driver posts is in memory before the doorbell that announces it.
+//!   the next poll, and [`wmb`] / [`rmb`] (device barriers per architecture) put an entry the driver posts in
+//!   memory before the doorbell that announces it, and a completion's phase tag before the rest of it.
 //! - [`HostMemory`]: the device's side of DMA, for the memory-backed controller stand-in
 //!   ([`crate::fake`]): it reads and writes host memory by IOVA, like a device behind an IOMMU.
 //!
@@ -14,7 +15,8 @@
 #![allow(unsafe_code)]
 
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, Ordering};
+#[cfg(target_arch = "x86_64")]
+use std::sync::atomic::{compiler_fence, Ordering};
 
 use nvpoll::mem::{DmaBuf, DmaPool, DmaRegion};
 use nvpoll::spec::{Cqe, Sqe, CQE_SIZE, SQE_SIZE};
@@ -211,7 +213,7 @@ impl SharedMem {
     pub fn zero(&mut self) {
         // SAFETY: the range is exactly the buffer, which this value owns; no reference to it exists.
         unsafe { std::ptr::write_bytes(self.ptr.as_ptr(), 0, self.len) };
-        fence(Ordering::Release);
+        wmb();
     }
 
     /// Writes a 64-bit little-endian value at `offset` (8-byte aligned), e.g. a PRP list entry.
@@ -240,7 +242,7 @@ impl SharedMem {
     }
 
     /// Reads the completion queue entry in slot `index` if its phase tag equals `phase`: the dword holding the
-    /// phase is read first, and the rest only after it (with an acquire fence between).
+    /// phase is read first, and the rest only after it (with [`rmb`] between).
     #[inline]
     pub fn read_cqe(&self, index: usize, phase: bool) -> Option<Cqe> {
         let base = index * CQE_SIZE;
@@ -250,7 +252,7 @@ impl SharedMem {
         if (dw3 >> 16) & 1 != u32::from(phase) {
             return None;
         }
-        fence(Ordering::Acquire);
+        rmb();
         // SAFETY: as above.
         let (dw0, dw1, dw2) = unsafe {
             (
@@ -303,10 +305,44 @@ fn sqe_words(sqe: &Sqe) -> [u64; SQE_SIZE / 8] {
     ]
 }
 
-/// Orders the stores to shared memory before a following doorbell write (a release fence).
+// Device barriers, per architecture: what Linux calls dma_wmb() (before a doorbell, in writel()) and
+// dma_rmb() (between reading a completion's phase tag and the rest of it).
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+compile_error!(
+    "nvpoll-pcie has device memory barriers for x86_64 and aarch64 only; add this architecture's to mmio.rs"
+);
+
+/// Orders this CPU's earlier stores to DMA memory (a submission queue entry, a PRP list) before its later
+/// stores, a doorbell's MMIO write included, as the device sees them.
+///
+/// x86-64 keeps stores in program order for write-back and uncached memory alike, so only the compiler must
+/// be kept from reordering; aarch64 needs `dmb oshst` (outer shareable: the device is outside the inner
+/// shareable domain, which a plain release fence, `dmb ish`, covers).
 #[inline(always)]
 pub fn wmb() {
-    fence(Ordering::Release);
+    #[cfg(target_arch = "x86_64")]
+    compiler_fence(Ordering::SeqCst);
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: a barrier instruction; it reads and writes no memory and, without `nomem`, is also a compiler
+    // barrier for every access around it.
+    unsafe {
+        std::arch::asm!("dmb oshst", options(nostack, preserves_flags))
+    };
+}
+
+/// Orders this CPU's earlier loads from DMA memory (a completion entry's phase tag) before its later loads
+/// (the rest of the entry), against what the device wrote.
+///
+/// x86-64 does not reorder loads with loads: a compiler barrier is enough. aarch64 needs `dmb oshld`.
+#[inline(always)]
+pub fn rmb() {
+    #[cfg(target_arch = "x86_64")]
+    compiler_fence(Ordering::SeqCst);
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: as in `wmb`.
+    unsafe {
+        std::arch::asm!("dmb oshld", options(nostack, preserves_flags))
+    };
 }
 
 /// The device's side of DMA for the memory-backed controller stand-in: reads and writes host memory by IOVA,
@@ -388,6 +424,7 @@ impl HostMemory {
 mod tests {
     use super::*;
     use nvpoll::mem::HugepageMode;
+    use std::sync::atomic::Ordering;
 
     fn pool() -> DmaPool {
         DmaPool::builder()
