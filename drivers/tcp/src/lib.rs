@@ -1,5 +1,6 @@
 //! NVMe/TCP for nvpoll: PDUs, initiator and target.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod conn;
 mod error;

@@ -28,6 +28,7 @@ thread_local! {
     static COUNTING: Cell<bool> = const { Cell::new(false) };
 }
 
+// SAFETY: every method forwards to the system allocator unchanged; counting touches no allocation.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if COUNTING.try_with(Cell::get).unwrap_or(false) {
