@@ -426,6 +426,11 @@ impl Conn {
         if need <= QUICKACK_MIN_PDU || self.rx_end == self.rx_start {
             return;
         }
+        self.quick_ack();
+    }
+
+    /// Asks the kernel to acknowledge what arrived now instead of after its delayed-ACK timer.
+    fn quick_ack(&mut self) {
         self.stats.quick_acks += 1;
         // Best effort: an error here only means the ACK keeps its usual timing.
         let _ = socket2::SockRef::from(&self.stream).set_quickack(true);
@@ -474,9 +479,7 @@ impl Conn {
     /// buffer.
     pub fn ack_direct(&mut self) {
         if std::mem::take(&mut self.unacked_rx) {
-            self.stats.quick_acks += 1;
-            // Best effort, as in ack_partial.
-            let _ = socket2::SockRef::from(&self.stream).set_quickack(true);
+            self.quick_ack();
         }
     }
 

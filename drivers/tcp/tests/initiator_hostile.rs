@@ -344,6 +344,17 @@ fn error_status_is_an_error_not_a_success() {
     assert!(!cqe.status().is_success());
 }
 
+/// The first command (tag 1) failed its data digest and so is not a success; the second (tag 2) succeeded.
+fn assert_digest_failure_then_success(done: &[nvpoll_tcp::queue::Done]) {
+    assert_eq!(done[0].tag, 1);
+    assert!(
+        done[0].result.is_err(),
+        "a read whose data failed its digest is not a success"
+    );
+    assert_eq!(done[1].tag, 2);
+    assert!(done[1].result.as_ref().unwrap().status().is_success());
+}
+
 #[test]
 fn bad_data_digest_fails_only_that_command() {
     // C2HData with SUCCESS and a wrong data digest: the command fails, the queue stays up and the next
@@ -384,13 +395,7 @@ fn bad_data_digest_fails_only_that_command() {
             "completions did not arrive in 10 s"
         );
     }
-    assert_eq!(done[0].tag, 1);
-    assert!(
-        done[0].result.is_err(),
-        "a read whose data failed its digest is not a success"
-    );
-    assert_eq!(done[1].tag, 2);
-    assert!(done[1].result.as_ref().unwrap().status().is_success());
+    assert_digest_failure_then_success(&done);
 }
 
 #[test]
@@ -498,13 +503,7 @@ fn large_c2h_data_arriving_in_pieces_lands_in_the_buffer_and_is_checked() {
     drop(q);
     peer.join().unwrap();
     assert_eq!(done.len(), 2, "both reads completed");
-    assert_eq!(done[0].tag, 1);
-    assert!(
-        done[0].result.is_err(),
-        "a read whose data failed its digest is not a success"
-    );
-    assert_eq!(done[1].tag, 2);
-    assert!(done[1].result.as_ref().unwrap().status().is_success());
+    assert_digest_failure_then_success(&done);
     assert_eq!(
         &done[1].buf.as_ref().unwrap().as_slice()[..LEN],
         &expected[..]
