@@ -1,6 +1,6 @@
 //! A well-behaved host's throughput against our target, alone and while hostile hosts hammer the same target.
 //!
-//! The good host is our initiator: one queue pair, qd32 4 KiB random reads, driven by `nvpoll::loadgen` on its
+//! The good host is our initiator: one queue pair, qd32 4 KiB random reads, driven by `nvpoll_tools::loadgen` on its
 //! own reactor core; the target runs on another. The hostile hosts are plain threads (not pinned, so on a small
 //! machine they compete with both reactors for the same cores):
 //!
@@ -38,7 +38,6 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use nvpoll::api::Controller;
-use nvpoll::loadgen::{self, LoadGen, Phase, RunResult, RunSpec, Workload};
 use nvpoll::mem::DmaPool;
 use nvpoll::reactor::Reactors;
 use nvpoll::send::SendMode;
@@ -47,6 +46,7 @@ use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
 use nvpoll_tcp::pdu::{self, Digests};
 use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig, TargetTls};
 use nvpoll_tcp::tls::ConfiguredKey;
+use nvpoll_tools::loadgen::{self, LoadGen, Phase, RunResult, RunSpec, Workload};
 use target_common::{fill_pattern, RawHost, HOSTNQN, NQN};
 
 const KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";

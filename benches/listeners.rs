@@ -17,7 +17,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use nvpoll::api::Controller;
-use nvpoll::loadgen::{self, LoadGen, Row, RunResult, RunSpec, Workload};
 use nvpoll::mem::DmaPool;
 use nvpoll::reactor::{CoreList, Reactors};
 use nvpoll::send::SendMode;
@@ -26,6 +25,7 @@ use nvpoll_tcp::target::{
     Backing, SubsystemConfig, Target, TargetConfig, TargetHandle, TargetTls, TlsMode,
 };
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
+use nvpoll_tools::loadgen::{self, LoadGen, Row, RunResult, RunSpec, Workload};
 
 const KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
 const NQN: &str = "nqn.2024-01.io.nvpoll:bench";

@@ -17,13 +17,13 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use nvpoll::api::Controller;
-use nvpoll::loadgen::{self, LoadGen, Phase, Row, RunResult, RunSpec, Workload};
 use nvpoll::mem::DmaPool;
 use nvpoll::reactor::Reactors;
 use nvpoll::send::SendMode;
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
 use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig, TargetTls};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
+use nvpoll_tools::loadgen::{self, LoadGen, Phase, Row, RunResult, RunSpec, Workload};
 
 const KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
 const NQN: &str = "nqn.2024-01.io.nvpoll:bench";

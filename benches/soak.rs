@@ -14,12 +14,12 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use nvpoll::api::Controller;
-use nvpoll::loadgen::{self, LoadGen, RunResult, RunSpec, Workload};
 use nvpoll::mem::DmaPool;
 use nvpoll::reactor::Reactors;
 use nvpoll::send::SendMode;
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
 use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig};
+use nvpoll_tools::loadgen::{self, LoadGen, RunResult, RunSpec, Workload};
 
 const NQN: &str = "nqn.2024-01.io.nvpoll:soak";
 const HOSTNQN: &str = "nqn.2024-01.io.nvpoll:soak-host";

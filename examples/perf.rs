@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use nvpoll::api::Controller;
-use nvpoll::loadgen::{self, LoadGen, Phase, Row, RunSpec};
 use nvpoll::mem::DmaPool;
 use nvpoll::reactor::{CoreList, Reactors};
 use nvpoll::send::SendMode;
@@ -17,6 +16,7 @@ use nvpoll::trid::TransportId;
 use nvpoll_pcie::{PcieController, PcieOptions};
 use nvpoll_tcp::host::{ConnectOptions, Recovery, TcpController};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
+use nvpoll_tools::loadgen::{self, LoadGen, Phase, Row, RunSpec};
 
 /// The access pattern (fio's names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

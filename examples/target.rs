@@ -78,7 +78,7 @@ struct Args {
 
     /// Size of a RAM namespace (bytes, or with a K, M, G or T suffix: powers of 1024). Its contents are lost
     /// when the target stops. Default: 1G when no --file or --pcie is given, none otherwise.
-    #[arg(long, value_parser = nvpoll::loadgen::parse_size, conflicts_with = "config")]
+    #[arg(long, value_parser = nvpoll::units::parse_size, conflicts_with = "config")]
     ram: Option<u64>,
 
     /// A namespace backed by an existing regular file or block device, read and written through the page

@@ -9,6 +9,7 @@
 //! - [`api`]: the controller / namespace / queue-pair API that the transports (`nvpoll-tcp`, `nvpoll-pcie`)
 //!   implement and that an embedding storage engine uses;
 //! - [`trid`]: SPDK-style transport ID strings;
+//! - [`units`]: sizes and durations as users write them (`4k`, `1G`, `500ms`);
 //! - [`Error`]: the one error type of the crate.
 //!
 //! The flow of one I/O: the application, running on reactor N, calls [`api::QueuePair::submit`] on a queue pair
@@ -19,11 +20,11 @@
 
 pub mod api;
 mod error;
-pub mod loadgen;
 pub mod mem;
 pub mod reactor;
 pub mod send;
 pub mod spec;
 pub mod trid;
+pub mod units;
 
 pub use error::{Error, Result};

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use nvpoll::loadgen;
 use nvpoll::reactor::CoreList;
+use nvpoll_tools::loadgen;
 
 /// How long and how often each measured run goes.
 pub struct Knobs {

@@ -366,7 +366,7 @@ impl<'de> Deserialize<'de> for Size {
             }
 
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Size, E> {
-                nvpoll::loadgen::parse_size(v).map(Size).map_err(E::custom)
+                nvpoll::units::parse_size(v).map(Size).map_err(E::custom)
             }
         }
         d.deserialize_any(V)

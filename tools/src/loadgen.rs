@@ -11,12 +11,13 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+pub use nvpoll::units::{parse_duration, parse_size};
 
-use crate::api::{IoOp, IoRequest, Namespace, QueuePair, QueueStats};
-use crate::mem::{DmaBuf, DmaPool};
-use crate::reactor::{PollStatus, Poller, ReactorContext, Reactors};
-use crate::send::SendMode;
-use crate::Error;
+use nvpoll::api::{IoOp, IoRequest, Namespace, QueuePair, QueueStats};
+use nvpoll::mem::{DmaBuf, DmaPool};
+use nvpoll::reactor::{PollStatus, Poller, ReactorContext, Reactors};
+use nvpoll::send::SendMode;
+use nvpoll::Error;
 
 /// The access pattern of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,49 +45,6 @@ impl Workload {
             Workload::Randrw => "randrw",
         }
     }
-}
-
-/// Parses a size such as `512`, `4k`, `128K`, `1m`, `1G`, `1TiB` (powers of 1024); zero and overflow are
-/// errors.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (digits, shift) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 30),
-        Some('T' | 't') => (&t[..t.len() - 1], 40),
-        _ => (t, 0),
-    };
-    let n: u64 = digits
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size like 1G, 512M, 4k or 4096"))?;
-    n.checked_shl(shift)
-        .filter(|v| v >> shift == n && *v > 0)
-        .ok_or_else(|| format!("{s:?} is zero or too large"))
-}
-
-/// Parses a duration such as `10s`, `500ms`, `2m`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let bad = || format!("'{s}' is not a duration (e.g. 10s, 500ms, 1m)");
-    let (num, unit) = t.split_at(t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len()));
-    let v: f64 = num.parse().map_err(|_| bad())?;
-    let secs = match unit {
-        "" | "s" => v,
-        "ms" => v / 1000.0,
-        "us" => v / 1e6,
-        "m" | "min" => v * 60.0,
-        _ => return Err(bad()),
-    };
-    if !(0.0..=86400.0).contains(&secs) {
-        return Err(bad());
-    }
-    Ok(Duration::from_secs_f64(secs))
 }
 
 /// The parameters of one measured run.
@@ -138,7 +96,7 @@ struct JobResult<Q> {
 }
 
 /// What one run measured, all jobs together.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct RunResult {
     /// I/Os per second completed successfully in the measured window.
     pub iops: f64,
@@ -860,55 +818,89 @@ pub fn table(rows: &[Row]) -> String {
     s
 }
 
-/// The rows (with every run) as one JSON object.
+/// One run as perf's JSON writes it.
+#[derive(serde::Serialize)]
+struct JsonRun {
+    iops: f64,
+    mib_s: f64,
+    mean_us: f64,
+    p50_us: f64,
+    p99_us: f64,
+    p999_us: f64,
+    cpu_us_per_io: f64,
+    records_per_io: f64,
+    bytes_per_record: f64,
+    writes_per_io: f64,
+    pdus_per_io: f64,
+    flushes_per_io: f64,
+    syscalls_per_io: f64,
+    errors: u64,
+    mismatches: u64,
+    submitted: u64,
+    completed_ok: u64,
+    rejected: u64,
+    retried: u64,
+    lost: u64,
+    max_stall_s: f64,
+}
+
+impl From<&RunResult> for JsonRun {
+    fn from(x: &RunResult) -> Self {
+        JsonRun {
+            iops: x.iops,
+            mib_s: x.mib_s,
+            mean_us: x.mean_us,
+            p50_us: x.p50_us,
+            p99_us: x.p99_us,
+            p999_us: x.p999_us,
+            cpu_us_per_io: x.cpu_us_per_io,
+            records_per_io: x.records_per_io,
+            bytes_per_record: x.bytes_per_record,
+            writes_per_io: x.writes_per_io,
+            pdus_per_io: x.pdus_per_io,
+            flushes_per_io: x.flushes_per_io,
+            syscalls_per_io: x.syscalls_per_io,
+            errors: x.errors,
+            mismatches: x.mismatches,
+            submitted: x.submitted,
+            completed_ok: x.completed_ok,
+            rejected: x.rejected,
+            retried: x.retried,
+            lost: x.lost,
+            max_stall_s: x.max_stall.as_secs_f64(),
+        }
+    }
+}
+
+#[derive(serde::Serialize)]
+struct JsonRow<'a> {
+    workload: &'a str,
+    mode: &'a str,
+    median: JsonRun,
+    runs: Vec<JsonRun>,
+}
+
+#[derive(serde::Serialize)]
+struct JsonReport<'a> {
+    machine: &'a str,
+    rows: Vec<JsonRow<'a>>,
+}
+
+/// The rows (with every run) as one JSON object (serde_json: every string escaped).
 pub fn json(rows: &[Row], machine: &str) -> String {
-    let run = |x: &RunResult| {
-        format!(
-            "{{\"iops\":{:.1},\"mib_s\":{:.3},\"mean_us\":{:.3},\"p50_us\":{:.3},\"p99_us\":{:.3},\"p999_us\":{:.3},\
-             \"cpu_us_per_io\":{:.4},\"records_per_io\":{:.4},\"bytes_per_record\":{:.1},\"writes_per_io\":{:.4},\"pdus_per_io\":{:.4},\"flushes_per_io\":{:.4},\
-             \"syscalls_per_io\":{:.4},\"errors\":{},\"mismatches\":{},\"submitted\":{},\"completed_ok\":{},\
-             \"rejected\":{},\"retried\":{},\"lost\":{},\"max_stall_s\":{:.4}}}",
-            x.iops,
-            x.mib_s,
-            x.mean_us,
-            x.p50_us,
-            x.p99_us,
-            x.p999_us,
-            x.cpu_us_per_io,
-            x.records_per_io,
-            x.bytes_per_record,
-            x.writes_per_io,
-            x.pdus_per_io,
-            x.flushes_per_io,
-            x.syscalls_per_io,
-            x.errors,
-            x.mismatches,
-            x.submitted,
-            x.completed_ok,
-            x.rejected,
-            x.retried,
-            x.lost,
-            x.max_stall.as_secs_f64()
-        )
+    let report = JsonReport {
+        machine,
+        rows: rows
+            .iter()
+            .map(|r| JsonRow {
+                workload: &r.workload,
+                mode: r.mode,
+                median: (&r.result).into(),
+                runs: r.runs.iter().map(JsonRun::from).collect(),
+            })
+            .collect(),
     };
-    let rows: Vec<String> = rows
-        .iter()
-        .map(|r| {
-            let runs: Vec<String> = r.runs.iter().map(run).collect();
-            format!(
-                "{{\"workload\":\"{}\",\"mode\":\"{}\",\"median\":{},\"runs\":[{}]}}",
-                r.workload,
-                r.mode,
-                run(&r.result),
-                runs.join(",")
-            )
-        })
-        .collect();
-    format!(
-        "{{\"machine\":\"{}\",\"rows\":[{}]}}",
-        machine.replace('"', "'"),
-        rows.join(",")
-    )
+    serde_json::to_string(&report).expect("a report of numbers and strings always serializes")
 }
 
 #[cfg(test)]
@@ -916,21 +908,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes() {
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("512M"), Ok(512 << 20));
-        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
-        assert_eq!(parse_size("4k"), Ok(4096));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("1X").is_err());
-        assert!(parse_size("99999999T").is_err());
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert!(parse_duration("ten").is_err());
+    fn json_escapes_strings_and_parses_back() {
+        let run = RunResult {
+            iops: 1000.0,
+            lost: 0,
+            ..Default::default()
+        };
+        let rows = vec![Row {
+            workload: "qd1 \"x\" \\ randread".into(),
+            mode: "inline",
+            result: run.clone(),
+            runs: vec![run.clone(), run],
+        }];
+        let out = json(&rows, "a \"quoted\"\nmachine");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("perf's JSON parses");
+        assert_eq!(v["machine"], "a \"quoted\"\nmachine");
+        assert_eq!(v["rows"][0]["workload"], "qd1 \"x\" \\ randread");
+        assert_eq!(v["rows"][0]["median"]["iops"], 1000.0);
+        assert_eq!(v["rows"][0]["runs"].as_array().map(Vec::len), Some(2));
     }
 }

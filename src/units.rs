@@ -1,0 +1,70 @@
+//! Sizes and durations as users write them on command lines and in configuration files (`4k`, `1G`, `500ms`).
+
+use std::time::Duration;
+
+/// Parses a size such as `512`, `4k`, `128K`, `1m`, `1G`, `1TiB` (powers of 1024); zero and overflow are
+/// errors.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (digits, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 1G, 512M, 4k or 4096"))?;
+    n.checked_shl(shift)
+        .filter(|v| v >> shift == n && *v > 0)
+        .ok_or_else(|| format!("{s:?} is zero or too large"))
+}
+
+/// Parses a duration such as `10s`, `500ms`, `2m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let bad = || format!("'{s}' is not a duration (e.g. 10s, 500ms, 1m)");
+    let (num, unit) = t.split_at(t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len()));
+    let v: f64 = num.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "" | "s" => v,
+        "ms" => v / 1000.0,
+        "us" => v / 1e6,
+        "m" | "min" => v * 60.0,
+        _ => return Err(bad()),
+    };
+    if !(0.0..=86400.0).contains(&secs) {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("1X").is_err());
+        assert!(parse_size("99999999T").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert!(parse_duration("ten").is_err());
+    }
+}
