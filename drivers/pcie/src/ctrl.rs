@@ -36,11 +36,54 @@ use crate::qpair::{lock_admin, CtrlLink, Failure, NsInfo, Queue, QueueLayout, Sg
 use crate::vfio::VfioDevice;
 use crate::{Device, Error, PcieQueuePair, QueueOptions, Recovery};
 
-pub(crate) const STATE_RUNNING: u8 = 0;
-pub(crate) const STATE_REMOVED: u8 = 1;
-pub(crate) const STATE_DETACHED: u8 = 2;
-/// The controller could not be brought back by a reset.
-pub(crate) const STATE_FAILED: u8 = 3;
+/// Why the controller's epoch last changed: what its queue pairs make of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum CtrlState {
+    /// Working, or being reset (the epoch says which).
+    Running = 0,
+    /// The device is gone, or the kernel wanted it back: it was released.
+    Removed = 1,
+    /// The controller was shut down.
+    Detached = 2,
+    /// The controller could not be brought back by a reset.
+    Failed = 3,
+}
+
+impl CtrlState {
+    /// What a queue pair fails its commands with in this state (`None`: it goes on).
+    pub(crate) fn failure(self) -> Option<Failure> {
+        match self {
+            CtrlState::Running => None,
+            CtrlState::Removed => Some(Failure::Removed),
+            CtrlState::Detached => Some(Failure::Detached),
+            CtrlState::Failed => Some(Failure::Lost),
+        }
+    }
+}
+
+/// A [`CtrlState`] shared between threads.
+pub(crate) struct AtomicCtrlState(AtomicU8);
+
+impl AtomicCtrlState {
+    fn new(state: CtrlState) -> Self {
+        AtomicCtrlState(AtomicU8::new(state as u8))
+    }
+
+    /// The state, with acquire ordering.
+    pub(crate) fn load(&self) -> CtrlState {
+        match self.0.load(Ordering::Acquire) {
+            0 => CtrlState::Running,
+            1 => CtrlState::Removed,
+            2 => CtrlState::Detached,
+            _ => CtrlState::Failed,
+        }
+    }
+
+    fn store(&self, state: CtrlState) {
+        self.0.store(state as u8, Ordering::Release);
+    }
+}
 
 /// Attempts at bringing the controller back (disable, enable, identify) before it is given up.
 const RESET_ATTEMPTS: u32 = 3;
@@ -66,8 +109,8 @@ pub(crate) struct Shared {
     /// The epoch whose reset has completed (the controller is enabled and identified again): queue pairs
     /// may re-create their queues once `ready == epoch`.
     pub ready: AtomicU64,
-    /// `STATE_*`: why the epoch last changed.
-    pub state: AtomicU8,
+    /// Why the epoch last changed.
+    pub state: AtomicCtrlState,
     /// Set by a queue pair whose commands timed out.
     pub reset_requested: AtomicBool,
     /// Queue pairs dropped since the controller last looked.
@@ -281,7 +324,7 @@ impl<D: Device> PcieController<D> {
             shared: Arc::new(Shared {
                 epoch: AtomicU64::new(0),
                 ready: AtomicU64::new(0),
-                state: AtomicU8::new(STATE_RUNNING),
+                state: AtomicCtrlState::new(CtrlState::Running),
                 reset_requested: AtomicBool::new(false),
                 retired: Mutex::new(Vec::new()),
             }),
@@ -630,13 +673,13 @@ impl<D: Device> PcieController<D> {
     }
 
     fn ensure_running(&self) -> Result<(), Error> {
-        match self.shared.state.load(Ordering::Acquire) {
-            STATE_REMOVED => Err(Error::Removed),
-            STATE_DETACHED => Err(Error::Dead("the controller was shut down".into())),
-            STATE_FAILED => Err(Error::Dead(
+        match self.shared.state.load() {
+            CtrlState::Removed => Err(Error::Removed),
+            CtrlState::Detached => Err(Error::Dead("the controller was shut down".into())),
+            CtrlState::Failed => Err(Error::Dead(
                 "the controller could not be reset and was given up".into(),
             )),
-            _ => Ok(()),
+            CtrlState::Running => Ok(()),
         }
     }
 
@@ -652,7 +695,7 @@ impl<D: Device> PcieController<D> {
                 .unwrap_or_else(|e| e.into_inner()),
         );
         let epoch = self.shared.epoch.load(Ordering::Acquire);
-        let running = self.shared.state.load(Ordering::Acquire) == STATE_RUNNING;
+        let running = self.shared.state.load() == CtrlState::Running;
         let mut keep = Vec::new();
         for r in retired {
             if !device_forgot && running && r.epoch == STUCK {
@@ -728,24 +771,24 @@ impl<D: Device> PcieController<D> {
 
     /// Whether the controller was given up as removed (and its device released).
     pub fn is_removed(&self) -> bool {
-        self.shared.state.load(Ordering::Acquire) == STATE_REMOVED
+        self.shared.state.load() == CtrlState::Removed
     }
 
     /// The device is gone or wanted back by the kernel: release it first (from then on nothing reaches it:
     /// no register access, no DMA into buffers the callers get back), then fail everything as removed.
     fn remove(&self) {
         self.dev.release();
-        self.lose(STATE_REMOVED, Failure::Removed);
+        self.lose(CtrlState::Removed, Failure::Removed);
     }
 
     /// Moves the epoch with a new state. The caller holds the admin queue.
-    fn mark(&self, state: u8) {
-        self.shared.state.store(state, Ordering::Release);
+    fn mark(&self, state: CtrlState) {
+        self.shared.state.store(state);
         self.shared.epoch.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// The controller is lost for good (`STATE_REMOVED` or `STATE_FAILED`): the queue pairs fail everything.
-    fn lose(&self, state: u8, why: Failure) {
+    /// The controller is lost for good (removed or failed): the queue pairs fail everything.
+    fn lose(&self, state: CtrlState, why: Failure) {
         let mut aq = self.aq();
         self.mark(state);
         aq.fail(why);
@@ -780,7 +823,7 @@ impl<D: Device> PcieController<D> {
                 Err(e) => last = Some(e),
             }
         }
-        self.lose(STATE_FAILED, Failure::Lost);
+        self.lose(CtrlState::Failed, Failure::Lost);
         Err(last.unwrap_or(Error::Dead("the controller could not be reset".into())))
     }
 
@@ -789,7 +832,7 @@ impl<D: Device> PcieController<D> {
     fn reset_once(&mut self) -> Result<(), Error> {
         {
             let mut aq = self.aq();
-            self.mark(STATE_RUNNING);
+            self.mark(CtrlState::Running);
             aq.fail(Failure::Reset);
             while aq.pop_done().is_some() {}
         }
@@ -811,20 +854,20 @@ impl<D: Device> PcieController<D> {
             return Ok(());
         }
         self.shut_down = true;
-        let was = self.shared.state.load(Ordering::Acquire);
-        if was == STATE_RUNNING && self.dev.release_requested() {
+        let was = self.shared.state.load();
+        if was == CtrlState::Running && self.dev.release_requested() {
             self.remove();
         }
-        let was = self.shared.state.load(Ordering::Acquire);
+        let was = self.shared.state.load();
         let csts = self.dev.read32(reg::CSTS as usize);
-        let healthy = was == STATE_RUNNING && csts != u32::MAX && !Csts(csts).cfs();
+        let healthy = was == CtrlState::Running && csts != u32::MAX && !Csts(csts).cfs();
         if healthy && self.aq().failure().is_none() {
             self.process_retired(false);
         }
-        if was != STATE_REMOVED {
+        if was != CtrlState::Removed {
             // A removed controller stays removed (its queue pairs fail with that).
             let mut aq = self.aq();
-            self.mark(STATE_DETACHED);
+            self.mark(CtrlState::Detached);
             aq.fail(Failure::Detached);
         }
         let mut result = Ok(());

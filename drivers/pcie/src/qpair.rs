@@ -28,7 +28,7 @@ use nvpoll::mem::{DmaBuf, DmaPool};
 use nvpoll::send::{SendMode, SendPolicy};
 use nvpoll::spec::{reg, Cqe, Csts, SglDescriptor, Sqe, CQE_SIZE, SQE_SIZE};
 
-use crate::ctrl::{Retired, Shared, STATE_DETACHED, STATE_FAILED, STATE_REMOVED};
+use crate::ctrl::{CtrlState, Retired, Shared};
 use crate::mmio::{wmb, SharedMem};
 use crate::prp::{self, Shape, PAGE_SIZE};
 use crate::vfio::VfioDevice;
@@ -972,11 +972,8 @@ impl<D: Device> PcieQueuePair<D> {
         if self.link == Link::Dead {
             return;
         }
-        match self.shared.state.load(Ordering::Acquire) {
-            STATE_REMOVED => return self.die(Failure::Removed),
-            STATE_DETACHED => return self.die(Failure::Detached),
-            STATE_FAILED => return self.die(Failure::Lost),
-            _ => {}
+        if let Some(why) = self.shared.state.load().failure() {
+            return self.die(why);
         }
         if self.link == Link::Live && self.shared.epoch.load(Ordering::Acquire) != self.epoch {
             self.link = Link::Waiting;
@@ -1032,7 +1029,7 @@ impl<D: Device> PcieQueuePair<D> {
         let admin = Arc::clone(&self.admin);
         let mut aq = lock_admin(&admin);
         // The controller moves the epoch only while it holds the admin queue: this look is stable.
-        if self.shared.state.load(Ordering::Acquire) != crate::ctrl::STATE_RUNNING
+        if self.shared.state.load() != CtrlState::Running
             || self.shared.epoch.load(Ordering::Acquire) != epoch
             || self.shared.ready.load(Ordering::Acquire) != epoch
         {
