@@ -32,10 +32,16 @@ struct Args {
     /// First LBA to write.
     #[arg(long, default_value_t = 0)]
     lba: u64,
+    /// More log lines from the libraries: -v info, -vv debug, -vvv trace (RUST_LOG, in env_logger's
+    /// syntax, overrides this).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
 }
 
 fn main() {
-    if let Err(e) = run(Args::parse()) {
+    let args = Args::parse();
+    nvpoll_tools::logging::init(args.verbose);
+    if let Err(e) = run(args) {
         eprintln!("hello_world: {e}");
         std::process::exit(1);
     }

@@ -33,10 +33,16 @@ struct Args {
     /// Ask for data digests (NVMe/TCP).
     #[arg(long)]
     data_digest: bool,
+    /// More log lines from the libraries: -v info, -vv debug, -vvv trace (RUST_LOG, in env_logger's
+    /// syntax, overrides this).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
 }
 
 fn main() {
-    if let Err(e) = run(Args::parse()) {
+    let args = Args::parse();
+    nvpoll_tools::logging::init(args.verbose);
+    if let Err(e) = run(args) {
         eprintln!("identify: {e}");
         std::process::exit(1);
     }

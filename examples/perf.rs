@@ -144,10 +144,15 @@ struct Args {
     /// Size of the embedded target's RAM namespace.
     #[arg(long, default_value = "256m", value_parser = loadgen::parse_size)]
     ram: u64,
+    /// More log lines from the libraries: -v info, -vv debug, -vvv trace (RUST_LOG, in env_logger's
+    /// syntax, overrides this).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
 }
 
 fn main() {
     let args = Args::parse();
+    nvpoll_tools::logging::init(args.verbose);
     if let Err(e) = run(args) {
         eprintln!("perf: {e}");
         std::process::exit(1);

@@ -124,9 +124,10 @@ struct Args {
     allow_hosts: Vec<String>,
 
     /// Also print accepted connections and every closed one (by default: one line per connected queue, and
-    /// closes only when something went wrong).
-    #[arg(short, long)]
-    verbose: bool,
+    /// closes only when something went wrong); -vv also the libraries' debug log lines, -vvv their trace
+    /// (RUST_LOG, in env_logger's syntax, overrides the libraries' level).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    verbose: u8,
 }
 
 fn parse_block_size(s: &str) -> Result<u32, String> {
@@ -147,6 +148,7 @@ fn ordinary_close(reason: &str) -> bool {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    nvpoll_tools::logging::init(if args.verbose < 2 { 0 } else { args.verbose });
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -274,7 +276,7 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(mode) = args.send_mode {
         config.send_mode = mode;
     }
-    let verbose = args.verbose;
+    let verbose = args.verbose > 0;
     let config = config.on_event(move |e| match e {
         TargetEvent::Accepted { .. } if !verbose => {}
         TargetEvent::Closed { reason, .. } if !verbose && ordinary_close(reason) => {}

@@ -441,10 +441,10 @@ impl Mapping {
 static HUGEPAGE_WARNED: AtomicBool = AtomicBool::new(false);
 static MLOCK_WARNED: AtomicBool = AtomicBool::new(false);
 
-/// Prints `nvpoll: warning: {msg}` on stderr, the first time only for this `flag`.
+/// Logs `msg` as a warning (the `log` facade), the first time only for this `flag`.
 fn warn_once(flag: &AtomicBool, msg: &str) {
     if !flag.swap(true, Ordering::Relaxed) {
-        eprintln!("nvpoll: warning: {msg}");
+        log::warn!("{msg}");
     }
 }
 

@@ -439,7 +439,7 @@ impl Drop for Reactors {
         if !self.threads.is_empty() {
             self.shared.stop.store(true, Ordering::Release);
             if let Err(e) = self.join_threads() {
-                eprintln!("nvpoll: reactors dropped without stop(): {e}");
+                log::error!("reactors dropped without stop(): {e}");
             }
         }
     }

@@ -355,7 +355,9 @@ fn hugepages_are_used_when_reserved() {
 #[test]
 fn falls_back_to_ordinary_pages_with_one_warning() {
     if std::env::var_os(FALLBACK_CHILD).is_some() {
-        // The child: three pools, which would each warn if the warning were not once per process.
+        // The child: three pools, which would each warn if the warning were not once per process. The
+        // warning goes through the log facade; the binaries' logger prints it on stderr.
+        nvpoll_tools::logging::init(0);
         for _ in 0..3 {
             let pool = DmaPool::builder().class(4096, 4).build().unwrap();
             assert_eq!(pool.page_kind(), PageKind::Normal);

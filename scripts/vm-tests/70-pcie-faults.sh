@@ -33,7 +33,7 @@ say() { echo "$PROG: $*"; }
 bdf=${VM_VFIO_BDF:?not in the scripts/vm.sh guest}
 dev=/sys/bus/pci/devices/$bdf
 [ -x "$bin/perf" ] || die "no perf example in $bin (cargo build --examples)"
-[ -x "$setup" ] || die "no nvpoll-setup at $setup (cargo build -p nvpoll-pcie --bins)"
+[ -x "$setup" ] || die "no nvpoll-setup at $setup (cargo build -p nvpoll-tools --bins)"
 [ -d "$dev" ] || die "no PCI device $bdf"
 driver() { basename "$(readlink -f "/sys/bus/pci/devices/$1/driver" 2>/dev/null)" 2>/dev/null || true; }
 [ "$(driver "$bdf")" = vfio-pci ] || die "$bdf is bound to '$(driver "$bdf")', not vfio-pci"

@@ -925,7 +925,7 @@ fn prp_page() -> u64 {
 impl<D: Device> Drop for PcieController<D> {
     fn drop(&mut self) {
         if let Err(e) = self.shutdown_inner() {
-            eprintln!("nvpoll-pcie: warning: shutdown of {}: {e}", self.dev.name());
+            log::warn!("shutdown of {}: {e}", self.dev.name());
         }
     }
 }

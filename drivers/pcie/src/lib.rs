@@ -14,7 +14,7 @@
 //! - [`Device`] is what the driver needs from the PCI function (32-bit register access and DMA mapping):
 //!   [`vfio::VfioDevice`] for real hardware, [`fake::FakeDevice`] for a memory-backed stand-in that tests and
 //!   benchmarks run against;
-//! - [`sysfs`] and the `nvpoll-setup` tool bind controllers to vfio-pci and back, and reserve hugepages.
+//! - [`sysfs`] and the `nvpoll-setup` tool (crate nvpoll-tools) bind controllers to vfio-pci and back, and reserve hugepages.
 //!
 //! ```no_run
 //! use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};

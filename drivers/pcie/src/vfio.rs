@@ -535,15 +535,15 @@ impl VfioDevice {
         if let Err(e) = self.bar.detach() {
             // The device mapping stays (and keeps the device open in the kernel) rather than risk an access
             // to unmapped memory.
-            eprintln!(
-                "nvpoll-pcie: warning: {}: cannot cut BAR0 off ({e}); the kernel may wait for this process to \
+            log::warn!(
+                "{}: cannot cut BAR0 off ({e}); the kernel may wait for this process to \
                  exit before it can remove the device",
                 self.bdf
             );
         }
         for m in std::mem::take(&mut inner.mappings) {
             if let Err(e) = unmap(&files.container, m.iova, m.len) {
-                eprintln!("nvpoll-pcie: warning: releasing {}: {e}", self.bdf);
+                log::warn!("releasing {}: {e}", self.bdf);
             }
         }
         self.released.store(true, Ordering::Release);
@@ -703,8 +703,8 @@ struct IrqSetOne {
 /// for the process to close the device.
 fn register_request(device: &File, bdf: PciAddress) -> Option<File> {
     let warn = |why: String| {
-        eprintln!(
-            "nvpoll-pcie: warning: {bdf}: no VFIO device request channel ({why}); removing the device will wait \
+        log::warn!(
+            "{bdf}: no VFIO device request channel ({why}); removing the device will wait \
              until this process closes it"
         );
         None
@@ -754,7 +754,7 @@ impl Drop for VfioDevice {
         if let Some(files) = &inner.files {
             for m in maps {
                 if let Err(e) = unmap(&files.container, m.iova, m.len) {
-                    eprintln!("nvpoll-pcie: warning: {e}");
+                    log::warn!("{e}");
                 }
             }
         }

@@ -24,6 +24,10 @@ use nvpoll_pcie::sysfs::{NvmeDevice, Sysfs, Use};
 struct Args {
     #[command(subcommand)]
     cmd: Cmd,
+    /// More log lines from the libraries: -v info, -vv debug, -vvv trace (RUST_LOG, in env_logger's
+    /// syntax, overrides this).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
 }
 
 #[derive(Subcommand, Debug)]
@@ -62,6 +66,7 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    nvpoll_tools::logging::init(args.verbose);
     let sys = Sysfs::new();
     let r = match args.cmd {
         Cmd::Status => status(&sys),
