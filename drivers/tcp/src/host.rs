@@ -1081,8 +1081,8 @@ impl QueuePair for TcpQueuePair {
         Ok(())
     }
 
-    fn poll(&mut self, _max: usize) -> nvpoll::Result<usize> {
-        let before = self.done.len();
+    fn poll(&mut self, max: usize) -> nvpoll::Result<usize> {
+        let before = self.done.len() + self.q.as_ref().map_or(0, HostQueue::done_len);
         self.check_timeouts();
         if self.q.is_some() && self.shared.generation.load(Ordering::Acquire) != self.gen {
             // The controller reconnected (its old incarnation, and so this connection, is gone on the target):
@@ -1094,14 +1094,14 @@ impl QueuePair for TcpQueuePair {
         }
         match self.q.as_mut() {
             Some(q) => {
-                if q.poll().is_err() {
+                if q.poll_max(max).is_err() {
                     self.lose_connection();
                 }
             }
             None => self.try_reconnect()?,
         }
         let queued = self.q.as_ref().map_or(0, HostQueue::done_len);
-        Ok(self.done.len() - before + queued)
+        Ok((self.done.len() + queued).saturating_sub(before))
     }
 
     fn pop_completion(&mut self) -> Option<Completion> {

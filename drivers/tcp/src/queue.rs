@@ -562,12 +562,18 @@ impl HostQueue {
     /// Returns the number of commands completed. On a connection or protocol error every outstanding command
     /// is completed with an error, and the error is returned.
     pub fn poll(&mut self) -> Result<usize, Error> {
+        self.poll_max(usize::MAX)
+    }
+
+    /// As [`HostQueue::poll`], but stops handling PDUs once `max` commands have completed in this call; the
+    /// PDUs left in the receive buffer are handled by the next poll.
+    pub fn poll_max(&mut self, max: usize) -> Result<usize, Error> {
         self.now = Instant::now();
         if let Some(why) = &self.failed {
             return Err(Error::Protocol(format!("queue {} failed: {why}", self.qid)));
         }
         let before = self.done.len();
-        let r = self.poll_inner();
+        let r = self.poll_inner(before, max);
         if let Err(e) = &r {
             let msg = e.to_string();
             self.fail(&msg);
@@ -576,7 +582,7 @@ impl HostQueue {
         r.map(|_| n)
     }
 
-    fn poll_inner(&mut self) -> Result<(), Error> {
+    fn poll_inner(&mut self, before: usize, max: usize) -> Result<(), Error> {
         if self.direct.is_some() {
             if !self.pump_direct()? {
                 self.conn.flush()?;
@@ -585,7 +591,7 @@ impl HostQueue {
         } else {
             self.conn.fill()?;
         }
-        loop {
+        while self.done.len() - before < max {
             let action = match pdu::decode(self.conn.rx_data(), &self.decode) {
                 Ok(Decoded::Incomplete { need }) => {
                     if need >= DIRECT_RECV_MIN && !self.conn.is_tls() && self.start_direct()? {
