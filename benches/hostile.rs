@@ -25,7 +25,7 @@
 //! The machine's load average is printed before and after: other work on the same cores moves the numbers.
 
 mod common;
-#[path = "../drivers/tcp/tests/target_common/mod.rs"]
+#[path = "../nvmf-target/tests/target_common/mod.rs"]
 mod target_common;
 
 use std::cell::RefCell;
@@ -42,9 +42,9 @@ use nvpoll::mem::DmaPool;
 use nvpoll::reactor::Reactors;
 use nvpoll::send::SendMode;
 use nvpoll::spec::{SglDescriptor, Sqe};
+use nvpoll_target::{Backing, SubsystemConfig, Target, TargetConfig, TargetTls};
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
 use nvpoll_tcp::pdu::{self, Digests};
-use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig, TargetTls};
 use nvpoll_tcp::tls::ConfiguredKey;
 use nvpoll_tools::loadgen::{self, LoadGen, Phase, RunResult, RunSpec, Workload};
 use target_common::{fill_pattern, RawHost, HOSTNQN, NQN};

@@ -20,10 +20,10 @@ use nvpoll::api::Controller;
 use nvpoll::mem::DmaPool;
 use nvpoll::reactor::{CoreList, Reactors};
 use nvpoll::send::SendMode;
-use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
-use nvpoll_tcp::target::{
+use nvpoll_target::{
     Backing, SubsystemConfig, Target, TargetConfig, TargetHandle, TargetTls, TlsMode,
 };
+use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 use nvpoll_tools::loadgen::{self, LoadGen, Row, RunResult, RunSpec, Workload};
 

@@ -20,8 +20,8 @@ use nvpoll::api::Controller;
 use nvpoll::mem::DmaPool;
 use nvpoll::reactor::Reactors;
 use nvpoll::send::SendMode;
+use nvpoll_target::{Backing, SubsystemConfig, Target, TargetConfig, TargetTls};
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
-use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig, TargetTls};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 use nvpoll_tools::loadgen::{self, LoadGen, Phase, Row, RunResult, RunSpec, Workload};
 
@@ -222,7 +222,7 @@ fn measure(
 /// CPU time per GB on each side.
 #[allow(clippy::too_many_arguments)]
 fn large_io(
-    target: &nvpoll_tcp::target::TargetHandle,
+    target: &nvpoll_target::TargetHandle,
     key: &ConfiguredKey,
     pool: &DmaPool,
     reactors: &Reactors,

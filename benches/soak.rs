@@ -17,8 +17,8 @@ use nvpoll::api::Controller;
 use nvpoll::mem::DmaPool;
 use nvpoll::reactor::Reactors;
 use nvpoll::send::SendMode;
+use nvpoll_target::{Backing, SubsystemConfig, Target, TargetConfig};
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
-use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig};
 use nvpoll_tools::loadgen::{self, LoadGen, RunResult, RunSpec, Workload};
 
 const NQN: &str = "nqn.2024-01.io.nvpoll:soak";

@@ -534,9 +534,7 @@ fn run(args: Args) -> Result<(), String> {
 /// The embedded target: our NVMe/TCP target on 127.0.0.1, on its own reactors.
 mod embedded_target {
     use super::*;
-    use nvpoll_tcp::target::{
-        Backing, SubsystemConfig, Target, TargetConfig, TargetHandle, TargetTls,
-    };
+    use nvpoll_target::{Backing, SubsystemConfig, Target, TargetConfig, TargetHandle, TargetTls};
 
     pub const NQN: &str = "nqn.2024-01.io.nvpoll:perf";
 

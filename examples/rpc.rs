@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use nvpoll_tcp::target::rpc::serde_json::{self, Map, Value};
-use nvpoll_tcp::target::rpc::RpcClient;
+use nvpoll_target::rpc::serde_json::{self, Map, Value};
+use nvpoll_target::rpc::RpcClient;
 
 /// nvpoll target control: calls one JSON-RPC method on a running target's control socket and prints the result.
 ///

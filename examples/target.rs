@@ -16,8 +16,8 @@ use std::sync::{mpsc, Arc};
 
 use clap::Parser;
 use nvpoll::reactor::{CoreList, Reactors};
-use nvpoll_tcp::target::rpc::{self, ServeOptions};
-use nvpoll_tcp::target::{
+use nvpoll_target::rpc::{self, ServeOptions};
+use nvpoll_target::{
     config, Backing, ListenerConfig, SubsystemConfig, Target, TargetConfig, TargetEvent, TargetTls,
     TlsMode,
 };
@@ -193,7 +193,7 @@ fn open_pcie(bdf: &str) -> Result<Backing, String> {
     let ctrl =
         nvpoll_pcie::PcieController::open(addr, pool.clone(), nvpoll_pcie::PcieOptions::default())
             .map_err(|e| format!("{addr}: {e}"))?;
-    let dev = nvpoll_tcp::target::QueuePairDevice::new(ctrl, pool, 1, format!("PCIe {addr}"))
+    let dev = nvpoll_target::QueuePairDevice::new(ctrl, pool, 1, format!("PCIe {addr}"))
         .map_err(|e| format!("{addr}: {e}"))?;
     Ok(Backing::Device(Arc::new(dev)))
 }

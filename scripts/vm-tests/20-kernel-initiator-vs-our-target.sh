@@ -10,7 +10,7 @@
 #     in-capsule and through R2T), nvme disconnect;
 #  4. the kernel writes a random 4 MiB pattern (dd, O_DIRECT), disconnects,
 #     and our initiator reads it back (the vm_check_pattern_from_env test of
-#     drivers/tcp/tests/target_vm.rs) from the same running target;
+#     nvmf-target/tests/target_vm.rs) from the same running target;
 #  5. stops the target with SIGINT: it must exit 0 having sent no C2HTermReq
 #     and hit no internal error.
 #

@@ -4,7 +4,6 @@
 //! Attach ([`TcpController::connect`]) and queue creation run off the I/O path: they poll their sockets with
 //! deadlines until each step is done. Once created, a [`TcpQueuePair`] is moved to the reactor that owns it and
 //! never blocks.
-#![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

@@ -1,4 +1,4 @@
-//! NVMe/TCP for nvpoll: PDUs, initiator and target.
+//! NVMe/TCP host for nvpoll: PDUs, TLS 1.3 PSK, the connection and the initiator (the target is crate nvpoll-target).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -7,7 +7,6 @@ mod error;
 pub mod host;
 pub mod pdu;
 pub mod queue;
-pub mod target;
 pub mod tls;
 
 pub use error::Error;

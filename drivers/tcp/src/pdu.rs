@@ -40,7 +40,6 @@
 //! vector has grown to its working size. The `*_header` variants append only the header, header digest and
 //! padding, so that the sender can hand header, data and data digest ([`data_digest`], [`DataDigest`]) to the
 //! socket as separate iovecs without copying the data.
-#![forbid(unsafe_code)]
 
 use std::fmt;
 

@@ -4,7 +4,6 @@
 //! A [`HostQueue`] is owned by one thread (a reactor). It never blocks: [`HostQueue::submit`] encodes the
 //! command into the connection's send buffer and [`HostQueue::poll`] reads, decodes and completes. The
 //! blocking helpers used during bring-up ([`HostQueue::wait`]) only spin on `poll` with a deadline.
-#![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

@@ -13,6 +13,7 @@
 //!
 //! Every wait is bounded; the only sleeps are the slowloris peers' pacing, which is the behaviour under test.
 
+#[path = "../../../nvmf-target/tests/target_common/mod.rs"]
 mod target_common;
 mod tls_common;
 
@@ -26,10 +27,10 @@ use std::time::{Duration, Instant};
 
 use nvpoll::api::{Completion, Controller, IoOp, IoRequest, QueuePair};
 use nvpoll::spec::{ConnectData, Cqe, SglDescriptor, Sqe};
+use nvpoll_target::TargetTls;
 use nvpoll_tcp::host::{ConnectOptions, Recovery, TcpController};
 use nvpoll_tcp::pdu::{self, Digests, Fes};
 use nvpoll_tcp::queue::{DataDir, HostQueue, QueueParams};
-use nvpoll_tcp::target::TargetTls;
 use nvpoll_tcp::tls::{
     ClientConfig, ConfiguredKey, Derivation, Handshake, IdentityVersion, ServerConfig, Session,
 };

@@ -1,6 +1,7 @@
 //! The steady-state I/O path allocates nothing, on either side: our initiator and our target (in this process,
 //! on a reactor) exchange 4 KiB reads and writes, plain and with TLS, under a counting global allocator.
 
+#[path = "../../../nvmf-target/tests/target_common/mod.rs"]
 mod target_common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -11,9 +12,9 @@ use std::time::{Duration, Instant};
 use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
 use nvpoll::reactor::{CoreList, Reactors};
 use nvpoll::send::SendMode;
+use nvpoll_target::TargetTls;
+use nvpoll_target::{Backing, SubsystemConfig, Target, TargetConfig};
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
-use nvpoll_tcp::target::TargetTls;
-use nvpoll_tcp::target::{Backing, SubsystemConfig, Target, TargetConfig};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 use target_common::{pool, HOSTNQN, NQN, NS1_BYTES, NS2_BYTES};
 

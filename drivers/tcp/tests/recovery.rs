@@ -3,6 +3,7 @@
 //! once; a write completes successfully only if the target acknowledged it; with the retry policy nothing
 //! fails while the target comes back within ctrl-loss-tmo.
 
+#[path = "../../../nvmf-target/tests/target_common/mod.rs"]
 mod target_common;
 
 use std::collections::HashSet;
@@ -12,9 +13,9 @@ use std::time::{Duration, Instant};
 use nvpoll::api::{Completion, Controller, IoOp, IoRequest, QueuePair};
 use nvpoll::mem::DmaPool;
 use nvpoll::spec::Sqe;
+use nvpoll_target::{Backing, SubsystemConfig, TargetConfig};
 use nvpoll_tcp::host::{ConnectOptions, Recovery, TcpController, TcpQueuePair};
 use nvpoll_tcp::queue::{DataDir, HostQueue, QueueParams};
-use nvpoll_tcp::target::{Backing, SubsystemConfig, TargetConfig};
 use target_common::{fill_pattern, TestTarget, HOSTNQN, NQN};
 
 const BLOCKS: u64 = 8192; // 4 MiB of 512-byte blocks

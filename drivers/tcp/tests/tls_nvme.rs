@@ -2,14 +2,15 @@
 //! verified, every queue behind the same identity; wrong keys and plaintext hosts refused with typed errors;
 //! the optional mode serves both; the discovery log says what the port requires.
 
+#[path = "../../../nvmf-target/tests/target_common/mod.rs"]
 mod target_common;
 
 use std::time::{Duration, Instant};
 
 use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
 use nvpoll::send::SendMode;
+use nvpoll_target::TargetTls;
 use nvpoll_tcp::host::{ConnectOptions, TcpController};
-use nvpoll_tcp::target::TargetTls;
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 use nvpoll_tcp::Error;
 use target_common::{fill_pattern, pool, TestTarget, HOSTNQN, NQN};

@@ -12,6 +12,7 @@
 //! TCP_NODELAY. Without `Conn::ack_partial` the reads here take 45 ms each, and the target's 4 KiB-record
 //! writes as long.
 
+#[path = "../../../nvmf-target/tests/target_common/mod.rs"]
 mod target_common;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -20,10 +21,10 @@ use std::time::{Duration, Instant};
 
 use nvpoll::mem::DmaPool;
 use nvpoll::spec::{fabrics, reg, Cc, ConnectData, Cqe, SglDescriptor, Sqe};
+use nvpoll_target::TargetTls;
 use nvpoll_tcp::conn::Conn;
 use nvpoll_tcp::pdu::{self, Decoded, Digests, Pdu};
 use nvpoll_tcp::queue::{DataDir, HostQueue, QueueParams};
-use nvpoll_tcp::target::TargetTls;
 use nvpoll_tcp::tls::{
     ClientConfig, ConfiguredKey, Derivation, Handshake, HashAlg, IdentityVersion, Psk, ServerConfig,
 };

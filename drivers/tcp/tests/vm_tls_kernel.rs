@@ -12,6 +12,7 @@
 //! (shared/notes/testing.md); the tests derive it with our key schedule and hand it to `keyctl` on stdin, so
 //! no key material reaches an argument list or a log.
 
+#[path = "../../../nvmf-target/tests/target_common/mod.rs"]
 mod target_common;
 
 use std::io::Write;
@@ -19,8 +20,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
+use nvpoll_target::TargetTls;
 use nvpoll_tcp::host::{ConnectOptions, TcpController};
-use nvpoll_tcp::target::TargetTls;
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 use target_common::kernel::{insert_psk, wait_disk};
 use target_common::{fill_pattern, pool, TestTarget, NQN};

@@ -9,12 +9,11 @@
 //!                          <- {EncryptedExtensions} {Finished}
 //! {Finished}                                                       ->
 //! ```
-#![forbid(unsafe_code)]
 
 use std::fmt;
 
+use super::common::{Core, HandshakeState, Negotiated};
 use super::error::TlsError;
-use super::handshake::{Core, HandshakeState, Negotiated};
 use super::keys::Psk;
 use super::kx::{Group, KeyPair};
 use super::msgs::{

@@ -1,5 +1,4 @@
 //! TLS errors and alert descriptions.
-#![forbid(unsafe_code)]
 
 use std::fmt;
 

@@ -1,5 +1,4 @@
 //! (EC)DHE key exchange groups: x25519 and secp256r1, through aws-lc-rs's agreement API.
-#![forbid(unsafe_code)]
 
 use aws_lc_rs::agreement::{self, PrivateKey, UnparsedPublicKey};
 

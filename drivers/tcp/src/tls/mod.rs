@@ -80,9 +80,9 @@
 //! assert_eq!(plain.len(), 24 + 20000);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-#![forbid(unsafe_code)]
 
 mod client;
+mod common;
 mod error;
 mod handshake;
 mod keys;
@@ -94,8 +94,9 @@ mod server;
 mod session;
 
 pub use client::ClientConfig;
+pub use common::{HandshakeState, Negotiated, Role};
 pub use error::{AlertDescription, TlsError};
-pub use handshake::{Handshake, HandshakeState, Negotiated, Progress, Role};
+pub use handshake::{Handshake, Progress};
 pub use keys::{
     ConfiguredKey, Derivation, IdentityVersion, KeyError, KeyHmac, ParsedIdentity, Psk, RetainedKey,
 };

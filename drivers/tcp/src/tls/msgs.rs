@@ -3,7 +3,6 @@
 //! Decoders borrow from the message bytes and fail with the alert RFC 8446 names: `decode_error` for
 //! bad lengths, `illegal_parameter` for duplicate or misplaced extensions, `unsupported_extension` for a
 //! server extension the client never offered.
-#![forbid(unsafe_code)]
 
 use super::error::TlsError;
 

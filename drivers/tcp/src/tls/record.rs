@@ -4,7 +4,6 @@
 //! A protected record is `17 03 03 len_hi len_lo || AEAD(inner plaintext || content type || zero padding)`;
 //! the nonce is the IV XOR the 64-bit big-endian sequence number, the AAD is the 5-byte header. Sequence
 //! numbers count from 0 per direction and per key.
-#![forbid(unsafe_code)]
 
 use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use zeroize::Zeroizing;

@@ -2,7 +2,6 @@
 //! (RFC 8446 §7.1), on top of aws-lc-rs's HKDF, HMAC and digest.
 //!
 //! Secrets live in [`Secret`], which is zeroized on drop and prints as `<redacted>`.
-#![forbid(unsafe_code)]
 
 use std::fmt;
 

@@ -1,13 +1,12 @@
 //! The server side of the PSK handshake: ClientHello checks, PSK lookup by identity, binder check,
 //! group choice (HelloRetryRequest when the client shared none of ours), ServerHello, EncryptedExtensions,
 //! Finished. No session tickets are ever sent.
-#![forbid(unsafe_code)]
 
 use std::fmt;
 use std::sync::Arc;
 
+use super::common::{Core, HandshakeState, Negotiated};
 use super::error::TlsError;
-use super::handshake::{Core, HandshakeState, Negotiated};
 use super::keys::Psk;
 use super::kx::{Group, KeyPair};
 use super::msgs::{

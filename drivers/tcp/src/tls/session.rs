@@ -6,17 +6,17 @@
 //!   the caller's buffer;
 //! - a KeyUpdate we owe the peer goes out before our next application data record;
 //! - nothing is read after the peer's close_notify.
-#![forbid(unsafe_code)]
 
 use std::fmt;
 
+use super::common::{alert_error, Negotiated, Role};
 use super::error::{AlertDescription, TlsError};
-use super::handshake::{alert_error, Negotiated, Role};
+use super::kx::Group;
 use super::msgs::{check_new_session_ticket, decode_key_update, ht, next_message};
+use super::record::CipherSuite;
 use super::record::{
     ct, header, Traffic, HEADER_LEN, MAX_CIPHERTEXT, MAX_PLAINTEXT, RECORD_OVERHEAD, TAG_LEN,
 };
-use super::{CipherSuite, Group};
 
 /// Wire bytes of one KeyUpdate record.
 pub const KEY_UPDATE_LEN: usize = RECORD_OVERHEAD + 5;

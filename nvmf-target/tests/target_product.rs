@@ -13,12 +13,12 @@ use nvpoll::spec::{
     cns, fabrics, feature, log_page, reg, ConnectData, ConnectResponse, Cqe, DiscoveryLog,
     IdentifyController, InvalidParameter, Sqe, Status,
 };
-use nvpoll_tcp::host::{ConnectOptions, TcpController};
-use nvpoll_tcp::pdu::Digests;
-use nvpoll_tcp::target::{
+use nvpoll_target::{
     Backing, HostAccess, HostKey, ListenerConfig, NamespaceConfig, SubsystemConfig,
     SubsystemLimits, TargetConfig, TlsMode, DISCOVERY_NQN,
 };
+use nvpoll_tcp::host::{ConnectOptions, TcpController};
+use nvpoll_tcp::pdu::Digests;
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 use target_common::{fill_pattern, pool, RawHost, Resp, TestTarget, HOSTNQN};
 

@@ -12,11 +12,9 @@ use std::time::Duration;
 use nvpoll::api::Controller;
 use nvpoll::send::SendMode;
 use nvpoll::spec::Status;
+use nvpoll_target::config::{self, no_pcie, ConfigError};
+use nvpoll_target::{Backing, HostAccess, NamespaceConfig, SubsystemLimits, TargetConfig, TlsMode};
 use nvpoll_tcp::host::{ConnectOptions, TcpController};
-use nvpoll_tcp::target::config::{self, no_pcie, ConfigError};
-use nvpoll_tcp::target::{
-    Backing, HostAccess, NamespaceConfig, SubsystemLimits, TargetConfig, TlsMode,
-};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 use target_common::{pool, TestTarget};
 

@@ -3,8 +3,7 @@
 //! A controller is created by Fabrics Connect on an admin queue and lives as long as that admin connection. Its
 //! I/O queues may be connections on other reactors, so everything here is atomics (read on every poll, cheap)
 //! or a lock taken only when a queue connects or goes away. The registers and features, which only the admin
-//! queue touches, live with the admin connection ([`super::admin::AdminState`]).
-#![forbid(unsafe_code)]
+//! queue touches, live with the admin connection ([`crate::admin::AdminState`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;

@@ -17,7 +17,7 @@
 //! ```
 //!
 //! Why JSON: a subsystem object here is exactly the params of the control socket's `subsystem_add`
-//! ([`super::rpc`]), so one schema serves both; SPDK's users know JSON configurations; and serde_json reports
+//! ([`crate::rpc`]), so one schema serves both; SPDK's users know JSON configurations; and serde_json reports
 //! the line and column of what it could not read.
 //!
 //! The schema:
@@ -37,7 +37,6 @@
 //! Relative paths (`file`, `psk_file`) are taken from the configuration file's folder. Unknown fields are
 //! errors, and so is every value the target would refuse: each [`ConfigError`] names the field (a path such as
 //! `subsystems[1].namespaces[0].ram`) and its line. No error ever shows what a key file holds.
-#![forbid(unsafe_code)]
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -49,16 +48,16 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 use zeroize::Zeroizing;
 
-use super::subsystem::Limits;
-use super::{
-    Backing, HostAccess, HostKey, NamespaceConfig, SubsystemConfig, SubsystemLimits, TargetConfig,
-    TargetTls, TlsMode, DISCOVERY_NQN, MAX_NAMESPACES, MAX_NQN_LEN,
+use crate::options::{TargetConfig, TargetTls, TlsMode};
+use crate::subsystem::{
+    Backing, HostAccess, HostKey, Limits, NamespaceConfig, SubsystemConfig, SubsystemLimits,
+    DISCOVERY_NQN, MAX_NAMESPACES, MAX_NQN_LEN,
 };
-use crate::tls::{ConfiguredKey, KeyError};
-use crate::Error;
+use nvpoll_tcp::tls::{ConfiguredKey, KeyError};
+use nvpoll_tcp::Error;
 
 /// Opens the namespace of a local NVMe controller given by its PCI address (`pcie` in a namespace object).
-/// nvpoll-tcp cannot open one itself: the program supplies this (examples/target.rs uses nvpoll-pcie), or
+/// The target cannot open one itself: the program supplies this (examples/target.rs uses nvpoll-pcie), or
 /// [`no_pcie`].
 pub type PcieResolver<'a> = dyn Fn(&str) -> Result<Backing, String> + Send + Sync + 'a;
 
@@ -226,6 +225,7 @@ pub(super) fn read_key_file(path: &Path) -> Result<ConfiguredKey, String> {
             KeyError::Length { .. } => "its key has the wrong length for its hash field",
             KeyError::Crc { .. } => "its CRC does not match the key",
             KeyError::Terminator => "it does not end with ':' after the key field",
+            _ => "it is not in the interchange format",
         };
         format!("{shown} does not hold a valid NVMeTLSkey-1 interchange key: {why}")
     })

@@ -1,24 +1,24 @@
 //! Fabrics and admin commands: Connect, Property Get/Set with the CC/CSTS state machine, Identify, Get/Set
 //! Features, Get Log Page, Keep Alive, Asynchronous Event Request and Abort.
 //!
-//! The registers and feature values of a controller live in its admin connection's [`AdminState`]: only the
-//! admin queue reads or changes them, so they need no lock.
-#![forbid(unsafe_code)]
+//! The registers and feature values of a controller live in its admin connection's
+//! [`crate::admin_state::AdminState`]: only the admin queue reads or changes them, so they need no lock.
 
 use std::sync::Arc;
 
 use nvpoll::spec::{
-    admin as op, cns, encode_ns_list, fabrics, feature, log_page, Cap, Cc, ConnectData,
-    ConnectResponse, Csts, IdentifyController, IdentifyNamespace, InvalidParameter, LbaFormat,
+    admin as op, cns, encode_ns_list, fabrics, feature, log_page, Cap, ConnectData,
+    ConnectResponse, IdentifyController, IdentifyNamespace, InvalidParameter, LbaFormat,
     NsIdDescriptor, SmartLog, Sqe, Status, Vs, IDENTIFY_SIZE,
 };
 
-use super::controller::Controller;
-use super::discovery;
-use super::session::{Ctx, Queue, Reply};
-use super::subsystem::{Kind, Subsystem, MAX_NAMESPACES};
-use super::{Listener, TargetShared};
-use crate::tls::ParsedIdentity;
+use crate::admin_state::{AdminState, WCTEMP_K};
+use crate::controller::Controller;
+use crate::discovery;
+use crate::handler::{Ctx, Queue, Reply};
+use crate::shared::{Listener, TargetShared};
+use crate::subsystem::{Kind, Subsystem, MAX_NAMESPACES};
+use nvpoll_tcp::tls::ParsedIdentity;
 
 /// The version we report: 1.3, so that Linux asks for namespace descriptors but not for the 2.0-only Identify
 /// structures.
@@ -40,87 +40,8 @@ pub(crate) const AEC_NS_ATTRIBUTE: u32 = feature::AEC_NS_ATTRIBUTE;
 pub(crate) const NS_ATTRIBUTE_CHANGED_EVENT: u32 = 0x2 | (log_page::CHANGED_NS as u32) << 16;
 /// Composite temperature reported (Kelvin): 35 °C.
 const TEMPERATURE_K: u16 = 308;
-/// Over-temperature threshold default (Kelvin): 70 °C, as Identify Controller WCTEMP says.
-const WCTEMP_K: u16 = 343;
 /// Critical temperature (Kelvin): 85 °C.
 const CCTEMP_K: u16 = 358;
-
-/// The registers and feature values of one controller.
-#[derive(Debug)]
-pub(crate) struct AdminState {
-    kind: Kind,
-    cc: Cc,
-    csts: Csts,
-    arbitration: u32,
-    power_management: u32,
-    temperature_threshold: [u16; 2],
-    error_recovery: u32,
-    volatile_write_cache: bool,
-    interrupt_coalescing: u32,
-    write_atomicity: u32,
-    async_event_config: u32,
-}
-
-impl AdminState {
-    pub fn new(kind: Kind) -> AdminState {
-        AdminState {
-            kind,
-            cc: Cc(0),
-            csts: Csts(0),
-            arbitration: 0,
-            power_management: 0,
-            temperature_threshold: [WCTEMP_K, 0],
-            error_recovery: 0,
-            volatile_write_cache: true,
-            interrupt_coalescing: 0,
-            write_atomicity: 0,
-            async_event_config: 0,
-        }
-    }
-
-    /// A write to CC: enable (CSTS.RDY), disable (reset), shutdown (CSTS.SHST complete).
-    fn write_cc(&mut self, value: u32, ctrl: &Controller) {
-        let old = self.cc;
-        let new = Cc(value);
-        self.cc = new;
-        if new.en() && !old.en() {
-            let io_ok = self.kind == Kind::Discovery || (new.iosqes() == 6 && new.iocqes() == 4);
-            if io_ok
-                && new.mps() == 0
-                && new.ams() == 0
-                && matches!(new.css(), Cc::CSS_NVM | Cc::CSS_ADMIN_ONLY)
-            {
-                self.csts.set_rdy(true);
-                ctrl.set_ready(true);
-            } else {
-                self.csts.set_cfs(true);
-            }
-        }
-        if !new.en() && old.en() {
-            self.reset(ctrl);
-        }
-        if new.shn() != Cc::SHN_NONE && old.shn() == Cc::SHN_NONE {
-            self.reset(ctrl);
-            self.csts.set_shst(Csts::SHST_COMPLETE);
-        }
-        if new.shn() == Cc::SHN_NONE && old.shn() != Cc::SHN_NONE {
-            self.csts.set_shst(Csts::SHST_NORMAL);
-        }
-    }
-
-    /// Asynchronous Event Configuration as the host set it.
-    pub fn async_event_config(&self) -> u32 {
-        self.async_event_config
-    }
-
-    /// Back to the disabled state: not ready, no fatal status, CC cleared.
-    fn reset(&mut self, ctrl: &Controller) {
-        self.csts.set_rdy(false);
-        self.csts.set_cfs(false);
-        self.cc = Cc(0);
-        ctrl.set_ready(false);
-    }
-}
 
 /// CAP: 128 entries per queue, contiguous queues, 7.5 s timeout, NVM command set, 4 KiB pages.
 pub(crate) fn cap(queue_entries: u16) -> Cap {
@@ -450,7 +371,7 @@ fn identify(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
 }
 
 /// The namespace `nsid` names: `Ok(None)` for a valid but inactive ID, an error reply for an invalid one.
-fn active_ns(q: &Queue, nsid: u32) -> Result<Option<&Arc<super::subsystem::Namespace>>, Reply> {
+fn active_ns(q: &Queue, nsid: u32) -> Result<Option<&Arc<crate::subsystem::Namespace>>, Reply> {
     if nsid == 0 || nsid > MAX_NAMESPACES {
         return Err(Reply::status(Status::INVALID_NAMESPACE.with_dnr()));
     }
@@ -521,7 +442,7 @@ fn identify_controller(
     id.to_bytes()
 }
 
-fn identify_namespace(ns: &super::subsystem::Namespace) -> [u8; IDENTIFY_SIZE] {
+fn identify_namespace(ns: &crate::subsystem::Namespace) -> [u8; IDENTIFY_SIZE] {
     let id = IdentifyNamespace {
         nsze: ns.blocks,
         ncap: ns.blocks,

@@ -5,7 +5,6 @@
 //! waits on the device. The one slow operation, making writes durable (`fdatasync`), runs on a helper thread:
 //! [`Store::start_flush`] hands out a ticket and [`Store::flush_status`] is polled until the ticket is done, so a
 //! reactor never blocks on it.
-#![forbid(unsafe_code)]
 
 use std::fs::File;
 use std::io::{self, Seek, SeekFrom};
@@ -39,7 +38,7 @@ pub(crate) enum Store {
     /// A regular file or a block device.
     File(FileStore),
     /// Another NVMe namespace (a local SSD through nvpoll-pcie, for instance).
-    Device(std::sync::Arc<dyn super::device::BlockDevice>),
+    Device(std::sync::Arc<dyn crate::device::BlockDevice>),
 }
 
 /// A flush in progress; see [`Store::start_flush`].

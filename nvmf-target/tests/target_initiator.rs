@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use nvpoll::api::{Completion, Controller, IoOp, IoRequest, QueuePair};
 use nvpoll::mem::DmaPool;
 use nvpoll::spec::{self, log_page, Sqe};
+use nvpoll_target::{Backing, SubsystemConfig, TargetConfig};
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
-use nvpoll_tcp::target::{Backing, SubsystemConfig, TargetConfig};
 use target_common::{fill_pattern, pool, TestTarget, HOSTNQN, NQN, NS1_BYTES, NS2_BYTES};
 
 fn attach(
@@ -76,7 +76,7 @@ fn identify_controller_and_namespaces() {
     assert_eq!(id.maxcmd, 128);
     assert_eq!(
         id.nn,
-        nvpoll_tcp::target::MAX_NAMESPACES,
+        nvpoll_target::MAX_NAMESPACES,
         "namespaces may be added at run time"
     );
     assert!(!id.serial.is_empty() && !id.firmware.is_empty());

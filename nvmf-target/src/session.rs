@@ -5,7 +5,7 @@
 //! 1. **ICReq**: the host's first PDU; the ICResp grants the digests it asked for, CPDA 0 and our MAXH2CDATA.
 //! 2. **Connect**: a Fabrics Connect makes the connection an admin queue (creating a controller) or an I/O queue
 //!    of an existing controller. Both must happen within the connect timeout.
-//! 3. **Commands**: each CapsuleCmd is executed at once ([`super::admin`], [`super::io`]) unless its data must
+//! 3. **Commands**: each CapsuleCmd is executed at once ([`crate::admin`], [`crate::io`]) unless its data must
 //!    first be fetched with R2T/H2CData, or it waits (an Asynchronous Event Request, a flush of a file).
 //!
 //! Sending is split in two steps, as everywhere in nvpoll: handlers only *queue* PDUs in the connection's send
@@ -14,7 +14,6 @@
 //!
 //! Anything a host sends that breaks the protocol ends the connection with a C2HTermReq naming the fault (or a
 //! plain close when there is nothing to report); it never panics the reactor, and no other connection notices.
-#![forbid(unsafe_code)]
 
 use std::net::{SocketAddr, TcpStream};
 use std::ops::Range;
@@ -24,15 +23,17 @@ use std::time::{Duration, Instant};
 use nvpoll::send::SendPolicy;
 use nvpoll::spec::{fabrics, io as io_op, Cqe, SglType, Sqe, Status};
 
-use super::admin::{self, AdminState};
-use super::controller::Controller;
-use super::io;
-use super::store::{FlushStatus, FlushTicket};
-use super::subsystem::{Namespace, NsTable, Subsystem};
-use super::{Listener, TargetEvent, TargetShared, TlsMode};
-use crate::conn::{Conn, DIRECT_SEND_MIN};
-use crate::pdu::{self, Decoded, Digests, Fes, Pdu, PduError};
-use crate::Error;
+use crate::admin;
+use crate::events::TargetEvent;
+use crate::handler::{Ctx, Queue, Reply, SessionStats};
+use crate::io;
+use crate::options::TlsMode;
+use crate::shared::{Listener, TargetShared};
+use crate::store::{FlushStatus, FlushTicket};
+use crate::subsystem::Namespace;
+use nvpoll_tcp::conn::{Conn, DIRECT_SEND_MIN};
+use nvpoll_tcp::pdu::{self, Decoded, Digests, Fes, Pdu, PduError};
+use nvpoll_tcp::Error;
 
 /// Above this many unsent bytes the session stops reading new PDUs until the peer drains its socket.
 const TX_HIGH_WATER: usize = 4 << 20;
@@ -42,141 +43,6 @@ const C2H_CHUNK: usize = 128 * 1024;
 const DRAIN_TIME: Duration = Duration::from_secs(1);
 /// The most bytes of data fetched with R2T for a command other than an NVM write (Connect: 1 KiB).
 const MAX_ADMIN_DATA: u32 = 4096;
-
-/// What a handler decided for a command.
-#[derive(Debug)]
-pub(crate) enum Reply {
-    /// Complete now.
-    Complete {
-        /// Completion status.
-        status: Status,
-        /// Command specific dword 0.
-        dw0: u32,
-        /// Command specific dword 1.
-        dw1: u32,
-    },
-    /// Send this data to the host (padded or cut to the command's transfer length), then complete successfully.
-    Data(Vec<u8>),
-    /// Send `len` bytes read from the namespace at byte offset `off`, then complete.
-    Read {
-        /// The namespace.
-        ns: Arc<Namespace>,
-        /// Byte offset.
-        off: u64,
-        /// Byte count.
-        len: u32,
-    },
-    /// Keep the command outstanding without completing it (Asynchronous Event Request).
-    Hold,
-    /// Complete with `status` once these flushes are done.
-    Flush(Vec<(Arc<Namespace>, FlushTicket)>),
-    /// Complete successfully, then close the connection (Disconnect).
-    CompleteAndClose,
-}
-
-impl Reply {
-    /// Completes with `status` and zero result dwords.
-    pub fn status(status: Status) -> Reply {
-        Reply::Complete {
-            status,
-            dw0: 0,
-            dw1: 0,
-        }
-    }
-
-    /// Completes successfully with result dword 0.
-    pub fn ok(dw0: u32) -> Reply {
-        Reply::Complete {
-            status: Status::SUCCESS,
-            dw0,
-            dw1: 0,
-        }
-    }
-}
-
-/// The queue a connection became with Fabrics Connect.
-#[derive(Debug)]
-pub(crate) struct Queue {
-    pub qid: u16,
-    /// Submission queue size, 0-based.
-    pub sqsize: u16,
-    sqhd: u16,
-    /// The host disabled SQ flow control: SQHD is not reported, and a read may complete with C2HData SUCCESS.
-    pub sqflow_disabled: bool,
-    pub subsys: Arc<Subsystem>,
-    pub ctrl: Arc<Controller>,
-    /// The registers and features, on the admin queue only.
-    pub admin: Option<AdminState>,
-    /// The subsystem's namespaces as this queue sees them, refreshed when the subsystem's generation moves.
-    ns: Arc<NsTable>,
-    ns_gen: u64,
-}
-
-impl Queue {
-    pub fn new(
-        qid: u16,
-        sqsize: u16,
-        cattr: u8,
-        subsys: Arc<Subsystem>,
-        ctrl: Arc<Controller>,
-    ) -> Queue {
-        let admin = (qid == 0).then(|| AdminState::new(subsys.kind));
-        let sqflow_disabled = cattr & fabrics::CATTR_DISABLE_SQFLOW != 0;
-        let (ns, ns_gen) = subsys.ns_table();
-        Queue {
-            qid,
-            sqsize,
-            sqhd: 0,
-            sqflow_disabled,
-            subsys,
-            ctrl,
-            admin,
-            ns,
-            ns_gen,
-        }
-    }
-
-    /// The active namespace `nsid` (no lock: the queue's copy of the table).
-    pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
-        self.ns.get(nsid)
-    }
-
-    /// Every active namespace.
-    pub fn namespaces(&self) -> impl Iterator<Item = &Arc<Namespace>> {
-        self.ns.iter()
-    }
-
-    /// Takes the subsystem's namespace table if it changed (one atomic load when it did not).
-    fn refresh_namespaces(&mut self) {
-        if self.subsys.ns_gen() != self.ns_gen {
-            (self.ns, self.ns_gen) = self.subsys.ns_table();
-        }
-    }
-
-    /// The largest transfer of one command.
-    pub fn max_transfer(&self) -> u32 {
-        self.subsys.limits.max_transfer()
-    }
-
-    /// Most commands outstanding at once.
-    fn depth(&self) -> usize {
-        usize::from(self.sqsize) + 1
-    }
-}
-
-/// What a command handler sees besides the command.
-pub(crate) struct Ctx<'a> {
-    pub target: &'a TargetShared,
-    pub queue: &'a mut Queue,
-    /// The local address the host reached us on (for the discovery log).
-    pub local: SocketAddr,
-    /// The listener the host came through.
-    pub listener: &'a Listener,
-    /// Bytes the command's data pointer describes.
-    pub xfer_len: u32,
-    /// Number of Asynchronous Event Requests held on this queue.
-    pub held_aers: usize,
-}
 
 /// Where the data of a command fetched with R2T goes.
 #[derive(Debug)]
@@ -229,20 +95,6 @@ enum Phase {
     IcReq,
     Connect,
     Ready,
-}
-
-/// The per-connection counters, published to the target's totals now and then.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct SessionStats {
-    pub commands: u64,
-    pub reads: u64,
-    pub writes: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    pub errors: u64,
-    pub r2ts: u64,
-    /// Held Asynchronous Event Requests the host gave up on (it reused their command ID or their queue entry).
-    pub aers_retired: u64,
 }
 
 /// Why decoding stopped the connection.
@@ -308,7 +160,7 @@ pub(crate) struct Session {
     /// When responses leave; refreshed from the target's setting at every poll.
     policy: SendPolicy,
     /// The TLS handshake while [`Phase::Tls`] runs, and the bytes it has not consumed yet.
-    tls_hs: Option<crate::tls::Handshake>,
+    tls_hs: Option<nvpoll_tcp::tls::Handshake>,
     tls_inb: Vec<u8>,
     queue: Option<Queue>,
     slots: Vec<Slot>,
@@ -480,7 +332,7 @@ impl Session {
             match self.conn.peek_first_byte() {
                 Ok(None) => return Progress::Idle,
                 Ok(Some(0x16)) => {
-                    self.tls_hs = Some(crate::tls::Handshake::server(
+                    self.tls_hs = Some(nvpoll_tcp::tls::Handshake::server(
                         self.target.tls_server.clone(),
                     ));
                     self.phase = Phase::Tls;

@@ -17,7 +17,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::process::Command;
 
-use nvpoll_tcp::target::{Backing, NamespaceConfig, SubsystemConfig, TargetConfig, TlsMode};
+use nvpoll_target::{Backing, NamespaceConfig, SubsystemConfig, TargetConfig, TlsMode};
 use nvpoll_tcp::tls::ConfiguredKey;
 use target_common::kernel::{insert_psk, kernel_disk, wait_disk};
 use target_common::TestTarget;

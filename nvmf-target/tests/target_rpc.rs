@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
 use nvpoll::spec::Status;
+use nvpoll_target::rpc::serde_json::{self, json, Value};
+use nvpoll_target::rpc::{self, RpcClient, RpcError, RpcServer, ServeOptions};
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
-use nvpoll_tcp::target::rpc::serde_json::{self, json, Value};
-use nvpoll_tcp::target::rpc::{self, RpcClient, RpcError, RpcServer, ServeOptions};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 use target_common::{pool, TestTarget, NQN};
 

@@ -11,7 +11,7 @@
 //! | `listener_add` | `{address, tls?}` | `{address}` (the real port if the request said 0) |
 //! | `listener_remove` | `{address}` | `true` |
 //! | `subsystem_list` | | `[{nqn, serial, model, allow_any_host, hosts, hosts_with_keys, namespaces: [{nsid, block_size, blocks, backing}], listeners, max_io_queues, queue_size, mdts, controllers}]` |
-//! | `subsystem_add` | a subsystem object, as in the configuration file ([`super::config`]) | `true` |
+//! | `subsystem_add` | a subsystem object, as in the configuration file ([`crate::config`]) | `true` |
 //! | `subsystem_remove` | `{nqn}` | `true` |
 //! | `namespace_add` | `{nqn, nsid?, ram \| file \| pcie, block_size?}` | `{nsid}` |
 //! | `namespace_remove` | `{nqn, nsid}` | `true` |
@@ -20,7 +20,7 @@
 //! | `subsystem_allow_any_host` | `{nqn, allow}` (`false`: only the hosts added since) | `true` |
 //! | `key_set` | `{nqn, host, psk_file}` | `true` |
 //! | `key_remove` | `{nqn, host}` | `true` |
-//! | `stats_get` | | the [`super::TargetCounters`] fields |
+//! | `stats_get` | | the [`crate::TargetCounters`] fields |
 //! | `rpc_get_methods` | | the method names |
 //!
 //! Errors: -32700 the stream is not JSON (the connection is then closed: nothing after it can be framed),
@@ -34,9 +34,9 @@
 //!
 //! # Example
 //! ```no_run
-//! # fn demo(handle: nvpoll_tcp::target::TargetHandle) -> Result<(), nvpoll_tcp::Error> {
+//! # fn demo(handle: nvpoll_target::TargetHandle) -> Result<(), nvpoll_tcp::Error> {
 //! use std::path::Path;
-//! use nvpoll_tcp::target::rpc::{self, serde_json::json, RpcClient, ServeOptions};
+//! use nvpoll_target::rpc::{self, serde_json::json, RpcClient, ServeOptions};
 //!
 //! let server = rpc::serve(Path::new("/tmp/nvpoll.sock"), handle, ServeOptions::default())?;
 //! let mut client = RpcClient::connect(server.path())?;
@@ -45,7 +45,6 @@
 //! server.stop();
 //! # Ok(()) }
 //! ```
-#![forbid(unsafe_code)]
 
 use std::fmt;
 use std::fs;
@@ -64,9 +63,11 @@ use serde_json::{json, Map, Value};
 
 pub use serde_json;
 
-use super::config::{self, Address, Parsed, PcieResolver};
-use super::{HostAccess, HostKey, ListenerConfig, SubsystemInfo, TargetHandle, TlsMode};
-use crate::Error;
+use crate::config::{self, Address, Parsed, PcieResolver};
+use crate::options::{ListenerConfig, TlsMode};
+use crate::server::{SubsystemInfo, TargetHandle};
+use crate::subsystem::{HostAccess, HostKey};
+use nvpoll_tcp::Error;
 
 /// JSON-RPC: the stream is not valid JSON.
 pub const PARSE_ERROR: i64 = -32700;

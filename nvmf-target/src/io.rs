@@ -3,14 +3,13 @@
 //! Reads are answered straight from the namespace into the send buffer ([`Reply::Read`]); writes go straight
 //! from the receive buffer into the namespace, whether the data came in the capsule or in H2CData PDUs. Flushes
 //! of a file wait for its flusher thread ([`Reply::Flush`]).
-#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 
 use nvpoll::spec::{io as op, Sqe, Status};
 
-use super::session::{Queue, Reply, SessionStats};
-use super::subsystem::Namespace;
+use crate::handler::{Queue, Reply, SessionStats};
+use crate::subsystem::Namespace;
 
 /// Namespace ID meaning "every namespace" (Flush).
 const ALL_NAMESPACES: u32 = 0xffff_ffff;

@@ -1,5 +1,4 @@
 //! NVM subsystems and their namespaces: what the target serves, and the controllers hosts created in them.
-#![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -7,10 +6,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use super::controller::Controller;
-use super::store::Store;
-use crate::tls::ConfiguredKey;
-use crate::Error;
+use crate::controller::Controller;
+use crate::store::Store;
+use nvpoll_tcp::tls::ConfiguredKey;
+use nvpoll_tcp::Error;
 
 /// The NQN of the well-known discovery subsystem, which every target serves.
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
@@ -25,9 +24,9 @@ pub enum Backing {
     Ram(u64),
     /// An existing regular file or block device, read and written through the page cache.
     File(PathBuf),
-    /// Another NVMe namespace, for instance a local SSD through nvpoll-pcie (see [`super::QueuePairDevice`]).
+    /// Another NVMe namespace, for instance a local SSD through nvpoll-pcie (see [`crate::QueuePairDevice`]).
     /// The exported namespace's block size must be the device's.
-    Device(std::sync::Arc<dyn super::device::BlockDevice>),
+    Device(std::sync::Arc<dyn crate::device::BlockDevice>),
 }
 
 impl PartialEq for Backing {
@@ -57,7 +56,7 @@ pub struct NamespaceConfig {
 /// The highest namespace ID a subsystem hands out (Identify Controller NN).
 pub const MAX_NAMESPACES: u32 = 1024;
 
-/// A host's TLS PSK, for one subsystem (or, in [`super::TargetTls`], for every subsystem).
+/// A host's TLS PSK, for one subsystem (or, in [`crate::TargetTls`], for every subsystem).
 #[derive(Clone, PartialEq, Eq)]
 pub struct HostKey {
     /// The host it belongs to.
@@ -72,7 +71,7 @@ impl std::fmt::Debug for HostKey {
     }
 }
 
-/// Limits of one subsystem's controllers; `None` takes the target's default ([`super::TargetConfig`]).
+/// Limits of one subsystem's controllers; `None` takes the target's default ([`crate::TargetConfig`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SubsystemLimits {
     /// I/O queues per controller (Set Features Number of Queues grants this many).

@@ -7,9 +7,9 @@ use nvpoll::spec::{
     fabrics, feature, log_page, ConnectData, ConnectResponse, DiscoveryLog, InvalidParameter, Sqe,
     Status,
 };
+use nvpoll_target::{Backing, SubsystemConfig, TargetConfig, DISCOVERY_NQN};
 use nvpoll_tcp::host::{ConnectOptions, TcpController};
 use nvpoll_tcp::pdu::Digests;
-use nvpoll_tcp::target::{Backing, SubsystemConfig, TargetConfig, DISCOVERY_NQN};
 use target_common::{pool, RawHost, TestTarget};
 
 const OPEN: &str = "nqn.2024-01.io.nvpoll:open";

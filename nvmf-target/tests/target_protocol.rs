@@ -9,8 +9,8 @@ use nvpoll::spec::{
     cns, fabrics, io as io_op, log_page, reg, ConnectData, ConnectResponse, Csts, DiscoveryLog,
     DiscoveryLogEntry, IdentifyController, InvalidParameter, Sqe, Status,
 };
+use nvpoll_target::DISCOVERY_NQN;
 use nvpoll_tcp::pdu::{self, Digests};
-use nvpoll_tcp::target::DISCOVERY_NQN;
 use target_common::{fill_pattern, RawHost, Resp, TestTarget, HOSTNQN, NQN};
 
 fn connect_data(nqn: &str, cntlid: u16) -> ConnectData {

@@ -1,12 +1,12 @@
 //! The discovery log page: one entry per NVM subsystem the host may use on the listener it reached us on.
-#![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 
 use nvpoll::spec::{DiscoveryLog, DiscoveryLogEntry};
 
-use super::subsystem::Kind;
-use super::{Listener, TargetShared, TlsMode};
+use crate::options::TlsMode;
+use crate::shared::{Listener, TargetShared};
+use crate::subsystem::Kind;
 
 /// Admin queue size hosts should ask for (as Linux's target announces).
 const ASQSZ: u16 = 32;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
+use nvpoll_target::{Backing, QueuePairDevice, SubsystemConfig, TargetConfig};
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
-use nvpoll_tcp::target::{Backing, QueuePairDevice, SubsystemConfig, TargetConfig};
 use target_common::{fill_pattern, pool, TestTarget, HOSTNQN, NQN};
 
 const EXPORT_NQN: &str = "nqn.2024-01.io.nvpoll:export";

@@ -12,10 +12,8 @@ use std::time::{Duration, Instant};
 use nvpoll::mem::DmaPool;
 use nvpoll::reactor::{CoreList, Reactors};
 use nvpoll::spec::{fabrics, reg, Cc, ConnectData, Cqe, SglDescriptor, Sqe};
+use nvpoll_target::{Backing, SubsystemConfig, Target, TargetConfig, TargetCounters, TargetHandle};
 use nvpoll_tcp::pdu::{self, Decoded, Digests, Pdu};
-use nvpoll_tcp::target::{
-    Backing, SubsystemConfig, Target, TargetConfig, TargetCounters, TargetHandle,
-};
 
 /// The subsystem every test target serves.
 pub const NQN: &str = "nqn.2024-01.io.nvpoll:test";
