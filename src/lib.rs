@@ -17,6 +17,8 @@
 //! reactor's end-of-poll flush. The reactor's poller calls [`api::QueuePair::process_completions`], which hands
 //! each finished request back, with its buffer, to the application's callback.
 #![deny(missing_docs)]
+// Unsafe code lives in `mem` only (pinned DMA memory), which allows it for itself.
+#![deny(unsafe_code)]
 
 pub mod api;
 mod error;

@@ -32,6 +32,7 @@
 //! assert_eq!(pool.available(4096), 16);
 //! # Ok::<(), nvpoll::Error>(())
 //! ```
+#![allow(unsafe_code)]
 
 use std::fmt;
 use std::io;

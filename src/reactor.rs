@@ -32,7 +32,6 @@
 //! assert_eq!(stats[0].messages, 2);
 //! # Ok::<(), nvpoll::Error>(())
 //! ```
-#![forbid(unsafe_code)]
 
 use std::any::Any;
 use std::cell::Cell;

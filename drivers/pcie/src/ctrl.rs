@@ -23,7 +23,7 @@
 //! everything fails. Dropping the controller shuts it down (CC.SHN) and unmaps its DMA memory.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,58 +32,11 @@ use nvpoll::mem::{DmaBuf, DmaPool, HugepageMode};
 use nvpoll::spec::{self, cns, feature, reg, Aqa, Cap, Cc, Cqe, Csts, IdentifyController, Sqe, Vs};
 use nvpoll::trid::PciAddress;
 
-use crate::qpair::{lock_admin, CtrlLink, Failure, NsInfo, Queue, QueueLayout, SglMode};
+use crate::qpair::{CtrlLink, NsInfo};
+use crate::ring::{lock_admin, Failure, Queue, QueueLayout, SglMode};
+use crate::shared::{AtomicCtrlState, CtrlState, Retired, Shared};
 use crate::vfio::VfioDevice;
 use crate::{Device, Error, PcieQueuePair, QueueOptions, Recovery};
-
-/// Why the controller's epoch last changed: what its queue pairs make of it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum CtrlState {
-    /// Working, or being reset (the epoch says which).
-    Running = 0,
-    /// The device is gone, or the kernel wanted it back: it was released.
-    Removed = 1,
-    /// The controller was shut down.
-    Detached = 2,
-    /// The controller could not be brought back by a reset.
-    Failed = 3,
-}
-
-impl CtrlState {
-    /// What a queue pair fails its commands with in this state (`None`: it goes on).
-    pub(crate) fn failure(self) -> Option<Failure> {
-        match self {
-            CtrlState::Running => None,
-            CtrlState::Removed => Some(Failure::Removed),
-            CtrlState::Detached => Some(Failure::Detached),
-            CtrlState::Failed => Some(Failure::Lost),
-        }
-    }
-}
-
-/// A [`CtrlState`] shared between threads.
-pub(crate) struct AtomicCtrlState(AtomicU8);
-
-impl AtomicCtrlState {
-    fn new(state: CtrlState) -> Self {
-        AtomicCtrlState(AtomicU8::new(state as u8))
-    }
-
-    /// The state, with acquire ordering.
-    pub(crate) fn load(&self) -> CtrlState {
-        match self.0.load(Ordering::Acquire) {
-            0 => CtrlState::Running,
-            1 => CtrlState::Removed,
-            2 => CtrlState::Detached,
-            _ => CtrlState::Failed,
-        }
-    }
-
-    fn store(&self, state: CtrlState) {
-        self.0.store(state as u8, Ordering::Release);
-    }
-}
 
 /// Attempts at bringing the controller back (disable, enable, identify) before it is given up.
 const RESET_ATTEMPTS: u32 = 3;
@@ -91,31 +44,6 @@ const RESET_ATTEMPTS: u32 = 3;
 /// The pause before the second attempt at a reset (doubling after): a function-level reset keeps the
 /// controller's registers out of reach for about 100 ms, and what is written to them meanwhile is lost.
 const RESET_BACKOFF: Duration = Duration::from_millis(250);
-
-/// A queue pair's memory, handed back to the controller when the queue pair is dropped.
-pub(crate) struct Retired {
-    pub qid: u16,
-    pub epoch: u64,
-    pub pool: DmaPool,
-    /// Buffers of commands that were still outstanding.
-    pub held: Vec<DmaBuf>,
-}
-
-/// What the controller shares with its queue pairs (which live on other threads).
-pub(crate) struct Shared {
-    /// Bumped (while the admin queue is held) when a reset begins, and by removal, loss and shutdown: a
-    /// queue pair whose queues belong to an older epoch stops touching them.
-    pub epoch: AtomicU64,
-    /// The epoch whose reset has completed (the controller is enabled and identified again): queue pairs
-    /// may re-create their queues once `ready == epoch`.
-    pub ready: AtomicU64,
-    /// Why the epoch last changed.
-    pub state: AtomicCtrlState,
-    /// Set by a queue pair whose commands timed out.
-    pub reset_requested: AtomicBool,
-    /// Queue pairs dropped since the controller last looked.
-    pub retired: Mutex<Vec<Retired>>,
-}
 
 /// Options for attaching a controller.
 #[derive(Clone, Debug)]
@@ -618,31 +546,11 @@ impl<D: Device> PcieController<D> {
                 return Err(e);
             }
         };
-        let size = q.entries() - 1;
-        let created = self
-            .admin_run(
-                Sqe::create_io_cq(qid, size, q.cq_iova(), None),
-                None,
-                0,
-                "Create I/O Completion Queue",
-            )
-            .and_then(|_| {
-                let r = self.admin_run(
-                    Sqe::create_io_sq(qid, size, q.sq_iova(), qid),
-                    None,
-                    0,
-                    "Create I/O Submission Queue",
-                );
-                if r.is_err() {
-                    let _ = self.admin_run(
-                        Sqe::delete_io_cq(qid),
-                        None,
-                        0,
-                        "Delete I/O Completion Queue",
-                    );
-                }
-                r
-            });
+        let (commands, created) = {
+            let timeout = self.opts.admin_timeout;
+            lock_admin(&self.admin).create_io_queues(&q, timeout)
+        };
+        self.stats.admin_commands += commands;
         if let Err(e) = created {
             drop(q);
             let _ = self.dev.unmap_dma(&pool);
@@ -898,23 +806,6 @@ impl<D: Device> PcieController<D> {
         let _ = self.dev.unmap_dma(&self.admin_pool);
         let _ = self.dev.unmap_dma(&self.pool);
         result
-    }
-}
-
-impl Failure {
-    pub(crate) fn into_error(self) -> Error {
-        match self {
-            Failure::Reset => Error::Dead("the controller was reset".into()),
-            Failure::Detached => Error::Dead("the controller was shut down".into()),
-            Failure::Fatal => Error::Fatal,
-            Failure::Removed => Error::Removed,
-            Failure::Timeout => Error::Timeout("a command completion"),
-            Failure::Protocol(s) => Error::Protocol(s),
-            Failure::Lost => {
-                Error::Dead("the controller could not be reset and was given up".into())
-            }
-            Failure::Retries => Error::Dead("the command's retries are used up".into()),
-        }
     }
 }
 

@@ -12,7 +12,7 @@
 //!   everything posted since the last flush, and `poll` reaps completions by phase tag and rings the
 //!   completion doorbell once per batch;
 //! - [`Device`] is what the driver needs from the PCI function (32-bit register access and DMA mapping):
-//!   [`vfio::VfioDevice`] for real hardware, [`fake::FakeDevice`] for a memory-backed stand-in that tests and
+//!   [`vfio::VfioDevice`] for real hardware, and (with the `fake` feature, test support only) `fake::FakeDevice`, a memory-backed stand-in that tests and
 //!   benchmarks run against;
 //! - [`sysfs`] and the `nvpoll-setup` tool (crate nvpoll-tools) bind controllers to vfio-pci and back, and reserve hugepages.
 //!
@@ -39,16 +39,20 @@
 
 mod ctrl;
 mod error;
+#[cfg(feature = "fake")]
 pub mod fake;
 pub mod mmio;
 pub mod prp;
 mod qpair;
+mod ring;
+mod shared;
 pub mod sysfs;
 pub mod vfio;
 
 pub use ctrl::{CtrlStats, PcieController, PcieOptions};
 pub use error::Error;
-pub use qpair::{PcieQueuePair, QueueOptions, QueueStats, Recovery, RecoveryStats};
+pub use qpair::{PcieQueuePair, QueueOptions, Recovery, RecoveryStats};
+pub use ring::QueueStats;
 
 use nvpoll::mem::DmaPool;
 

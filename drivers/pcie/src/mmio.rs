@@ -8,8 +8,10 @@
 //!   completion queues, PRP lists). Each access is volatile, so a completion written by the device is seen by
 //!   the next poll, and [`wmb`] / [`rmb`] (device barriers per architecture) put an entry the driver posts in
 //!   memory before the doorbell that announces it, and a completion's phase tag before the rest of it.
-//! - [`HostMemory`]: the device's side of DMA, for the memory-backed controller stand-in
-//!   ([`crate::fake`]): it reads and writes host memory by IOVA, like a device behind an IOMMU.
+//! - `HostMemory` (crate-private, with the `fake` feature or in tests): the device's side of DMA for the
+//!   memory-backed controller stand-in (`crate::fake`): it reads and writes host memory by IOVA, like a device
+//!   behind an IOMMU. It is private because its soundness rests on the driver's contract with a device (it is
+//!   handed only memory no Rust reference borrows while a command runs), which only this crate's code keeps.
 //!
 //! Together with `vfio.rs` this module holds all the `unsafe` code of the crate.
 #![allow(unsafe_code)]
@@ -18,7 +20,9 @@ use std::ptr::NonNull;
 #[cfg(target_arch = "x86_64")]
 use std::sync::atomic::{compiler_fence, Ordering};
 
-use nvpoll::mem::{DmaBuf, DmaPool, DmaRegion};
+use nvpoll::mem::DmaBuf;
+#[cfg(any(test, feature = "fake"))]
+use nvpoll::mem::{DmaPool, DmaRegion};
 use nvpoll::spec::{Cqe, Sqe, CQE_SIZE, SQE_SIZE};
 
 /// A mapped register window (BAR0 of an NVMe controller), unmapped on drop.
@@ -351,11 +355,13 @@ pub fn rmb() {
 /// It follows the same contract as a real device: the driver hands it only IOVAs of memory it does not borrow
 /// while the command runs (queue memory, PRP lists, the buffer of an in-flight command). An IOVA outside every
 /// mapped region is refused, as an IOMMU would fault it.
+#[cfg(any(test, feature = "fake"))]
 #[derive(Debug, Default)]
-pub struct HostMemory {
+pub(crate) struct HostMemory {
     regions: Vec<(DmaRegion, DmaPool)>,
 }
 
+#[cfg(any(test, feature = "fake"))]
 impl HostMemory {
     /// An empty view: nothing is mapped.
     pub fn new() -> HostMemory {
