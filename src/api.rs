@@ -51,6 +51,92 @@ pub struct Completion {
     pub result: Result<(), Error>,
 }
 
+impl Completion {
+    /// The completion of a request whose command ended with `result`: a completion entry (success only if
+    /// its status is), or the transport's reason it did not complete. Both transports hand requests back
+    /// through this.
+    #[inline]
+    pub fn from_result(tag: u64, buf: Option<DmaBuf>, result: Result<Cqe, Error>) -> Completion {
+        let result = match result {
+            Ok(cqe) if cqe.status().is_success() => Ok(()),
+            Ok(cqe) => Err(Error::Nvme(cqe.status())),
+            Err(e) => Err(e),
+        };
+        Completion { tag, buf, result }
+    }
+}
+
+/// Most logical blocks one NVM command carries (NLB is a 0-based 16-bit field).
+pub const MAX_BLOCKS_PER_COMMAND: u32 = 0x1_0000;
+
+/// A request checked by [`check_request`]: the command to send, and how many bytes of data move with it.
+#[derive(Clone, Copy, Debug)]
+pub struct Checked {
+    /// The NVM command (its command ID and data pointer are the transport's to fill in).
+    pub sqe: Sqe,
+    /// Bytes of data: the request's blocks times the block size for a read or write, 0 otherwise.
+    pub len: u32,
+}
+
+/// Checks a request against the namespaces a queue pair knows and the controller's largest transfer, and
+/// builds its command. This is the one check of both transports: the namespace must be active, a read,
+/// write or write-zeroes must carry 1 to 65536 blocks within the namespace, and a read or write at most
+/// `max_transfer` bytes. The buffer is the transport's to check (where it looks at it anyway).
+#[inline]
+pub fn check_request(
+    req: &IoRequest,
+    namespaces: &[Namespace],
+    max_transfer: u32,
+) -> Result<Checked, Error> {
+    let Some(ns) = namespaces.iter().find(|n| n.nsid == req.nsid) else {
+        let msg = format!("namespace {} is not active on this controller", req.nsid);
+        return Err(Error::InvalidArgument(msg));
+    };
+    if req.op == IoOp::Flush {
+        return Ok(Checked {
+            sqe: Sqe::flush(req.nsid),
+            len: 0,
+        });
+    }
+    if req.blocks == 0 || req.blocks > MAX_BLOCKS_PER_COMMAND {
+        let msg = format!(
+            "{} blocks: one command carries 1 to {MAX_BLOCKS_PER_COMMAND}",
+            req.blocks
+        );
+        return Err(Error::InvalidArgument(msg));
+    }
+    if req
+        .lba
+        .checked_add(u64::from(req.blocks))
+        .is_none_or(|end| end > ns.blocks)
+    {
+        let msg = format!(
+            "blocks {}+{} are beyond the namespace's {}",
+            req.lba, req.blocks, ns.blocks
+        );
+        return Err(Error::InvalidArgument(msg));
+    }
+    let nlb = (req.blocks - 1) as u16;
+    let bytes = u64::from(req.blocks) * u64::from(ns.block_size);
+    let (sqe, len) = match req.op {
+        IoOp::WriteZeroes => {
+            return Ok(Checked {
+                sqe: Sqe::write_zeroes(req.nsid, req.lba, nlb),
+                len: 0,
+            })
+        }
+        _ if bytes > u64::from(max_transfer) => {
+            let msg = format!(
+                "a transfer of {bytes} bytes exceeds the controller's maximum of {max_transfer}"
+            );
+            return Err(Error::InvalidArgument(msg));
+        }
+        IoOp::Read => (Sqe::read(req.nsid, req.lba, nlb), bytes as u32),
+        _ => (Sqe::write(req.nsid, req.lba, nlb), bytes as u32),
+    };
+    Ok(Checked { sqe, len })
+}
+
 /// A request that was not accepted, with its buffer handed back.
 #[derive(Debug)]
 pub struct Rejected {

@@ -1,17 +1,37 @@
 use crate::spec::Status;
 
+/// A lower layer's error, kept whole as the [`std::error::Error::source`] of an [`Error`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// The error type of the `nvpoll` crate and of the queue-pair API.
 ///
-/// Transports have their own richer error enums and convert into this one at the API boundary.
+/// Transports have their own richer error enums and convert into this one at the API boundary, through
+/// [`Error::from_transport`]: the variant says what a caller can act on (retry elsewhere, reconnect, fix
+/// the keys, give up), and the transport's own error stays the source, with its whole chain.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The controller completed the command with a non-success status.
     #[error("NVMe status {0}")]
     Nvme(Status),
-    /// The transport failed (connection lost, protocol violation by the peer, ...); the command did not complete.
+    /// The peer (a controller or a target) broke the protocol: a malformed PDU or completion, a termination
+    /// request, a completion for a command that was not outstanding. The connection or queue is not usable.
+    #[error("protocol violation by the peer: {0}")]
+    PeerProtocol(#[source] BoxError),
+    /// The connection (or the controller) is gone: closed or reset by the peer, removed, given up after its
+    /// loss timeout. The command did not complete; another path or a reconnect may serve it.
+    #[error("connection lost: {0}")]
+    ConnectionLost(#[source] BoxError),
+    /// The target refused the host (Fabrics Connect completed with this status: an unknown subsystem, a
+    /// host it does not allow, no queue left). Trying again unchanged will not help.
+    #[error("refused by the target: NVMe status {0}")]
+    Refused(Status),
+    /// The TLS layer failed: an alert from the peer or sent to it (a wrong or missing PSK, a bad record).
+    #[error("TLS: {0}")]
+    Tls(#[source] BoxError),
+    /// Any other failure of the transport; the command did not complete.
     #[error("transport error: {0}")]
-    Transport(String),
+    Transport(#[source] BoxError),
     /// The command did not complete in time.
     #[error("command timed out")]
     Timeout,
@@ -53,3 +73,51 @@ impl Error {
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a transport's error means to a caller of the queue API ([`TransportError::class`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorClass {
+    /// A command completed with this status: [`Error::Nvme`].
+    Nvme(Status),
+    /// Fabrics Connect completed with this status: [`Error::Refused`].
+    Refused(Status),
+    /// [`Error::Timeout`].
+    Timeout,
+    /// [`Error::QueueFull`].
+    QueueFull,
+    /// [`Error::InvalidArgument`], with the message.
+    InvalidArgument(String),
+    /// [`Error::PeerProtocol`].
+    PeerProtocol,
+    /// [`Error::ConnectionLost`].
+    ConnectionLost,
+    /// [`Error::Tls`].
+    Tls,
+    /// [`Error::Transport`].
+    Other,
+}
+
+/// A transport's error type: it says once what each of its errors means ([`ErrorClass`]), and
+/// [`Error::from_transport`] is the one conversion every transport uses.
+pub trait TransportError: std::error::Error + Send + Sync + 'static {
+    /// What this error means to a caller of the queue API.
+    fn class(&self) -> ErrorClass;
+}
+
+impl Error {
+    /// The API error for a transport's error, which stays the source where the variant has one.
+    pub fn from_transport<E: TransportError>(e: E) -> Error {
+        match e.class() {
+            ErrorClass::Nvme(status) => Error::Nvme(status),
+            ErrorClass::Refused(status) => Error::Refused(status),
+            ErrorClass::Timeout => Error::Timeout,
+            ErrorClass::QueueFull => Error::QueueFull,
+            ErrorClass::InvalidArgument(msg) => Error::InvalidArgument(msg),
+            ErrorClass::PeerProtocol => Error::PeerProtocol(Box::new(e)),
+            ErrorClass::ConnectionLost => Error::ConnectionLost(Box::new(e)),
+            ErrorClass::Tls => Error::Tls(Box::new(e)),
+            ErrorClass::Other => Error::Transport(Box::new(e)),
+        }
+    }
+}

@@ -29,4 +29,4 @@ pub mod spec;
 pub mod trid;
 pub mod units;
 
-pub use error::{Error, Result};
+pub use error::{BoxError, Error, ErrorClass, Result, TransportError};

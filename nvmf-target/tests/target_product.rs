@@ -379,7 +379,7 @@ fn namespaces_added_and_removed_raise_namespace_attribute_changed() {
                     .as_ref()
                     .map_err(|e| match e {
                         nvpoll::Error::Nvme(s) => nvpoll::Error::Nvme(*s),
-                        other => nvpoll::Error::Transport(other.to_string()),
+                        other => nvpoll::Error::Transport(other.to_string().into()),
                     })
                     .copied(),
             )

@@ -32,7 +32,7 @@ use nvpoll::mem::{DmaBuf, DmaPool, HugepageMode};
 use nvpoll::spec::{self, cns, feature, reg, Aqa, Cap, Cc, Cqe, Csts, IdentifyController, Sqe, Vs};
 use nvpoll::trid::PciAddress;
 
-use crate::qpair::{CtrlLink, NsInfo};
+use crate::qpair::CtrlLink;
 use crate::ring::{lock_admin, Failure, Queue, QueueLayout, SglMode};
 use crate::shared::{AtomicCtrlState, CtrlState, Retired, Shared};
 use crate::vfio::VfioDevice;
@@ -558,15 +558,7 @@ impl<D: Device> PcieController<D> {
         }
         self.qids[usize::from(qid)] = true;
         self.stats.queues_created += 1;
-        let namespaces = self
-            .namespaces
-            .iter()
-            .map(|n| NsInfo {
-                nsid: n.nsid,
-                block_shift: n.block_size.trailing_zeros(),
-                blocks: n.blocks,
-            })
-            .collect();
+        let namespaces = self.namespaces.clone();
         let link = CtrlLink {
             shared: Arc::clone(&self.shared),
             admin: Arc::clone(&self.admin),

@@ -181,15 +181,27 @@ impl Error {
     }
 }
 
+impl nvpoll::TransportError for Error {
+    fn class(&self) -> nvpoll::ErrorClass {
+        use nvpoll::ErrorClass;
+        match self {
+            Error::Command { status, .. } => ErrorClass::Nvme(*status),
+            Error::Timeout(_) => ErrorClass::Timeout,
+            Error::InvalidArgument(s) => ErrorClass::InvalidArgument(s.clone()),
+            Error::QueueFull => ErrorClass::QueueFull,
+            Error::Fatal | Error::Removed | Error::Dead(_) => ErrorClass::ConnectionLost,
+            Error::Protocol(_) => ErrorClass::PeerProtocol,
+            _ => ErrorClass::Other,
+        }
+    }
+}
+
 impl From<Error> for nvpoll::Error {
     fn from(e: Error) -> Self {
         match e {
-            Error::Command { status, .. } => nvpoll::Error::Nvme(status),
-            Error::Timeout(_) => nvpoll::Error::Timeout,
-            Error::InvalidArgument(s) => nvpoll::Error::InvalidArgument(s),
-            Error::QueueFull => nvpoll::Error::QueueFull,
-            Error::Memory(e) => e,
-            other => nvpoll::Error::Transport(other.to_string()),
+            // DMA memory failed in the core: its own error, as it was.
+            Error::Memory(inner) => inner,
+            other => nvpoll::Error::from_transport(other),
         }
     }
 }

@@ -23,7 +23,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nvpoll::api::{Completion, IoOp, IoRequest, QueuePair, QueueStats as ApiQueueStats, Rejected};
+use nvpoll::api::{
+    check_request, Completion, IoRequest, Namespace, QueuePair, QueueStats as ApiQueueStats,
+    Rejected,
+};
 use nvpoll::mem::DmaPool;
 use nvpoll::send::{SendMode, SendPolicy};
 use nvpoll::spec::Sqe;
@@ -110,14 +113,6 @@ impl QueueOptions {
     }
 }
 
-/// One namespace as a queue pair checks requests against it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct NsInfo {
-    pub nsid: u32,
-    pub block_shift: u32,
-    pub blocks: u64,
-}
-
 /// What a queue pair gets from its controller.
 pub(crate) struct CtrlLink<D: Device> {
     pub shared: Arc<Shared>,
@@ -129,7 +124,7 @@ pub(crate) struct CtrlLink<D: Device> {
     pub recovery: Recovery,
     pub max_retries: u8,
     pub max_transfer: u32,
-    pub namespaces: Vec<NsInfo>,
+    pub namespaces: Vec<Namespace>,
 }
 
 /// Where a queue pair stands with respect to controller resets.
@@ -161,7 +156,7 @@ pub struct PcieQueuePair<D: Device = VfioDevice> {
     epoch: u64,
     link: Link,
     shared: Arc<Shared>,
-    namespaces: Vec<NsInfo>,
+    namespaces: Vec<Namespace>,
     /// The queue's own memory (rings and PRP lists), mapped for DMA.
     pool: DmaPool,
     /// When the SQ tail doorbell is rung: inline from `submit`, at `flush`, or adaptive.
@@ -270,11 +265,6 @@ impl<D: Device> PcieQueuePair<D> {
         self.link == Link::Live && self.shared.epoch.load(Ordering::Acquire) == self.epoch
     }
 
-    #[inline]
-    fn ns(&self, nsid: u32) -> Option<&NsInfo> {
-        self.namespaces.iter().find(|n| n.nsid == nsid)
-    }
-
     /// Looks at the controller: fails everything if it is gone, and stops using the rings (waiting) if a
     /// reset has begun.
     #[cold]
@@ -310,7 +300,7 @@ impl<D: Device> PcieQueuePair<D> {
 
     fn dead_error(&self) -> nvpoll::Error {
         self.q.failure().map_or(
-            nvpoll::Error::Transport("queue pair failed".into()),
+            nvpoll::Error::ConnectionLost("queue pair failed".into()),
             Failure::to_error,
         )
     }
@@ -445,42 +435,7 @@ impl<D: Device> PcieQueuePair<D> {
     /// Builds the command for a request, or says why it cannot be sent.
     #[inline]
     fn command(&self, req: &IoRequest) -> Result<(Sqe, u32), nvpoll::Error> {
-        let Some(&ns) = self.ns(req.nsid) else {
-            let msg = format!("namespace {} is not active on this controller", req.nsid);
-            return Err(nvpoll::Error::InvalidArgument(msg));
-        };
-        if req.op == IoOp::Flush {
-            return Ok((Sqe::flush(req.nsid), 0));
-        }
-        if req.blocks == 0 || req.blocks > 0x1_0000 {
-            let msg = format!("{} blocks: one command carries 1 to 65536", req.blocks);
-            return Err(nvpoll::Error::InvalidArgument(msg));
-        }
-        if req
-            .lba
-            .checked_add(u64::from(req.blocks))
-            .is_none_or(|end| end > ns.blocks)
-        {
-            let msg = format!(
-                "blocks {}+{} are beyond the namespace's {}",
-                req.lba, req.blocks, ns.blocks
-            );
-            return Err(nvpoll::Error::InvalidArgument(msg));
-        }
-        let nlb = (req.blocks - 1) as u16;
-        let bytes = u64::from(req.blocks) << ns.block_shift;
-        match req.op {
-            IoOp::WriteZeroes => Ok((Sqe::write_zeroes(req.nsid, req.lba, nlb), 0)),
-            _ if bytes > u64::from(self.max_transfer) => {
-                let msg = format!(
-                    "a transfer of {bytes} bytes exceeds the controller's maximum of {}",
-                    self.max_transfer
-                );
-                Err(nvpoll::Error::InvalidArgument(msg))
-            }
-            IoOp::Read => Ok((Sqe::read(req.nsid, req.lba, nlb), bytes as u32)),
-            _ => Ok((Sqe::write(req.nsid, req.lba, nlb), bytes as u32)),
-        }
+        check_request(req, &self.namespaces, self.max_transfer).map(|c| (c.sqe, c.len))
     }
 
     /// Submit while not live: refused when dead (or waiting, fail-fast), held when waiting (retry).
@@ -490,7 +445,7 @@ impl<D: Device> PcieQueuePair<D> {
         match self.link {
             Link::Dead => return Err(reject(self.dead_error(), req)),
             Link::Waiting if self.recovery == Recovery::FailFast => {
-                let e = nvpoll::Error::Transport(
+                let e = nvpoll::Error::ConnectionLost(
                     "the queue pair is waiting for a controller reset to complete".into(),
                 );
                 return Err(reject(e, req));
@@ -595,16 +550,8 @@ impl<D: Device> QueuePair for PcieQueuePair<D> {
     #[inline]
     fn pop_completion(&mut self) -> Option<Completion> {
         let d = self.q.pop_done()?;
-        let result = match d.result {
-            Ok(cqe) if cqe.status().is_success() => Ok(()),
-            Ok(cqe) => Err(nvpoll::Error::Nvme(cqe.status())),
-            Err(f) => Err(f.to_error()),
-        };
-        Some(Completion {
-            tag: d.tag,
-            buf: d.buf,
-            result,
-        })
+        let result = d.result.map_err(|f| f.to_error());
+        Some(Completion::from_result(d.tag, d.buf, result))
     }
 
     #[inline]

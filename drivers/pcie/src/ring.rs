@@ -60,19 +60,19 @@ pub(crate) enum Failure {
 }
 
 impl Failure {
+    /// The API error a command of a queue that failed this way completes with: an abort where the
+    /// controller is being reset or shut down (the command may be retried), a timeout, and otherwise the
+    /// driver's error ([`Failure::to_pcie`]) as the source of a connection-lost or protocol error.
     pub(crate) fn to_error(&self) -> nvpoll::Error {
         match self {
             Failure::Reset => nvpoll::Error::Aborted("controller reset"),
             Failure::Detached => nvpoll::Error::Aborted("controller detached"),
-            Failure::Fatal => nvpoll::Error::Transport("controller fatal status (CSTS.CFS)".into()),
-            Failure::Removed => nvpoll::Error::Transport("controller removed".into()),
-            Failure::Timeout => nvpoll::Error::Timeout,
-            Failure::Protocol(s) => nvpoll::Error::Transport(s.clone()),
-            Failure::Lost => {
-                nvpoll::Error::Transport("controller lost: it could not be reset".into())
-            }
             Failure::Retries => {
                 nvpoll::Error::Aborted("controller reset (the command's retries are used up)")
+            }
+            Failure::Timeout => nvpoll::Error::Timeout,
+            Failure::Fatal | Failure::Removed | Failure::Protocol(_) | Failure::Lost => {
+                self.to_pcie().into()
             }
         }
     }

@@ -65,14 +65,29 @@ impl Error {
     }
 }
 
+/// The `what` of the [`Error::Command`] a host gets when Fabrics Connect fails: the target refused it.
+pub const FABRICS_CONNECT: &str = "Fabrics Connect";
+
+impl nvpoll::TransportError for Error {
+    fn class(&self) -> nvpoll::ErrorClass {
+        use nvpoll::ErrorClass;
+        match self {
+            Error::Io { .. } | Error::Closed => ErrorClass::ConnectionLost,
+            Error::Pdu(_) | Error::Protocol(_) | Error::TermReq { .. } => ErrorClass::PeerProtocol,
+            Error::Command { what, status } if *what == FABRICS_CONNECT => {
+                ErrorClass::Refused(*status)
+            }
+            Error::Command { status, .. } => ErrorClass::Nvme(*status),
+            Error::Tls(_) => ErrorClass::Tls,
+            Error::Timeout(_) => ErrorClass::Timeout,
+            Error::InvalidArgument(s) => ErrorClass::InvalidArgument(s.clone()),
+            Error::QueueFull => ErrorClass::QueueFull,
+        }
+    }
+}
+
 impl From<Error> for nvpoll::Error {
     fn from(e: Error) -> Self {
-        match e {
-            Error::Command { status, .. } => nvpoll::Error::Nvme(status),
-            Error::Timeout(_) => nvpoll::Error::Timeout,
-            Error::InvalidArgument(s) => nvpoll::Error::InvalidArgument(s),
-            Error::QueueFull => nvpoll::Error::QueueFull,
-            other => nvpoll::Error::Transport(other.to_string()),
-        }
+        nvpoll::Error::from_transport(e)
     }
 }

@@ -255,7 +255,7 @@ fn fabrics_connect(
         spec::fabrics::CONNECT_DATA_SIZE as u32,
         opts.timeout,
     )?;
-    HostQueue::check("Fabrics Connect", &cqe)?;
+    HostQueue::check(crate::error::FABRICS_CONNECT, &cqe)?;
     Ok((cqe.dw0 & 0xffff) as u16)
 }
 
@@ -727,18 +727,13 @@ impl TcpController {
         };
         let q = link.connect(self.cntlid)?;
         self.next_qid += 1;
-        let block_sizes = self
-            .namespaces
-            .iter()
-            .map(|n| (n.nsid, n.block_size, n.blocks))
-            .collect();
         let gen = self.shared.generation.load(Ordering::Acquire);
         Ok(TcpQueuePair::new(
             q,
             link,
             Arc::clone(&self.shared),
             gen,
-            block_sizes,
+            self.namespaces.clone(),
         ))
     }
 }
@@ -797,7 +792,7 @@ pub struct TcpQueuePair {
     shared: Arc<CtrlShared>,
     /// The controller generation the connection belongs to.
     gen: u64,
-    block_sizes: Vec<(u32, u32, u64)>,
+    namespaces: Vec<Namespace>,
     mode: SendMode,
     /// Commands waiting for the next connection (accepted, not completed).
     waiting: VecDeque<Orphan>,
@@ -817,7 +812,7 @@ impl TcpQueuePair {
         link: QueueLink,
         shared: Arc<CtrlShared>,
         gen: u64,
-        block_sizes: Vec<(u32, u32, u64)>,
+        namespaces: Vec<Namespace>,
     ) -> Self {
         let depth = usize::from(link.depth);
         TcpQueuePair {
@@ -825,7 +820,7 @@ impl TcpQueuePair {
             link,
             shared,
             gen,
-            block_sizes,
+            namespaces,
             mode: SendMode::default(),
             waiting: VecDeque::with_capacity(depth),
             done: VecDeque::with_capacity(depth),
@@ -858,13 +853,6 @@ impl TcpQueuePair {
         self.link.qid
     }
 
-    fn ns(&self, nsid: u32) -> Option<(u32, u64)> {
-        self.block_sizes
-            .iter()
-            .find(|n| n.0 == nsid)
-            .map(|n| (n.1, n.2))
-    }
-
     /// The connection failed: keep (or fail) its outstanding commands, drop it, and ask the controller to
     /// reconnect.
     fn lose_connection(&mut self) {
@@ -894,7 +882,7 @@ impl TcpQueuePair {
             self.done.push_back(Completion {
                 tag: o.tag,
                 buf: o.buf,
-                result: Err(nvpoll::Error::Transport(why.to_string())),
+                result: Err(nvpoll::Error::ConnectionLost(why.into())),
             });
         }
     }
@@ -968,16 +956,7 @@ impl TcpQueuePair {
 }
 
 fn to_completion(d: crate::queue::Done) -> Completion {
-    let result = match d.result {
-        Ok(cqe) if cqe.status().is_success() => Ok(()),
-        Ok(cqe) => Err(nvpoll::Error::Nvme(cqe.status())),
-        Err(e) => Err(e.into()),
-    };
-    Completion {
-        tag: d.tag,
-        buf: d.buf,
-        result,
-    }
+    Completion::from_result(d.tag, d.buf, d.result.map_err(nvpoll::Error::from))
 }
 
 fn reject(error: impl Into<nvpoll::Error>, request: IoRequest) -> Rejected {
@@ -989,56 +968,28 @@ fn reject(error: impl Into<nvpoll::Error>, request: IoRequest) -> Rejected {
 
 impl QueuePair for TcpQueuePair {
     fn submit(&mut self, mut req: IoRequest) -> Result<(), Rejected> {
-        let Some((bs, nblocks)) = self.ns(req.nsid) else {
-            let msg = format!("namespace {} is not active on this controller", req.nsid);
-            return Err(reject(nvpoll::Error::InvalidArgument(msg), req));
+        let checked =
+            match nvpoll::api::check_request(&req, &self.namespaces, self.link.max_transfer) {
+                Ok(c) => c,
+                Err(e) => return Err(reject(e, req)),
+            };
+        let (sqe, len) = (checked.sqe, checked.len);
+        let dir = match req.op {
+            IoOp::Read => DataDir::FromController,
+            IoOp::Write => DataDir::ToController,
+            _ => DataDir::None,
         };
-        if req.op != IoOp::Flush {
-            if req.blocks == 0 {
-                return Err(reject(
-                    nvpoll::Error::InvalidArgument("zero blocks".into()),
-                    req,
-                ));
-            }
-            if req
-                .lba
-                .checked_add(u64::from(req.blocks))
-                .is_none_or(|end| end > nblocks)
-            {
-                let msg = format!(
-                    "blocks {}+{} are beyond the namespace's {nblocks}",
-                    req.lba, req.blocks
-                );
-                return Err(reject(nvpoll::Error::InvalidArgument(msg), req));
-            }
-        }
-        let len = u64::from(req.blocks) * u64::from(bs);
-        let nlb = req.blocks.wrapping_sub(1) as u16;
-        let (sqe, dir) = match req.op {
-            IoOp::Read => (Sqe::read(req.nsid, req.lba, nlb), DataDir::FromController),
-            IoOp::Write => (Sqe::write(req.nsid, req.lba, nlb), DataDir::ToController),
-            IoOp::Flush => (Sqe::flush(req.nsid), DataDir::None),
-            IoOp::WriteZeroes => (Sqe::write_zeroes(req.nsid, req.lba, nlb), DataDir::None),
-        };
-        if dir != DataDir::None && req.blocks > 0x1_0000 {
-            let msg = format!(
-                "{} blocks exceed the 65536 one command can carry",
-                req.blocks
-            );
-            return Err(reject(nvpoll::Error::InvalidArgument(msg), req));
-        }
-        let len = if dir == DataDir::None { 0 } else { len as u32 };
         let Some(q) = self.q.as_mut() else {
             // Reconnecting.
             if self.shared.dead.load(Ordering::Acquire) {
                 return Err(reject(
-                    nvpoll::Error::Transport("controller lost: ctrl-loss-tmo expired".into()),
+                    nvpoll::Error::ConnectionLost("controller lost: ctrl-loss-tmo expired".into()),
                     req,
                 ));
             }
             if self.link.opts.recovery == Recovery::FailFast {
                 return Err(reject(
-                    nvpoll::Error::Transport("the queue is reconnecting".into()),
+                    nvpoll::Error::ConnectionLost("the queue is reconnecting".into()),
                     req,
                 ));
             }

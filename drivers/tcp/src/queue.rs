@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use nvpoll::mem::DmaBuf;
 use nvpoll::send::{SendMode, SendPolicy};
-use nvpoll::spec::{Cqe, Sqe, Status};
+use nvpoll::spec::{Cqe, SglDescriptor, Sqe, Status};
 
 use crate::conn::{Conn, DIRECT_SEND_MIN};
 use crate::pdu::{self, Decoded, Pdu};
@@ -480,11 +480,11 @@ impl HostQueue {
         sqe.flags = (sqe.flags & !0xc0) | Sqe::PSDT_SGL;
         let in_capsule = dir == DataDir::ToController && len <= self.incapsule_max;
         let sgl = match dir {
-            DataDir::None => sgl_transport(0),
-            DataDir::ToController if in_capsule => sgl_incapsule(len),
-            _ => sgl_transport(len),
+            DataDir::None => SglDescriptor::transport_data_block(0),
+            DataDir::ToController if in_capsule => SglDescriptor::in_capsule(0, len),
+            _ => SglDescriptor::transport_data_block(len),
         };
-        sqe.set_dptr_bytes(&sgl);
+        sqe.set_sgl(&sgl);
         let data: &[u8] = match (&buf, in_capsule) {
             (Some(b), true) => &b.as_slice()[..len as usize],
             _ => &[],
@@ -922,20 +922,4 @@ impl HostQueue {
         let _ = self.conn.flush();
         self.fail("queue closed by the host");
     }
-}
-
-/// SGL Transport Data Block descriptor (type 0x5, subtype 0xA): the data travels in H2CData/C2HData PDUs.
-fn sgl_transport(len: u32) -> [u8; 16] {
-    let mut d = [0u8; 16];
-    d[8..12].copy_from_slice(&len.to_le_bytes());
-    d[15] = 0x5a;
-    d
-}
-
-/// SGL Data Block descriptor with the Offset subtype (0x01): the data is in the capsule, at offset 0.
-fn sgl_incapsule(len: u32) -> [u8; 16] {
-    let mut d = [0u8; 16];
-    d[8..12].copy_from_slice(&len.to_le_bytes());
-    d[15] = 0x01;
-    d
 }
