@@ -42,11 +42,10 @@ use nvpoll::mem::DmaPool;
 use nvpoll::reactor::Reactors;
 use nvpoll::send::SendMode;
 use nvpoll::spec::{SglDescriptor, Sqe};
-use nvpoll_target::{Backing, SubsystemConfig, Target, TargetConfig, TargetTls};
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
 use nvpoll_tcp::pdu::{self, Digests};
 use nvpoll_tcp::tls::ConfiguredKey;
-use nvpoll_tools::loadgen::{self, LoadGen, Phase, RunResult, RunSpec, Workload};
+use nvpoll_tools::loadgen::{self, LoadGen, Phase, RunResult, Workload};
 use target_common::{fill_pattern, RawHost, HOSTNQN, NQN};
 
 const KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
@@ -368,23 +367,15 @@ fn load_average() -> String {
 }
 
 fn main() {
-    let common::Knobs { time, warmup, runs } = common::knobs("3s", "500ms", 5);
+    let knobs = common::knobs("3s", "500ms", 5);
+    let common::Knobs { time, warmup, runs } = knobs;
     let (icore, tcore, icores, tcores) = common::cores();
 
     // TLS optional: the good host speaks plain TCP, and garbage that starts like a record reaches the handshake.
-    let mut config = TargetConfig::new("127.0.0.1:0".parse().expect("address literal"))
-        .subsystem(SubsystemConfig::new(NQN).namespace(Backing::Ram(256 << 20), 4096));
+    let key = ConfiguredKey::parse(KEY).expect("key");
+    let mut config = common::ram_target(NQN, Some((HOSTNQN, &key)));
     config.connect_timeout = CONNECT_TIMEOUT;
-    config.tls = Some(TargetTls::with_host_keys(
-        false,
-        &[(HOSTNQN.to_string(), ConfiguredKey::parse(KEY).expect("key"))],
-        &[NQN.to_string()],
-    ));
-    let target_reactors = Reactors::start(&tcores).expect("target reactors");
-    let target = Target::bind(config)
-        .expect("bind target")
-        .start(&target_reactors)
-        .expect("start target");
+    let (target_reactors, target) = common::start_target(config, &tcores);
     let addr = target.local_addr();
     let pool = DmaPool::builder()
         .class(4096, 256)
@@ -395,18 +386,7 @@ fn main() {
         .expect("connect to our target");
     let ns = ctrl.namespaces()[0].clone();
     let mut gen: LoadGen<TcpQueuePair> = LoadGen::new(pool.clone(), 32, true);
-    let spec = RunSpec {
-        qd: 32,
-        jobs: 1,
-        io_size: 4096,
-        workload: Workload::Randread,
-        rwmix: 0,
-        verify: false,
-        warmup,
-        time,
-        send_mode: SendMode::Deferred,
-        drain_timeout: Duration::from_secs(30),
-    };
+    let spec = knobs.spec(Workload::Randread, 4096, 32, 1, SendMode::Deferred);
     println!(
         "hostile: initiator core {icore}, target core {tcore}, qd32 x 1 4 KiB randread, median of {runs} x \
          {time:?} (after {warmup:?}) per phase, phases interleaved; target connect timeout {CONNECT_TIMEOUT:?}; \

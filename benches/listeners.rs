@@ -14,18 +14,15 @@
 mod common;
 use std::cell::RefCell;
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use nvpoll::api::Controller;
 use nvpoll::mem::DmaPool;
 use nvpoll::reactor::{CoreList, Reactors};
 use nvpoll::send::SendMode;
-use nvpoll_target::{
-    Backing, SubsystemConfig, Target, TargetConfig, TargetHandle, TargetTls, TlsMode,
-};
+use nvpoll_target::{Backing, SubsystemConfig, TargetConfig, TargetHandle, TargetTls, TlsMode};
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
-use nvpoll_tools::loadgen::{self, LoadGen, Row, RunResult, RunSpec, Workload};
+use nvpoll_tools::loadgen::{self, LoadGen, Row, RunResult, Workload};
 
 const KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
 const NQN: &str = "nqn.2024-01.io.nvpoll:bench";
@@ -58,10 +55,8 @@ fn target(
     if let Some(mode) = second {
         config = config.listener(any, mode);
     }
-    let reactors = Reactors::start(core).expect("target reactor");
-    let t = Target::bind(config).expect("bind the target");
-    let addrs = t.listeners().iter().map(|l| l.address).collect();
-    let handle = t.start(&reactors).expect("start the target");
+    let (reactors, handle) = common::start_target(config, core);
+    let addrs = handle.listeners().iter().map(|l| l.address).collect();
     (reactors, handle, addrs)
 }
 
@@ -84,18 +79,13 @@ fn measure(
         .collect();
     let ns = ctrls[0].namespaces()[0].clone();
     let mut gen: LoadGen<TcpQueuePair> = LoadGen::new(pool.clone(), 32, false);
-    let spec = RunSpec {
-        qd: 32,
-        jobs: conns.len(),
-        io_size: 4096,
-        workload: Workload::Randread,
-        rwmix: 0,
-        verify: false,
-        warmup: knobs.warmup,
-        time: knobs.time,
-        send_mode: SendMode::Adaptive,
-        drain_timeout: Duration::from_secs(30),
-    };
+    let spec = knobs.spec(
+        Workload::Randread,
+        4096,
+        32,
+        conns.len(),
+        SendMode::Adaptive,
+    );
     let r = {
         let cell = RefCell::new(&mut ctrls);
         let mut connect = |job: usize, depth: u16| -> nvpoll::Result<_> {

@@ -13,14 +13,11 @@
 
 mod common;
 use std::cell::{Cell, RefCell};
-use std::net::SocketAddr;
-use std::time::Duration;
 
 use nvpoll::api::Controller;
 use nvpoll::mem::DmaPool;
 use nvpoll::reactor::Reactors;
 use nvpoll::send::SendMode;
-use nvpoll_target::{Backing, SubsystemConfig, Target, TargetConfig, TargetTls};
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 use nvpoll_tools::loadgen::{self, LoadGen, Phase, Row, RunResult, RunSpec, Workload};
@@ -36,23 +33,13 @@ struct Cell2 {
 
 fn main() {
     // `cargo bench` passes --bench; a filter argument picks the part (see the top of the file).
-    let common::Knobs { time, warmup, runs } = common::knobs("2s", "500ms", 3);
+    let knobs = common::knobs("2s", "500ms", 3);
+    let common::Knobs { time, warmup, runs } = knobs;
     let (icore, tcore, icores, tcores) = common::cores();
     let key = ConfiguredKey::parse(KEY).expect("key");
 
-    let listen: SocketAddr = "127.0.0.1:0".parse().expect("address literal");
-    let mut config = TargetConfig::new(listen)
-        .subsystem(SubsystemConfig::new(NQN).namespace(Backing::Ram(256 << 20), 4096));
-    config.tls = Some(TargetTls::with_host_keys(
-        false,
-        &[(HOSTNQN.to_string(), key.clone())],
-        &[NQN.to_string()],
-    ));
-    let target_reactors = Reactors::start(&tcores).expect("target reactors");
-    let target = Target::bind(config)
-        .expect("bind target")
-        .start(&target_reactors)
-        .expect("start target");
+    let config = common::ram_target(NQN, Some((HOSTNQN, &key)));
+    let (target_reactors, target) = common::start_target(config, &tcores);
     let pool = DmaPool::builder()
         .class(4096, 1024)
         .class(128 << 10, 64)
@@ -88,18 +75,7 @@ fn main() {
         for workload in [Workload::Randread, Workload::Randwrite] {
             for qd in [1u16, 128] {
                 for send_mode in SendMode::ALL {
-                    let spec = RunSpec {
-                        qd,
-                        jobs: 1,
-                        io_size: 4096,
-                        workload,
-                        rwmix: 0,
-                        verify: false,
-                        warmup,
-                        time,
-                        send_mode,
-                        drain_timeout: Duration::from_secs(30),
-                    };
+                    let spec = knobs.spec(workload, 4096, qd, 1, send_mode);
                     target.set_send_mode(send_mode);
                     let (results, tcpu) = measure(
                         &mut gen,
@@ -153,16 +129,7 @@ fn main() {
         ratios(&cells);
     }
     if large {
-        large_io(
-            &target,
-            &key,
-            &pool,
-            &reactors,
-            &target_reactors,
-            time,
-            warmup,
-            runs,
-        );
+        large_io(&target, &key, &pool, &reactors, &target_reactors, &knobs);
     }
     reactors.stop().expect("stop initiator reactors");
     target.stop();
@@ -227,10 +194,9 @@ fn large_io(
     pool: &DmaPool,
     reactors: &Reactors,
     target_reactors: &Reactors,
-    time: Duration,
-    warmup: Duration,
-    runs: usize,
+    knobs: &common::Knobs,
 ) {
+    let runs = knobs.runs;
     println!(
         "\n| {:<24} | {:>9} | {:>7} | {:>8} | {:>8} | {:>17} | {:>14} |",
         "large I/O (adaptive)",
@@ -256,18 +222,7 @@ fn large_io(
         for (size, qd) in [(128u64 << 10, 16u16), (1 << 20, 4)] {
             let mut gen: LoadGen<TcpQueuePair> = LoadGen::new(pool.clone(), 16, false);
             for workload in [Workload::Read, Workload::Write] {
-                let spec = RunSpec {
-                    qd,
-                    jobs: 1,
-                    io_size: size,
-                    workload,
-                    rwmix: 0,
-                    verify: false,
-                    warmup,
-                    time,
-                    send_mode: SendMode::Adaptive,
-                    drain_timeout: Duration::from_secs(30),
-                };
+                let spec = knobs.spec(workload, size, qd, 1, SendMode::Adaptive);
                 let (results, tcpu) = measure(
                     &mut gen,
                     &mut ctrl,

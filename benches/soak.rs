@@ -11,15 +11,13 @@ mod common;
 use std::cell::RefCell;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
 
 use nvpoll::api::Controller;
 use nvpoll::mem::DmaPool;
 use nvpoll::reactor::Reactors;
 use nvpoll::send::SendMode;
-use nvpoll_target::{Backing, SubsystemConfig, Target, TargetConfig};
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
-use nvpoll_tools::loadgen::{self, LoadGen, RunResult, RunSpec, Workload};
+use nvpoll_tools::loadgen::{self, LoadGen, RunResult, Workload};
 
 const NQN: &str = "nqn.2024-01.io.nvpoll:soak";
 const HOSTNQN: &str = "nqn.2024-01.io.nvpoll:soak-host";
@@ -53,18 +51,7 @@ fn measure(
         .expect("attach");
     let ns = ctrl.namespaces()[0].clone();
     let mut gen: LoadGen<TcpQueuePair> = LoadGen::new(pool.clone(), qd, false);
-    let spec = RunSpec {
-        qd,
-        jobs: 1,
-        io_size: size,
-        workload,
-        rwmix: 0,
-        verify: false,
-        warmup: knobs.warmup,
-        time: knobs.time,
-        send_mode: SendMode::Adaptive,
-        drain_timeout: Duration::from_secs(30),
-    };
+    let spec = knobs.spec(workload, size, qd, 1, SendMode::Adaptive);
     let mut results = Vec::new();
     for _ in 0..knobs.runs {
         let cell = RefCell::new(&mut ctrl);
@@ -125,13 +112,7 @@ fn main() {
         .class(128 << 10, 64)
         .build()
         .expect("DMA pool");
-    let target_reactors = Reactors::start(&tcores).expect("target reactor");
-    let config = TargetConfig::new("127.0.0.1:0".parse().expect("address literal"))
-        .subsystem(SubsystemConfig::new(NQN).namespace(Backing::Ram(256 << 20), 4096));
-    let target = Target::bind(config)
-        .expect("bind")
-        .start(&target_reactors)
-        .expect("start");
+    let (target_reactors, target) = common::start_target(common::ram_target(NQN, None), &tcores);
     let addr = target.local_addr();
     let reactors = Reactors::start(&icores).expect("initiator reactor");
     println!(

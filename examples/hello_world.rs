@@ -6,8 +6,9 @@ use clap::Parser;
 use nvpoll::api::{Completion, Controller, IoOp, IoRequest, QueuePair};
 use nvpoll::mem::DmaPool;
 use nvpoll::trid::TransportId;
-use nvpoll_pcie::{PcieController, PcieOptions};
-use nvpoll_tcp::host::{ConnectOptions, TcpController};
+use nvpoll_pcie::PcieOptions;
+
+mod common;
 
 /// Write "Hello world!" and a pattern to LBA 0 of the first namespace, read it back and compare.
 #[derive(Parser, Debug)]
@@ -17,34 +18,18 @@ struct Args {
     /// 'trtype:pcie traddr:0000:01:00.0' (a controller bound to vfio-pci: see `nvpoll-setup bind`).
     #[arg(long)]
     trid: String,
-    /// Host NQN (default: /etc/nvme/hostnqn, or one derived from the machine's UUID).
-    #[arg(long)]
-    hostnqn: Option<String>,
-    /// TLS 1.3 PSK in the NVMe interchange format (NVMeTLSkey-1:01:...:); TLS runs before ICReq on every queue.
-    #[arg(long)]
-    psk: Option<String>,
-    /// With --psk: the TLS PSK identity to present verbatim (default: derived from the host and subsystem NQNs).
-    #[arg(long, requires = "psk")]
-    psk_identity: Option<String>,
-    /// With --psk: the identity version to derive, 0 (NVMe0R0x) or 1 (NVMe1R0x with the digest).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
-    psk_identity_version: u8,
+    #[command(flatten)]
+    host: common::HostArgs,
     /// First LBA to write.
     #[arg(long, default_value_t = 0)]
     lba: u64,
-    /// More log lines from the libraries: -v info, -vv debug, -vvv trace (RUST_LOG, in env_logger's
-    /// syntax, overrides this).
-    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
-    verbose: u8,
+    #[command(flatten)]
+    verbosity: common::Verbosity,
 }
 
 fn main() {
     let args = Args::parse();
-    nvpoll_tools::logging::init(args.verbose);
-    if let Err(e) = run(args) {
-        eprintln!("hello_world: {e}");
-        std::process::exit(1);
-    }
+    common::run_main("hello_world", args.verbosity.verbose, || run(args));
 }
 
 fn wait<Q: QueuePair>(qp: &mut Q) -> Result<Completion, String> {
@@ -62,33 +47,18 @@ fn wait<Q: QueuePair>(qp: &mut Q) -> Result<Completion, String> {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    let trid: TransportId = args.trid.parse().map_err(|e| format!("--trid: {e}"))?;
+    let trid = common::parse_trid(&args.trid)?;
     if let TransportId::Pcie { bdf } = &trid {
-        let pool = DmaPool::builder()
-            .class(4096, 64)
-            .build()
-            .map_err(|e| format!("DMA pool: {e}"))?;
-        let mut ctrl = PcieController::open(*bdf, pool.clone(), PcieOptions::default())
-            .map_err(|e| format!("opening {bdf}: {e}"))?;
+        let pool = common::dma_pool(64)?;
+        let mut ctrl = common::open_pcie(*bdf, &pool, PcieOptions::default())?;
         write_read(&mut ctrl, &pool, args.lba)?;
-        return ctrl.shutdown().map_err(|e| format!("shutdown: {e}"));
+        return common::shutdown(ctrl);
     }
-    let mut opts = ConnectOptions::from_trid(&trid, args.hostnqn.as_deref())
-        .map_err(|e| format!("--trid: {e}"))?;
-    if let Some(k) = &args.psk {
-        opts = opts
-            .with_psk_args(k, args.psk_identity.as_deref(), args.psk_identity_version)
-            .map_err(|e| format!("--psk: {e}"))?;
-    }
-    let addr = opts.addr;
-    let pool = DmaPool::builder()
-        .class(4096, 64)
-        .build()
-        .map_err(|e| format!("DMA pool: {e}"))?;
-    let mut ctrl = TcpController::connect(opts, pool.clone())
-        .map_err(|e| format!("connecting to {addr}: {e}"))?;
+    let opts = args.host.connect_options(&trid)?;
+    let pool = common::dma_pool(64)?;
+    let mut ctrl = common::connect_tcp(opts, &pool)?;
     write_read(&mut ctrl, &pool, args.lba)?;
-    ctrl.shutdown().map_err(|e| format!("shutdown: {e}"))
+    common::shutdown(ctrl)
 }
 
 /// Writes the message and a pattern at `lba` of the first namespace, reads it back and compares.

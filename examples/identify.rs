@@ -2,10 +2,11 @@
 
 use clap::Parser;
 use nvpoll::api::Controller;
-use nvpoll::mem::DmaPool;
+use nvpoll::spec::Vs;
 use nvpoll::trid::TransportId;
-use nvpoll_pcie::{PcieController, PcieOptions};
-use nvpoll_tcp::host::{ConnectOptions, TcpController};
+use nvpoll_pcie::PcieOptions;
+
+mod common;
 
 /// Print the controller and namespace summary of an NVMe controller.
 #[derive(Parser, Debug)]
@@ -15,110 +16,85 @@ struct Args {
     /// 'trtype:pcie traddr:0000:01:00.0' (a controller bound to vfio-pci: see `nvpoll-setup bind`).
     #[arg(long)]
     trid: String,
-    /// Host NQN (default: /etc/nvme/hostnqn, or one derived from the machine's UUID).
-    #[arg(long)]
-    hostnqn: Option<String>,
-    /// TLS 1.3 PSK in the NVMe interchange format (NVMeTLSkey-1:01:...:); TLS runs before ICReq on every queue.
-    #[arg(long)]
-    psk: Option<String>,
-    /// With --psk: the TLS PSK identity to present verbatim (default: derived from the host and subsystem NQNs).
-    #[arg(long, requires = "psk")]
-    psk_identity: Option<String>,
-    /// With --psk: the identity version to derive, 0 (NVMe0R0x) or 1 (NVMe1R0x with the digest).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
-    psk_identity_version: u8,
+    #[command(flatten)]
+    host: common::HostArgs,
     /// Ask for header digests (NVMe/TCP).
     #[arg(long)]
     hdr_digest: bool,
     /// Ask for data digests (NVMe/TCP).
     #[arg(long)]
     data_digest: bool,
-    /// More log lines from the libraries: -v info, -vv debug, -vvv trace (RUST_LOG, in env_logger's
-    /// syntax, overrides this).
-    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
-    verbose: u8,
+    #[command(flatten)]
+    verbosity: common::Verbosity,
 }
 
 fn main() {
     let args = Args::parse();
-    nvpoll_tools::logging::init(args.verbose);
-    if let Err(e) = run(args) {
-        eprintln!("identify: {e}");
-        std::process::exit(1);
-    }
+    common::run_main("identify", args.verbosity.verbose, || run(args));
 }
 
 fn run(args: Args) -> Result<(), String> {
-    let trid: TransportId = args.trid.parse().map_err(|e| format!("--trid: {e}"))?;
+    let trid = common::parse_trid(&args.trid)?;
     if let TransportId::Pcie { bdf } = &trid {
         return identify_pcie(&trid, *bdf);
     }
-    let mut opts = ConnectOptions::from_trid(&trid, args.hostnqn.as_deref())
-        .map_err(|e| format!("--trid: {e}"))?;
-    if let Some(k) = &args.psk {
-        opts = opts
-            .with_psk_args(k, args.psk_identity.as_deref(), args.psk_identity_version)
-            .map_err(|e| format!("--psk: {e}"))?;
-    }
-    let addr = opts.addr;
-    let pool = DmaPool::builder()
-        .class(4096, 64)
-        .build()
-        .map_err(|e| format!("DMA pool: {e}"))?;
+    let mut opts = args.host.connect_options(&trid)?;
+    let pool = common::dma_pool(64)?;
     opts.header_digest = args.hdr_digest;
     opts.data_digest = args.data_digest;
-    let ctrl =
-        TcpController::connect(opts, pool).map_err(|e| format!("connecting to {addr}: {e}"))?;
+    let ctrl = common::connect_tcp(opts, &pool)?;
     let id = ctrl.identify();
-    println!("NVMe Identify Controller ({trid}):");
-    println!("vid       : {:#06x}", id.vid);
-    println!("ssvid     : {:#06x}", id.ssvid);
-    println!("sn        : {}", id.serial);
-    println!("mn        : {}", id.model);
-    println!("fr        : {}", id.firmware);
-    println!("ver       : {} (VS register {})", id.ver, ctrl.vs());
-    println!("cntlid    : {:#x}", ctrl.cntlid());
-    println!(
-        "mdts      : {}{}",
-        id.mdts,
-        if id.mdts == 0 { " (no limit)" } else { "" }
-    );
-    println!(
-        "max xfer  : {} bytes (used by nvpoll)",
-        ctrl.max_transfer().unwrap_or(0)
-    );
-    println!("maxcmd    : {}", id.maxcmd);
-    println!("nn        : {}", id.nn);
-    println!("sgls      : {:#x}", id.sgls);
-    println!(
-        "ioccsz    : {} ({} bytes of in-capsule data)",
-        id.ioccsz,
-        (id.ioccsz * 16).saturating_sub(64)
-    );
-    println!("iorcsz    : {}", id.iorcsz);
-    println!("subnqn    : {}", id.subnqn);
-    println!("mqes      : {}", u32::from(ctrl.cap().mqes()) + 1);
-    println!("io queues : {} granted", ctrl.io_queues_allowed());
-    for ns in ctrl.namespaces() {
-        println!(
-            "namespace {}: {} blocks of {} bytes = {} MiB",
-            ns.nsid,
-            ns.blocks,
-            ns.block_size,
-            ns.capacity_bytes() >> 20
-        );
-    }
-    ctrl.shutdown().map_err(|e| format!("shutdown: {e}"))
+    let transport = [
+        format!("maxcmd    : {}", id.maxcmd),
+        format!("nn        : {}", id.nn),
+        format!("sgls      : {:#x}", id.sgls),
+        format!(
+            "ioccsz    : {} ({} bytes of in-capsule data)",
+            id.ioccsz,
+            (id.ioccsz * 16).saturating_sub(64)
+        ),
+        format!("iorcsz    : {}", id.iorcsz),
+        format!("subnqn    : {}", id.subnqn),
+        format!("mqes      : {}", u32::from(ctrl.cap().mqes()) + 1),
+        format!("io queues : {} granted", ctrl.io_queues_allowed()),
+    ];
+    print_summary(&trid, &ctrl, ctrl.vs(), ctrl.cntlid(), &transport);
+    common::shutdown(ctrl)
 }
 
 /// The PCIe branch: open the controller through VFIO and print what it identified as.
 fn identify_pcie(trid: &TransportId, bdf: nvpoll::trid::PciAddress) -> Result<(), String> {
-    let pool = DmaPool::builder()
-        .class(4096, 16)
-        .build()
-        .map_err(|e| format!("DMA pool: {e}"))?;
-    let ctrl = PcieController::open(bdf, pool, PcieOptions::default())
-        .map_err(|e| format!("opening {bdf}: {e}"))?;
+    let pool = common::dma_pool(16)?;
+    let ctrl = common::open_pcie(bdf, &pool, PcieOptions::default())?;
+    let id = ctrl.identify();
+    let dev = ctrl.device();
+    let transport = [
+        format!("nn        : {}", id.nn),
+        format!("oncs      : {:#x}", id.oncs),
+        format!("sgls      : {:#x}", id.sgls),
+        format!("mqes      : {}", ctrl.cap().max_queue_entries()),
+        format!("dstrd     : {}", ctrl.cap().dstrd()),
+        format!("io queues : {} granted", ctrl.io_queues_granted()),
+        format!(
+            "vfio      : group {}, BAR0 {} KiB, IOMMU page sizes {:#x}",
+            dev.group(),
+            dev.bar().len() >> 10,
+            dev.iommu().page_sizes
+        ),
+    ];
+    print_summary(trid, &ctrl, ctrl.vs(), id.cntlid, &transport);
+    common::shutdown(ctrl)
+}
+
+/// Prints the summary of `ctrl`, reached at `trid`: what every controller identifies as (with its VS register
+/// `vs` and the controller ID `cntlid`), then the `transport`'s own lines, then the namespaces.
+fn print_summary<C: Controller>(
+    trid: &TransportId,
+    ctrl: &C,
+    vs: Vs,
+    cntlid: u16,
+    transport: &[String],
+) {
     let id = ctrl.identify();
     println!("NVMe Identify Controller ({trid}):");
     println!("vid       : {:#06x}", id.vid);
@@ -126,8 +102,8 @@ fn identify_pcie(trid: &TransportId, bdf: nvpoll::trid::PciAddress) -> Result<()
     println!("sn        : {}", id.serial);
     println!("mn        : {}", id.model);
     println!("fr        : {}", id.firmware);
-    println!("ver       : {} (VS register {})", id.ver, ctrl.vs());
-    println!("cntlid    : {:#x}", id.cntlid);
+    println!("ver       : {} (VS register {vs})", id.ver);
+    println!("cntlid    : {cntlid:#x}");
     println!(
         "mdts      : {}{}",
         id.mdts,
@@ -137,19 +113,9 @@ fn identify_pcie(trid: &TransportId, bdf: nvpoll::trid::PciAddress) -> Result<()
         "max xfer  : {} bytes (used by nvpoll)",
         ctrl.max_transfer().unwrap_or(0)
     );
-    println!("nn        : {}", id.nn);
-    println!("oncs      : {:#x}", id.oncs);
-    println!("sgls      : {:#x}", id.sgls);
-    println!("mqes      : {}", ctrl.cap().max_queue_entries());
-    println!("dstrd     : {}", ctrl.cap().dstrd());
-    println!("io queues : {} granted", ctrl.io_queues_granted());
-    let dev = ctrl.device();
-    println!(
-        "vfio      : group {}, BAR0 {} KiB, IOMMU page sizes {:#x}",
-        dev.group(),
-        dev.bar().len() >> 10,
-        dev.iommu().page_sizes
-    );
+    for line in transport {
+        println!("{line}");
+    }
     for ns in ctrl.namespaces() {
         println!(
             "namespace {}: {} blocks of {} bytes = {} MiB",
@@ -159,5 +125,4 @@ fn identify_pcie(trid: &TransportId, bdf: nvpoll::trid::PciAddress) -> Result<()
             ns.capacity_bytes() >> 20
         );
     }
-    ctrl.shutdown().map_err(|e| format!("shutdown: {e}"))
 }

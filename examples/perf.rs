@@ -13,10 +13,12 @@ use nvpoll::mem::DmaPool;
 use nvpoll::reactor::{CoreList, Reactors};
 use nvpoll::send::SendMode;
 use nvpoll::trid::TransportId;
-use nvpoll_pcie::{PcieController, PcieOptions};
-use nvpoll_tcp::host::{ConnectOptions, Recovery, TcpController};
+use nvpoll_pcie::PcieOptions;
+use nvpoll_tcp::host::{ConnectOptions, Recovery};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 use nvpoll_tools::loadgen::{self, LoadGen, Phase, Row, RunSpec};
+
+mod common;
 
 /// The access pattern (fio's names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -144,19 +146,13 @@ struct Args {
     /// Size of the embedded target's RAM namespace.
     #[arg(long, default_value = "256m", value_parser = loadgen::parse_size)]
     ram: u64,
-    /// More log lines from the libraries: -v info, -vv debug, -vvv trace (RUST_LOG, in env_logger's
-    /// syntax, overrides this).
-    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
-    verbose: u8,
+    #[command(flatten)]
+    verbosity: common::Verbosity,
 }
 
 fn main() {
     let args = Args::parse();
-    nvpoll_tools::logging::init(args.verbose);
-    if let Err(e) = run(args) {
-        eprintln!("perf: {e}");
-        std::process::exit(1);
-    }
+    common::run_main("perf", args.verbosity.verbose, || run(args));
 }
 
 /// The rows to run: every workload x queue depth x send mode.
@@ -447,9 +443,7 @@ fn run(args: Args) -> Result<(), String> {
                 io_timeout: args.io_timeout,
                 ..PcieOptions::default()
             };
-            let c = PcieController::open(*bdf, pool.clone(), opts)
-                .map_err(|e| format!("opening {bdf}: {e}"))?;
-            ctrls.push(c);
+            ctrls.push(common::open_pcie(*bdf, &pool, opts)?);
         }
         run_matrix(ctrls, &reactors, &pool, &matrix, "", None, &mut rows)?;
     }
@@ -477,10 +471,7 @@ fn run(args: Args) -> Result<(), String> {
             } else {
                 Recovery::Retry
             };
-            let addr = o.addr;
-            let c = TcpController::connect(o, pool.clone())
-                .map_err(|e| format!("connecting to {addr}: {e}"))?;
-            ctrls.push(c);
+            ctrls.push(common::connect_tcp(o, &pool)?);
         }
         let target = embedded_target.as_ref().map(|(t, _)| t);
         run_matrix(

@@ -1,9 +1,15 @@
-//! What the loopback benches (loopback, hostile) share: their NVPOLL_BENCH_* knobs and the choice of cores.
+//! What the loopback benches (loopback, hostile, listeners, soak) share: their NVPOLL_BENCH_* knobs, the run
+//! they measure, the choice of cores and our target on its own reactors.
+#![allow(dead_code)] // each bench compiles this module on its own and uses only some of it
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use nvpoll::reactor::CoreList;
-use nvpoll_tools::loadgen;
+use nvpoll::reactor::{CoreList, Reactors};
+use nvpoll::send::SendMode;
+use nvpoll_target::{Backing, SubsystemConfig, Target, TargetConfig, TargetHandle, TargetTls};
+use nvpoll_tcp::tls::ConfiguredKey;
+use nvpoll_tools::loadgen::{self, RunSpec, Workload};
 
 /// How long and how often each measured run goes.
 pub struct Knobs {
@@ -13,6 +19,32 @@ pub struct Knobs {
     pub warmup: Duration,
     /// NVPOLL_BENCH_RUNS: runs per cell (the median is reported).
     pub runs: usize,
+}
+
+impl Knobs {
+    /// One measured run: `jobs` jobs of `workload` in `io_size`-byte I/O at `qd` each, sending in `send_mode`,
+    /// measured for the knobs' time after their warm-up; no reads mixed in, no verify, 30 s to drain.
+    pub fn spec(
+        &self,
+        workload: Workload,
+        io_size: u64,
+        qd: u16,
+        jobs: usize,
+        send_mode: SendMode,
+    ) -> RunSpec {
+        RunSpec {
+            qd,
+            jobs,
+            io_size,
+            workload,
+            rwmix: 0,
+            verify: false,
+            warmup: self.warmup,
+            time: self.time,
+            send_mode,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 /// Reads the knobs from the environment, with these defaults.
@@ -43,4 +75,30 @@ pub fn cores() -> (usize, usize, CoreList, CoreList) {
     };
     let one = |c: usize| CoreList::parse(&c.to_string()).expect("a core number");
     (icore, tcore, one(icore), one(tcore))
+}
+
+/// A target on 127.0.0.1 (a free port) serving subsystem `nqn` with one 256 MiB RAM namespace of 4 KiB blocks;
+/// with `tls`, (HOSTNQN, KEY), TLS is optional and that host may also connect with that key.
+pub fn ram_target(nqn: &str, tls: Option<(&str, &ConfiguredKey)>) -> TargetConfig {
+    let listen: SocketAddr = "127.0.0.1:0".parse().expect("address literal");
+    let mut config = TargetConfig::new(listen)
+        .subsystem(SubsystemConfig::new(nqn).namespace(Backing::Ram(256 << 20), 4096));
+    if let Some((hostnqn, key)) = tls {
+        config.tls = Some(TargetTls::with_host_keys(
+            false,
+            &[(hostnqn.to_string(), key.clone())],
+            &[nqn.to_string()],
+        ));
+    }
+    config
+}
+
+/// Starts reactors on `cores`, and our target with `config` on them.
+pub fn start_target(config: TargetConfig, cores: &CoreList) -> (Reactors, TargetHandle) {
+    let reactors = Reactors::start(cores).expect("target reactors");
+    let target = Target::bind(config)
+        .expect("bind target")
+        .start(&reactors)
+        .expect("start target");
+    (reactors, target)
 }

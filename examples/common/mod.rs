@@ -1,0 +1,96 @@
+//! What the example binaries share: `main`'s frame (the logger, the error line and the exit status), the
+//! NVMe/TCP host options that follow `--trid`, and opening a controller of either transport with the error
+//! messages the binaries print. Included with `mod common;`; each binary uses the part it needs.
+#![allow(dead_code)] // each example compiles this module on its own and uses only some of it
+
+use nvpoll::api::Controller;
+use nvpoll::mem::DmaPool;
+use nvpoll::trid::{PciAddress, TransportId};
+use nvpoll_pcie::{PcieController, PcieOptions};
+use nvpoll_tcp::host::{ConnectOptions, TcpController};
+
+/// Installs the binaries' logger at the `-v` count `verbose` ([`Verbosity`]), runs `body`, and on an error
+/// prints `NAME: ERROR` on stderr and exits with status 1.
+pub fn run_main(name: &str, verbose: u8, body: impl FnOnce() -> Result<(), String>) {
+    nvpoll_tools::logging::init(verbose);
+    if let Err(e) = body() {
+        eprintln!("{name}: {e}");
+        std::process::exit(1);
+    }
+}
+
+// The binaries' -v flag (flattened last into their arguments). A plain comment, not a doc comment: clap would take
+// a doc comment for the binary's about.
+#[derive(clap::Args, Debug)]
+pub struct Verbosity {
+    /// More log lines from the libraries: -v info, -vv debug, -vvv trace (RUST_LOG, in env_logger's
+    /// syntax, overrides this).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+}
+
+// The options of an NVMe/TCP host that connects to one controller (flattened into a binary's arguments, after
+// its --trid); a plain comment for the same reason.
+#[derive(clap::Args, Debug)]
+pub struct HostArgs {
+    /// Host NQN (default: /etc/nvme/hostnqn, or one derived from the machine's UUID).
+    #[arg(long)]
+    pub hostnqn: Option<String>,
+    /// TLS 1.3 PSK in the NVMe interchange format (NVMeTLSkey-1:01:...:); TLS runs before ICReq on every queue.
+    #[arg(long)]
+    pub psk: Option<String>,
+    /// With --psk: the TLS PSK identity to present verbatim (default: derived from the host and subsystem NQNs).
+    #[arg(long, requires = "psk")]
+    pub psk_identity: Option<String>,
+    /// With --psk: the identity version to derive, 0 (NVMe0R0x) or 1 (NVMe1R0x with the digest).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub psk_identity_version: u8,
+}
+
+impl HostArgs {
+    /// The connect options for the NVMe/TCP transport ID `trid`: its address and NQNs, the host NQN and, with
+    /// --psk, the TLS key and identity.
+    pub fn connect_options(&self, trid: &TransportId) -> Result<ConnectOptions, String> {
+        let opts = ConnectOptions::from_trid(trid, self.hostnqn.as_deref())
+            .map_err(|e| format!("--trid: {e}"))?;
+        match &self.psk {
+            Some(k) => opts
+                .with_psk_args(k, self.psk_identity.as_deref(), self.psk_identity_version)
+                .map_err(|e| format!("--psk: {e}")),
+            None => Ok(opts),
+        }
+    }
+}
+
+/// Parses `--trid`'s value.
+pub fn parse_trid(trid: &str) -> Result<TransportId, String> {
+    trid.parse().map_err(|e| format!("--trid: {e}"))
+}
+
+/// A DMA pool of `count` 4 KiB buffers.
+pub fn dma_pool(count: usize) -> Result<DmaPool, String> {
+    DmaPool::builder()
+        .class(4096, count)
+        .build()
+        .map_err(|e| format!("DMA pool: {e}"))
+}
+
+/// Opens the PCIe controller at `bdf` (bound to vfio-pci) with `opts`, its DMA memory from `pool`.
+pub fn open_pcie(
+    bdf: PciAddress,
+    pool: &DmaPool,
+    opts: PcieOptions,
+) -> Result<PcieController, String> {
+    PcieController::open(bdf, pool.clone(), opts).map_err(|e| format!("opening {bdf}: {e}"))
+}
+
+/// Connects to the NVMe/TCP controller `opts` names, its DMA memory from `pool`.
+pub fn connect_tcp(opts: ConnectOptions, pool: &DmaPool) -> Result<TcpController, String> {
+    let addr = opts.addr;
+    TcpController::connect(opts, pool.clone()).map_err(|e| format!("connecting to {addr}: {e}"))
+}
+
+/// Shuts `ctrl` down.
+pub fn shutdown<C: Controller>(ctrl: C) -> Result<(), String> {
+    ctrl.shutdown().map_err(|e| format!("shutdown: {e}"))
+}
