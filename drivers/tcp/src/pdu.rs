@@ -75,10 +75,31 @@ const IC_DGST_HDGST: u8 = 0x01;
 /// ICReq/ICResp digest field: data digests enabled.
 const IC_DGST_DDGST: u8 = 0x02;
 
-/// The PDU types of NVMe/TCP.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum PduType {
+/// A wire enum: `#[repr]` with the spec's values, and `FROM(v)`, the variant with wire value `v` if there is one.
+macro_rules! wire_enum {
+    ($(#[doc = $edoc:literal])* $name:ident: $repr:ident, $from:ident; $($(#[doc = $doc:literal])* $variant:ident = $value:literal,)*) => {
+        $(#[doc = $edoc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr($repr)]
+        pub enum $name {
+            $($(#[doc = $doc])* $variant = $value,)*
+        }
+
+        impl $name {
+            /// The variant with wire value `v`, if there is one.
+            pub const fn $from(v: $repr) -> Option<$name> {
+                $(if v == $value {
+                    return Some($name::$variant);
+                })*
+                None
+            }
+        }
+    };
+}
+
+wire_enum! {
+    /// The PDU types of NVMe/TCP.
+    PduType: u8, from_u8;
     /// Initialize Connection Request, host to controller.
     IcReq = 0x00,
     /// Initialize Connection Response, controller to host.
@@ -100,22 +121,6 @@ pub enum PduType {
 }
 
 impl PduType {
-    /// The type with wire value `v`, if there is one.
-    pub const fn from_u8(v: u8) -> Option<PduType> {
-        Some(match v {
-            0x00 => PduType::IcReq,
-            0x01 => PduType::IcResp,
-            0x02 => PduType::H2CTermReq,
-            0x03 => PduType::C2HTermReq,
-            0x04 => PduType::CapsuleCmd,
-            0x05 => PduType::CapsuleResp,
-            0x06 => PduType::H2CData,
-            0x07 => PduType::C2HData,
-            0x09 => PduType::R2T,
-            _ => return None,
-        })
-    }
-
     /// The header length (`hlen`) the spec fixes for this type, without the header digest.
     pub const fn hlen(self) -> u8 {
         match self {
@@ -243,10 +248,9 @@ impl DecodeConfig {
     }
 }
 
-/// Fatal error status of a termination request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u16)]
-pub enum Fes {
+wire_enum! {
+    /// Fatal error status of a termination request.
+    Fes: u16, from_u16;
     /// Invalid PDU header field; FEI holds the byte offset of the field.
     InvalidHeaderField = 0x01,
     /// PDU sequence error.
@@ -259,21 +263,6 @@ pub enum Fes {
     DataLimitExceeded = 0x05,
     /// Unsupported parameter; FEI holds the byte offset of the field.
     UnsupportedParameter = 0x06,
-}
-
-impl Fes {
-    /// The status with wire value `v`, if there is one.
-    pub const fn from_u16(v: u16) -> Option<Fes> {
-        Some(match v {
-            0x01 => Fes::InvalidHeaderField,
-            0x02 => Fes::PduSequenceError,
-            0x03 => Fes::HeaderDigestError,
-            0x04 => Fes::DataOutOfRange,
-            0x05 => Fes::DataLimitExceeded,
-            0x06 => Fes::UnsupportedParameter,
-            _ => return None,
-        })
-    }
 }
 
 /// ICReq: the host's half of connection setup.
