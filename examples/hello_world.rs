@@ -14,12 +14,8 @@ mod common;
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Transport ID, e.g. 'trtype:tcp traddr:127.0.0.1 trsvcid:4420 subnqn:NQN' or
-    /// 'trtype:pcie traddr:0000:01:00.0' (a controller bound to vfio-pci: see `nvpoll-setup bind`).
-    #[arg(long)]
-    trid: String,
     #[command(flatten)]
-    host: common::HostArgs,
+    target: common::Target,
     /// First LBA to write.
     #[arg(long, default_value_t = 0)]
     lba: u64,
@@ -47,14 +43,14 @@ fn wait<Q: QueuePair>(qp: &mut Q) -> Result<Completion, String> {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    let trid = common::parse_trid(&args.trid)?;
+    let trid = common::parse_trid(&args.target.trid)?;
     if let TransportId::Pcie { bdf } = &trid {
         let pool = common::dma_pool(64)?;
         let mut ctrl = common::open_pcie(*bdf, &pool, PcieOptions::default())?;
         write_read(&mut ctrl, &pool, args.lba)?;
         return common::shutdown(ctrl);
     }
-    let opts = args.host.connect_options(&trid)?;
+    let opts = args.target.host.connect_options(&trid)?;
     let pool = common::dma_pool(64)?;
     let mut ctrl = common::connect_tcp(opts, &pool)?;
     write_read(&mut ctrl, &pool, args.lba)?;

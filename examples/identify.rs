@@ -12,12 +12,8 @@ mod common;
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Transport ID, e.g. 'trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:NQN' or
-    /// 'trtype:pcie traddr:0000:01:00.0' (a controller bound to vfio-pci: see `nvpoll-setup bind`).
-    #[arg(long)]
-    trid: String,
     #[command(flatten)]
-    host: common::HostArgs,
+    target: common::Target,
     /// Ask for header digests (NVMe/TCP).
     #[arg(long)]
     hdr_digest: bool,
@@ -34,11 +30,11 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    let trid = common::parse_trid(&args.trid)?;
+    let trid = common::parse_trid(&args.target.trid)?;
     if let TransportId::Pcie { bdf } = &trid {
         return identify_pcie(&trid, *bdf);
     }
-    let mut opts = args.host.connect_options(&trid)?;
+    let mut opts = args.target.host.connect_options(&trid)?;
     let pool = common::dma_pool(64)?;
     opts.header_digest = args.hdr_digest;
     opts.data_digest = args.data_digest;

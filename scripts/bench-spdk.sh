@@ -30,23 +30,9 @@
 #   BENCH_TARGET_CORE=0      the target's core; BENCH_INITIATOR_CORE=1 the initiator's
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 PROG=bench-spdk
-die() { echo "$PROG: error: $*" >&2; exit 2; }
-say() { echo "$PROG: $*"; }
-
-if [ -z "${SPDK_DIR:-}" ]; then
-    say "SKIPPED: SPDK_DIR is not set. Point it at an SPDK build (v26.05) that has build/bin/nvmf_tgt,"
-    say "build/bin/spdk_nvme_perf and scripts/rpc.py; this script never builds SPDK."
-    exit 0
-fi
-NVMF_TGT=$SPDK_DIR/build/bin/nvmf_tgt
-SPDK_PERF=$SPDK_DIR/build/bin/spdk_nvme_perf
-RPC_PY=$SPDK_DIR/scripts/rpc.py
-for f in "$NVMF_TGT" "$SPDK_PERF"; do [ -x "$f" ] || die "$f is missing or not executable (SPDK_DIR=$SPDK_DIR)"; done
-[ -f "$RPC_PY" ] || die "$RPC_PY is missing (SPDK_DIR=$SPDK_DIR)"
-RPC_PYTHON=${SPDK_RPC_PYTHON:-$(command -v /usr/bin/python3 || command -v python3 || true)}
-[ -n "$RPC_PYTHON" ] || die "python3 not found (rpc.py needs it): apt-get install python3"
+# shellcheck source=scripts/spdk-common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/spdk-common.sh"
 
 TIME=${BENCH_TIME:-3}
 RUNS=${BENCH_RUNS:-3}
@@ -58,15 +44,7 @@ PORT=${BENCH_PORT:-4560}
 TCORE=${BENCH_TARGET_CORE:-0}
 ICORE=${BENCH_INITIATOR_CORE:-1}
 
-bytes() {   # 4k | 128k | 1m | 512 -> bytes
-    local v=${1,,}
-    case "$v" in
-        *k) echo $(( ${v%k} * 1024 )) ;;
-        *m) echo $(( ${v%m} * 1024 * 1024 )) ;;
-        *[!0-9]*|'') die "bad size '$1' in BENCH_CELLS" ;;
-        *) echo "$v" ;;
-    esac
-}
+SIZES_VAR=BENCH_CELLS
 for c in "${CELLS[@]}"; do
     IFS=: read -r w s q <<< "$c"
     case "$w" in randread|randwrite|read|write) ;; *) die "BENCH_CELLS: unknown workload '$w' in '$c'" ;; esac
@@ -75,27 +53,11 @@ for c in "${CELLS[@]}"; do
 done
 for s in "${SECURITY[@]}"; do case "$s" in plain|tls) ;; *) die "unknown security '$s'" ;; esac; done
 
-if [ -n "${NVPOLL_EXAMPLES_DIR:-}" ]; then
-    BIN=$NVPOLL_EXAMPLES_DIR
-else
-    say "building our perf and target (release)"
-    (cd "$ROOT" && cargo build -q --release --example perf --example target) || die "the build failed"
-    meta=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps) || die "cargo metadata failed"
-    [[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"
-    BIN=${BASH_REMATCH[1]}/release/examples
-fi
-[ -x "$BIN/perf" ] && [ -x "$BIN/target" ] || die "no perf and target in $BIN"
+our_binaries
 
-# Test vector of the NVMe TLS PSK interchange format (shared/notes/tls-psk.md): a test-only key.
-KEY='NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:'
-HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6
 SUBNQN=nqn.2016-06.io.spdk:bench
 SUBNQN_TLS=nqn.2016-06.io.spdk:bench-tls
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/nvpoll-bench-spdk.XXXXXX")
-chmod 700 "$WORK"
-KEYFILE=$WORK/psk.key
-( umask 077; printf '%s' "$KEY" > "$KEYFILE" )
-RPC_SOCK=$WORK/spdk.sock
+make_work nvpoll-bench-spdk
 PLAIN_PORT=$PORT
 TLS_PORT=$((PORT + 1))
 TGT_PID=
@@ -111,47 +73,10 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-stop_pid() {   # PID: SIGTERM, then SIGKILL after 5 s
-    local p=$1 i
-    kill -TERM "$p" 2>/dev/null || true
-    for i in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$p" 2>/dev/null || true
-    { wait "$p"; } 2>/dev/null || true
-}
-
-wait_listen() {   # PORT LOG
-    local i
-    for i in $(seq 200); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-        kill -0 "$TGT_PID" 2>/dev/null || break
-        sleep 0.05
-    done
-    tail -n 30 "$2" >&2
-    die "nothing listens on 127.0.0.1:$1"
-}
-
-rpc() { "$RPC_PYTHON" "$RPC_PY" -s "$RPC_SOCK" "$@" >> "$WORK/rpc.log" 2>&1 || die "rpc.py $* failed: $(tail -n 3 "$WORK/rpc.log")"; }
-
 start_spdk() {
-    rm -f "$RPC_SOCK"   # a killed predecessor leaves its socket behind
-    "$NVMF_TGT" -m "$((1 << TCORE))" --no-huge -s 1024 -r "$RPC_SOCK" > "$WORK/nvmf_tgt.log" 2>&1 &
-    TGT_PID=$!
-    local i
-    for i in $(seq 200); do [ -S "$RPC_SOCK" ] && break; kill -0 "$TGT_PID" 2>/dev/null || break; sleep 0.05; done
-    [ -S "$RPC_SOCK" ] || { tail -n 30 "$WORK/nvmf_tgt.log" >&2; die "nvmf_tgt did not open its RPC socket"; }
-    rpc framework_wait_init
-    rpc nvmf_create_transport -t TCP -i 1048576 -c 8192
-    rpc bdev_malloc_create -b Malloc0 256 512
-    rpc bdev_malloc_create -b Malloc1 256 512
-    rpc keyring_file_add_key key0 "$KEYFILE"
-    rpc nvmf_create_subsystem "$SUBNQN" -a -s SPDK00000000000001 -m 4
-    rpc nvmf_subsystem_add_ns "$SUBNQN" Malloc0
-    rpc nvmf_subsystem_add_listener "$SUBNQN" -t tcp -a 127.0.0.1 -s "$PLAIN_PORT"
-    rpc nvmf_create_subsystem "$SUBNQN_TLS" -s SPDK00000000000002 -m 4
-    rpc nvmf_subsystem_add_ns "$SUBNQN_TLS" Malloc1
-    rpc nvmf_subsystem_add_listener "$SUBNQN_TLS" -t tcp -a 127.0.0.1 -s "$TLS_PORT" --secure-channel
-    rpc nvmf_subsystem_add_host "$SUBNQN_TLS" "$HOSTNQN" --psk key0
-    wait_listen "$PLAIN_PORT" "$WORK/nvmf_tgt.log"
+    spdk_tgt_launch
+    TGT_PID=$SPDK_TGT_PID
+    spdk_tgt_configure "$PLAIN_PORT" "$TLS_PORT"
 }
 
 start_ours() {
@@ -173,8 +98,8 @@ start_ours() {
 JSON
     "$BIN/target" --config "$WORK/target.json" --cores "$TCORE" > "$WORK/target.log" 2>&1 &
     TGT_PID=$!
-    wait_listen "$PLAIN_PORT" "$WORK/target.log"
-    wait_listen "$TLS_PORT" "$WORK/target.log"
+    wait_listen "$PLAIN_PORT" "$TGT_PID" "$WORK/target.log"
+    wait_listen "$TLS_PORT" "$TGT_PID" "$WORK/target.log"
 }
 
 spdk_run() {   # sec workload bytes qd -> IOPS (or "fail")

@@ -37,24 +37,9 @@
 #   INTEROP_KEEP=0           1: keep the work folder (logs of every cell)
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 PROG=interop-spdk
-die() { echo "$PROG: error: $*" >&2; exit 2; }
-say() { echo "$PROG: $*"; }
-
-if [ -z "${SPDK_DIR:-}" ]; then
-    say "SKIPPED: SPDK_DIR is not set. Point it at an SPDK build (v26.05) that has build/bin/nvmf_tgt,"
-    say "build/bin/spdk_nvme_perf and scripts/rpc.py; this script never builds SPDK."
-    exit 0
-fi
-NVMF_TGT=$SPDK_DIR/build/bin/nvmf_tgt
-SPDK_PERF=$SPDK_DIR/build/bin/spdk_nvme_perf
-RPC_PY=$SPDK_DIR/scripts/rpc.py
-for f in "$NVMF_TGT" "$SPDK_PERF"; do [ -x "$f" ] || die "$f is missing or not executable (SPDK_DIR=$SPDK_DIR)"; done
-[ -f "$RPC_PY" ] || die "$RPC_PY is missing (SPDK_DIR=$SPDK_DIR)"
-# rpc.py wants a python3 with SPDK's modules' dependencies: Debian's by default (a pyenv one may lack them)
-RPC_PYTHON=${SPDK_RPC_PYTHON:-$(command -v /usr/bin/python3 || command -v python3 || true)}
-[ -n "$RPC_PYTHON" ] || die "python3 not found (rpc.py needs it): apt-get install python3"
+# shellcheck source=scripts/spdk-common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/spdk-common.sh"
 command -v timeout >/dev/null 2>&1 || die "timeout not found: apt-get install coreutils"
 
 TIME=${INTEROP_TIME:-2}
@@ -71,15 +56,7 @@ PORT=${INTEROP_PORT:-4520}
 TCORE=${INTEROP_TARGET_CORE:-0}
 ICORE=${INTEROP_INITIATOR_CORE:-1}
 
-bytes() {   # 512 | 4k | 128k | 1m -> bytes
-    local v=${1,,}
-    case "$v" in
-        *k) echo $(( ${v%k} * 1024 )) ;;
-        *m) echo $(( ${v%m} * 1024 * 1024 )) ;;
-        *[!0-9]*|'') die "bad size '$1' in INTEROP_SIZES" ;;
-        *) echo "$v" ;;
-    esac
-}
+SIZES_VAR=INTEROP_SIZES
 for d in "${DIRECTIONS[@]}"; do case "$d" in ours-spdk|spdk-ours) ;; *) die "unknown direction '$d'" ;; esac; done
 for s in "${SECURITY[@]}"; do case "$s" in plain|tls) ;; *) die "unknown security '$s'" ;; esac; done
 for g in "${DIGESTS[@]}"; do case "$g" in none|hd) ;; *) die "unknown digests '$g'" ;; esac; done
@@ -88,31 +65,14 @@ for s in "${SIZES[@]}"; do bytes "$s" >/dev/null; done
 # ---------------------------------------------------------------------------------------------------------------
 # our binaries
 # ---------------------------------------------------------------------------------------------------------------
-if [ -n "${NVPOLL_EXAMPLES_DIR:-}" ]; then
-    BIN=$NVPOLL_EXAMPLES_DIR
-else
-    say "building our perf and target (release)"
-    (cd "$ROOT" && cargo build -q --release --example perf --example target) || die "the build failed"
-    meta=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps) || die "cargo metadata failed"
-    [[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"
-    BIN=${BASH_REMATCH[1]}/release/examples
-fi
-[ -x "$BIN/perf" ] && [ -x "$BIN/target" ] || die "no perf and target in $BIN"
+our_binaries
 
 # ---------------------------------------------------------------------------------------------------------------
 # keys, work folder, cleanup
 # ---------------------------------------------------------------------------------------------------------------
-# Test vector of the NVMe TLS PSK interchange format (shared/notes/tls-psk.md): a test-only key.
-KEY='NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:'
-HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6
 SUBNQN=nqn.2016-06.io.spdk:interop        # plain: any host
-SUBNQN_TLS=nqn.2016-06.io.spdk:interop-tls # TLS: HOSTNQN with the PSK
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/nvpoll-interop.XXXXXX")
-chmod 700 "$WORK"
-KEYFILE=$WORK/psk.key
-printf '%s' "$KEY" > "$KEYFILE"
-chmod 600 "$KEYFILE"
-RPC_SOCK=$WORK/spdk.sock
+SUBNQN_TLS=nqn.2016-06.io.spdk:interop-tls # TLS: HOSTNQN with the PSK (KEY, in spdk-common.sh)
+make_work nvpoll-interop
 PIDS=()
 # shellcheck disable=SC2317  # invoked by the traps
 cleanup() {
@@ -131,24 +91,9 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-wait_listen() {   # PORT PID LOG: until something listens on 127.0.0.1:PORT
-    local i
-    for i in $(seq 200); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-        kill -0 "$2" 2>/dev/null || break
-        sleep 0.05
-    done
-    echo "---- $3 ----" >&2; tail -n 30 "$3" >&2
-    die "nothing listens on 127.0.0.1:$1"
-}
-
-stop_pid() {   # PID: SIGTERM, then SIGKILL after 5 s (SPDK's perf does not always exit on SIGTERM)
-    local p=$1 i
-    kill -TERM "$p" 2>/dev/null || true
-    for i in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$p" 2>/dev/null || true
-    { wait "$p"; } 2>/dev/null || true
-    local keep=()
+stop_target() {   # PID: stop_pid, and no longer stop it on exit
+    local p=$1 i keep=()
+    stop_pid "$p"
     for i in "${PIDS[@]}"; do [ "$i" = "$p" ] || keep+=("$i"); done
     PIDS=("${keep[@]}")
 }
@@ -168,31 +113,12 @@ SPDK_PLAIN_PORT=$PORT
 SPDK_TLS_PORT=$((PORT + 1))
 OUR_PLAIN_PORT=$((PORT + 2))
 OUR_TLS_PORT=$((PORT + 3))
-rpc() { "$RPC_PYTHON" "$RPC_PY" -s "$RPC_SOCK" "$@" >> "$WORK/rpc.log" 2>&1 || die "rpc.py $* failed (see below)$(echo; tail -n 5 "$WORK/rpc.log")"; }
 
 start_spdk_target() {
     say "starting SPDK's nvmf_tgt on core $TCORE (ports $SPDK_PLAIN_PORT plain, $SPDK_TLS_PORT TLS)"
-    "$NVMF_TGT" -m "$((1 << TCORE))" --no-huge -s 1024 -r "$RPC_SOCK" > "$WORK/nvmf_tgt.log" 2>&1 &
-    SPDK_TGT_PID=$!
+    spdk_tgt_launch
     PIDS+=("$SPDK_TGT_PID")
-    local i
-    for i in $(seq 200); do [ -S "$RPC_SOCK" ] && break; kill -0 "$SPDK_TGT_PID" 2>/dev/null || break; sleep 0.05; done
-    [ -S "$RPC_SOCK" ] || { tail -n 30 "$WORK/nvmf_tgt.log" >&2; die "nvmf_tgt did not open its RPC socket"; }
-    rpc framework_wait_init
-    # 1 MiB I/O in one command (max_io_size), 8 KiB of in-capsule data like ours
-    rpc nvmf_create_transport -t TCP -i 1048576 -c 8192
-    rpc bdev_malloc_create -b Malloc0 256 512
-    rpc bdev_malloc_create -b Malloc1 256 512
-    rpc keyring_file_add_key key0 "$KEYFILE"
-    # plain: any host; TLS: only HOSTNQN, with the key (SPDK accepts the v0 identity only)
-    rpc nvmf_create_subsystem "$SUBNQN" -a -s SPDK00000000000001 -m 4
-    rpc nvmf_subsystem_add_ns "$SUBNQN" Malloc0
-    rpc nvmf_subsystem_add_listener "$SUBNQN" -t tcp -a 127.0.0.1 -s "$SPDK_PLAIN_PORT"
-    rpc nvmf_create_subsystem "$SUBNQN_TLS" -s SPDK00000000000002 -m 4
-    rpc nvmf_subsystem_add_ns "$SUBNQN_TLS" Malloc1
-    rpc nvmf_subsystem_add_listener "$SUBNQN_TLS" -t tcp -a 127.0.0.1 -s "$SPDK_TLS_PORT" --secure-channel
-    rpc nvmf_subsystem_add_host "$SUBNQN_TLS" "$HOSTNQN" --psk key0
-    wait_listen "$SPDK_PLAIN_PORT" "$SPDK_TGT_PID" "$WORK/nvmf_tgt.log"
+    spdk_tgt_configure "$SPDK_PLAIN_PORT" "$SPDK_TLS_PORT"
 }
 
 # Our target: one process, configured by a file (a plain and a TLS listener, two subsystems: the one the cells
@@ -315,7 +241,7 @@ for dir in "${DIRECTIONS[@]}"; do
             done
         done
     done
-    if [ "$dir" = ours-spdk ]; then stop_pid "$SPDK_TGT_PID"; else stop_pid "$OUR_TGT_PID"; fi
+    if [ "$dir" = ours-spdk ]; then stop_target "$SPDK_TGT_PID"; else stop_target "$OUR_TGT_PID"; fi
 done
 
 echo

@@ -1,6 +1,7 @@
 //! What the example binaries share: `main`'s frame (the logger, the error line and the exit status), the
-//! NVMe/TCP host options that follow `--trid`, and opening a controller of either transport with the error
-//! messages the binaries print. Included with `mod common;`; each binary uses the part it needs.
+//! controller to attach to (`--trid` and the NVMe/TCP host options that follow it), and opening a controller
+//! of either transport with the error messages the binaries print. Included with `mod common;`; each binary
+//! uses the part it needs.
 #![allow(dead_code)] // each example compiles this module on its own and uses only some of it
 
 use nvpoll::api::Controller;
@@ -29,8 +30,20 @@ pub struct Verbosity {
     pub verbose: u8,
 }
 
+// The controller a binary attaches to (flattened first into its arguments): --trid, then the NVMe/TCP host
+// options ([`HostArgs`]); a plain comment for the same reason.
+#[derive(clap::Args, Debug)]
+pub struct Target {
+    /// Transport ID, e.g. 'trtype:tcp traddr:127.0.0.1 trsvcid:4420 subnqn:NQN' or
+    /// 'trtype:pcie traddr:0000:01:00.0' (a controller bound to vfio-pci: see `nvpoll-setup bind`).
+    #[arg(long)]
+    pub trid: String,
+    #[command(flatten)]
+    pub host: HostArgs,
+}
+
 // The options of an NVMe/TCP host that connects to one controller (flattened into a binary's arguments, after
-// its --trid); a plain comment for the same reason.
+// its --trid, as in [`Target`]); a plain comment for the same reason.
 #[derive(clap::Args, Debug)]
 pub struct HostArgs {
     /// Host NQN (default: /etc/nvme/hostnqn, or one derived from the machine's UUID).

@@ -7,40 +7,16 @@
 //! instructions per I/O for the same loops.
 
 use std::hint::black_box;
-use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
+use nvpoll::api::{IoOp, IoRequest, QueuePair};
 use nvpoll::mem::{DmaBuf, DmaPool, HugepageMode};
-use nvpoll_pcie::fake::{FakeConfig, FakeDevice};
+use nvpoll_pcie::fake::FakeDevice;
 use nvpoll_pcie::mmio::SharedMem;
-use nvpoll_pcie::{PcieController, PcieOptions, PcieQueuePair};
+use nvpoll_pcie::PcieQueuePair;
 
-fn setup(
-    depth: u16,
-) -> (
-    PcieController<FakeDevice>,
-    PcieQueuePair<FakeDevice>,
-    DmaPool,
-) {
-    let dev = Arc::new(FakeDevice::new(FakeConfig {
-        store_data: false,
-        ..FakeConfig::default()
-    }));
-    let pool = DmaPool::builder()
-        .class(4096, 256)
-        .class(64 * 1024, 64)
-        .hugepages(HugepageMode::Off)
-        .build()
-        .unwrap();
-    let opts = PcieOptions {
-        hugepages: HugepageMode::Off,
-        ..PcieOptions::default()
-    };
-    let mut ctrl = PcieController::attach(dev, pool.clone(), opts).unwrap();
-    let qp = ctrl.create_queue_pair(depth).unwrap();
-    (ctrl, qp, pool)
-}
+#[path = "common/mod.rs"]
+mod common;
 
 /// Submits `bufs.len()` reads of `blocks` blocks, flushes once, and polls until all are back.
 fn batch(qp: &mut PcieQueuePair<FakeDevice>, bufs: &mut Vec<DmaBuf>, blocks: u32) {
@@ -75,7 +51,7 @@ fn bench_io(c: &mut Criterion) {
         ("read64k_prp_list_qd1", 1, 64 * 1024),
         ("read64k_prp_list_batch32", 32, 64 * 1024),
     ] {
-        let (_ctrl, mut qp, pool) = setup(128);
+        let (_ctrl, mut qp, pool) = common::null_controller(&[(4096, 256), (64 * 1024, 64)], 128);
         let mut bufs: Vec<DmaBuf> = (0..qd).map(|_| pool.alloc(len).unwrap()).collect();
         g.throughput(Throughput::Elements(qd as u64));
         g.bench_function(name, |b| {

@@ -3,12 +3,10 @@
 //!
 //! usage: fake_loop ITERATIONS [qd1|batch32]
 
-use std::sync::Arc;
+use nvpoll::api::{IoOp, IoRequest, QueuePair};
 
-use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
-use nvpoll::mem::{DmaPool, HugepageMode};
-use nvpoll_pcie::fake::{FakeConfig, FakeDevice};
-use nvpoll_pcie::{PcieController, PcieOptions};
+#[path = "../benches/common/mod.rs"]
+mod common;
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -18,21 +16,7 @@ fn main() {
         Some("batch32") => 32,
         Some(other) => panic!("unknown mode {other}: qd1 or batch32"),
     };
-    let dev = Arc::new(FakeDevice::new(FakeConfig {
-        store_data: false,
-        ..FakeConfig::default()
-    }));
-    let pool = DmaPool::builder()
-        .class(4096, 64)
-        .hugepages(HugepageMode::Off)
-        .build()
-        .unwrap();
-    let opts = PcieOptions {
-        hugepages: HugepageMode::Off,
-        ..PcieOptions::default()
-    };
-    let mut ctrl = PcieController::attach(dev, pool.clone(), opts).unwrap();
-    let mut qp = ctrl.create_queue_pair(128).unwrap();
+    let (_ctrl, mut qp, pool) = common::null_controller(&[(4096, 64)], 128);
     let mut bufs: Vec<_> = (0..qd).map(|_| pool.alloc(4096).unwrap()).collect();
     let mut done = 0u64;
     while done < ios {

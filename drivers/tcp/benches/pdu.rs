@@ -15,6 +15,15 @@ const HDGST: Digests = Digests {
     data: false,
 };
 
+/// The header of the one 4 KiB C2HData PDU of command 7 (the last, with a CapsuleResp to follow).
+const C2H_4K: C2HDataHdr = C2HDataHdr {
+    cccid: 7,
+    datao: 0,
+    datal: 4096,
+    last: true,
+    success: false,
+};
+
 fn decode_len(buf: &[u8], cfg: &DecodeConfig) -> usize {
     match decode(buf, cfg) {
         Ok(Decoded::Pdu { len, .. }) => len,
@@ -42,13 +51,6 @@ fn bench_decode(c: &mut Criterion) {
     }
 
     let data = vec![0xa5u8; 4096];
-    let hdr = C2HDataHdr {
-        cccid: 7,
-        datao: 0,
-        datal: 4096,
-        last: true,
-        success: false,
-    };
     for (name, digests) in [
         ("c2h_data_4k", Digests::NONE),
         ("c2h_data_4k_hdgst", HDGST),
@@ -62,7 +64,7 @@ fn bench_decode(c: &mut Criterion) {
         ("c2h_data_4k_both", Digests::BOTH),
     ] {
         let mut buf = Vec::new();
-        encode_c2h_data(&mut buf, &hdr, &data, digests, 0);
+        encode_c2h_data(&mut buf, &C2H_4K, &data, digests, 0);
         let cfg = DecodeConfig::new(Direction::ToHost, digests, 1 << 20);
         g.throughput(Throughput::Bytes(buf.len() as u64));
         g.bench_function(name, |b| b.iter(|| decode_len(black_box(&buf), &cfg)));
@@ -90,17 +92,10 @@ fn bench_encode(c: &mut Criterion) {
             })
         });
     }
-    let hdr = C2HDataHdr {
-        cccid: 7,
-        datao: 0,
-        datal: 4096,
-        last: true,
-        success: false,
-    };
     g.bench_function("c2h_data_header_hdgst", |b| {
         b.iter(|| {
             out.clear();
-            encode_c2h_data_header(&mut out, black_box(&hdr), HDGST, 0)
+            encode_c2h_data_header(&mut out, black_box(&C2H_4K), HDGST, 0)
         })
     });
     g.finish();
