@@ -236,6 +236,24 @@ impl QueueStats {
     }
 }
 
+/// What a host learns of a controller when it attaches (and again after a reset or reconnect).
+#[derive(Clone, Debug, Default)]
+pub struct ControllerInfo {
+    /// The Identify Controller data.
+    pub identify: crate::spec::IdentifyController,
+    /// The active namespaces, by NSID.
+    pub namespaces: Vec<Namespace>,
+    /// The largest data transfer of one command in bytes (MDTS, and the transport's own limit).
+    pub max_transfer: u32,
+}
+
+impl ControllerInfo {
+    /// The active namespace `nsid`, if there is one.
+    pub fn namespace(&self, nsid: u32) -> Option<&Namespace> {
+        self.namespaces.iter().find(|n| n.nsid == nsid)
+    }
+}
+
 /// A namespace as seen by the host.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Namespace {
@@ -277,14 +295,28 @@ pub trait Controller {
     /// The queue pair type of this transport.
     type QueuePair: QueuePair;
 
+    /// What attach learnt of the controller: its Identify data, its namespaces, its transfer limit.
+    fn info(&self) -> &ControllerInfo;
+
     /// The Identify Controller data read at attach time.
-    fn identify(&self) -> &crate::spec::IdentifyController;
+    fn identify(&self) -> &crate::spec::IdentifyController {
+        &self.info().identify
+    }
 
     /// The active namespaces.
-    fn namespaces(&self) -> &[Namespace];
+    fn namespaces(&self) -> &[Namespace] {
+        &self.info().namespaces
+    }
+
+    /// The active namespace `nsid`, if there is one.
+    fn namespace(&self, nsid: u32) -> Option<&Namespace> {
+        self.info().namespace(nsid)
+    }
 
     /// Largest data transfer in bytes for one command (from MDTS), if limited.
-    fn max_transfer(&self) -> Option<u32>;
+    fn max_transfer(&self) -> Option<u32> {
+        Some(self.info().max_transfer)
+    }
 
     /// Runs one admin command to completion. Meant for setup and tools, not for a reactor's hot path.
     fn admin(&mut self, cmd: Sqe, buf: Option<DmaBuf>) -> Result<(Cqe, Option<DmaBuf>), Error>;

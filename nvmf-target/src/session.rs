@@ -297,14 +297,7 @@ impl Session {
         match self.conn.fill() {
             Ok(0) => {}
             Ok(_) => busy = true,
-            Err(Error::Closed) => {
-                self.close(None, "closed by the host".into());
-                return Progress::Busy;
-            }
-            Err(e) => {
-                self.close(None, e.to_string());
-                return Progress::Busy;
-            }
+            Err(e) => return self.close_on(e),
         }
         let before = self.stats.commands;
         if let Err(f) = self.handle_received() {
@@ -323,6 +316,17 @@ impl Session {
             self.publish_stats();
             Progress::Idle
         }
+    }
+
+    /// Closes the connection after its socket or TLS failed with `e` (the host closing it is an ordinary
+    /// close, anything else is logged as what it was).
+    fn close_on(&mut self, e: Error) -> Progress {
+        let why = match e {
+            Error::Closed => "closed by the host".to_string(),
+            e => e.to_string(),
+        };
+        self.close(None, why);
+        Progress::Busy
     }
 
     /// Before ICReq on a TLS-enabled target: tells TLS from plain TCP by the first byte, then runs the
@@ -345,15 +349,8 @@ impl Session {
                     self.phase = Phase::IcReq;
                     return Progress::Busy;
                 }
-                Err(Error::Closed) => {
-                    // Closed before its first byte (a probe, or a host that gave up): an ordinary close.
-                    self.close(None, "closed by the host".into());
-                    return Progress::Busy;
-                }
-                Err(e) => {
-                    self.close(None, e.to_string());
-                    return Progress::Busy;
-                }
+                // Closed before its first byte (a probe, or a host that gave up) is an ordinary close.
+                Err(e) => return self.close_on(e),
             }
         }
         match self.conn.tls_step(&mut self.tls_hs, &mut self.tls_inb) {

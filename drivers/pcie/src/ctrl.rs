@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nvpoll::api::{Controller, Namespace};
+use nvpoll::api::{Controller, ControllerInfo, Namespace};
 use nvpoll::mem::{DmaBuf, DmaPool, HugepageMode};
 use nvpoll::spec::{self, cns, feature, reg, Aqa, Cap, Cc, Cqe, Csts, IdentifyController, Sqe, Vs};
 use nvpoll::trid::PciAddress;
@@ -116,9 +116,7 @@ pub struct PcieController<D: Device = VfioDevice> {
     opts: PcieOptions,
     cap: Cap,
     vs: Vs,
-    id: IdentifyController,
-    namespaces: Vec<Namespace>,
-    max_transfer: u32,
+    info: ControllerInfo,
     io_queues_granted: u16,
     /// Queue IDs in use, by index (index 0 is the admin queue).
     qids: Vec<bool>,
@@ -130,9 +128,9 @@ impl<D: Device> fmt::Debug for PcieController<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PcieController")
             .field("device", &self.dev.name())
-            .field("model", &self.id.model)
+            .field("model", &self.info.identify.model)
             .field("vs", &self.vs.to_string())
-            .field("max_transfer", &self.max_transfer)
+            .field("max_transfer", &self.info.max_transfer)
             .field("io_queues_granted", &self.io_queues_granted)
             .field("stats", &self.stats)
             .finish()
@@ -259,9 +257,7 @@ impl<D: Device> PcieController<D> {
             opts,
             cap,
             vs,
-            id: IdentifyController::default(),
-            namespaces: Vec::new(),
-            max_transfer: 0,
+            info: ControllerInfo::default(),
             io_queues_granted: 0,
             qids: vec![true],
             stats: CtrlStats::default(),
@@ -359,13 +355,17 @@ impl<D: Device> PcieController<D> {
 
     fn identify_all(&mut self) -> Result<(), Error> {
         let page = self.identify_page(cns::CONTROLLER, 0)?;
-        self.id = IdentifyController::parse(&page)
+        self.info.identify = IdentifyController::parse(&page)
             .map_err(|e| Error::Protocol(format!("Identify Controller: {e}")))?;
         let mut max = self.opts.max_transfer;
-        if let Some(limit) = self.id.max_transfer_bytes(self.cap.min_page_size()) {
+        if let Some(limit) = self
+            .info
+            .identify
+            .max_transfer_bytes(self.cap.min_page_size())
+        {
             max = max.min(limit.min(u64::from(u32::MAX)) as u32);
         }
-        self.max_transfer = max.max(prp_page() as u32);
+        self.info.max_transfer = max.max(prp_page() as u32);
         let want = self.opts.io_queues.max(1);
         let cqe = self.admin_run(
             Sqe::set_features(feature::NUMBER_OF_QUEUES, feature::num_queues(want, want)),
@@ -382,7 +382,7 @@ impl<D: Device> PcieController<D> {
             *used = was;
         }
         self.qids = qids;
-        self.namespaces = self.scan_namespaces()?;
+        self.info.namespaces = self.scan_namespaces()?;
         Ok(())
     }
 
@@ -479,11 +479,6 @@ impl<D: Device> PcieController<D> {
         self.aq().stats
     }
 
-    /// Looks up an active namespace.
-    pub fn namespace(&self, nsid: u32) -> Option<&Namespace> {
-        self.namespaces.iter().find(|n| n.nsid == nsid)
-    }
-
     /// Creates an I/O queue pair with the given options (see [`QueueOptions`]).
     pub fn create_queue_pair_with(&mut self, qo: QueueOptions) -> Result<PcieQueuePair<D>, Error> {
         self.ensure_running()?;
@@ -503,7 +498,7 @@ impl<D: Device> PcieController<D> {
                 qo.prp_list_offset
             )));
         }
-        let sgl = match (qo.sgl, self.id.sgls & 0x3) {
+        let sgl = match (qo.sgl, self.info.identify.sgls & 0x3) {
             (false, _) => SglMode::Off,
             (true, 0b01) => SglMode::AnyAlignment,
             (true, 0b10) => SglMode::DwordAligned,
@@ -511,7 +506,7 @@ impl<D: Device> PcieController<D> {
                 return Err(Error::Unsupported(format!(
                     "{} does not support SGLs for I/O (Identify SGLS {:#x}); use PRPs",
                     self.dev.name(),
-                    self.id.sgls
+                    self.info.identify.sgls
                 )))
             }
         };
@@ -522,7 +517,11 @@ impl<D: Device> PcieController<D> {
             )));
         };
         let qid = qid as u16;
-        let layout = QueueLayout::new(qo.depth, self.max_transfer, usize::from(qo.prp_list_offset));
+        let layout = QueueLayout::new(
+            qo.depth,
+            self.info.max_transfer,
+            usize::from(qo.prp_list_offset),
+        );
         let pool = layout
             .pool_classes(DmaPool::builder())
             .hugepages(self.opts.hugepages)
@@ -558,7 +557,7 @@ impl<D: Device> PcieController<D> {
         }
         self.qids[usize::from(qid)] = true;
         self.stats.queues_created += 1;
-        let namespaces = self.namespaces.clone();
+        let namespaces = self.info.namespaces.clone();
         let link = CtrlLink {
             shared: Arc::clone(&self.shared),
             admin: Arc::clone(&self.admin),
@@ -566,7 +565,7 @@ impl<D: Device> PcieController<D> {
             epoch: self.shared.epoch.load(Ordering::Acquire),
             recovery: self.opts.recovery,
             max_retries: self.opts.max_retries,
-            max_transfer: self.max_transfer,
+            max_transfer: self.info.max_transfer,
             namespaces,
         };
         Ok(PcieQueuePair::new(q, &qo, link, pool))
@@ -816,16 +815,8 @@ impl<D: Device> Drop for PcieController<D> {
 impl<D: Device> Controller for PcieController<D> {
     type QueuePair = PcieQueuePair<D>;
 
-    fn identify(&self) -> &IdentifyController {
-        &self.id
-    }
-
-    fn namespaces(&self) -> &[Namespace] {
-        &self.namespaces
-    }
-
-    fn max_transfer(&self) -> Option<u32> {
-        Some(self.max_transfer)
+    fn info(&self) -> &ControllerInfo {
+        &self.info
     }
 
     fn admin(&mut self, cmd: Sqe, buf: Option<DmaBuf>) -> nvpoll::Result<(Cqe, Option<DmaBuf>)> {

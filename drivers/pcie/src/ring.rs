@@ -433,20 +433,28 @@ impl<D: Device> Queue<D> {
         }
     }
 
+    /// The completion at the CQ head if the device has posted it (its phase tag is current), with the head
+    /// moved past it (and the phase flipped at the wrap).
+    #[inline]
+    fn next_cqe(&mut self) -> Option<Cqe> {
+        let cqe = self.cq.read_cqe(usize::from(self.cq_head), self.phase)?;
+        self.cq_head += 1;
+        if self.cq_head == self.entries {
+            self.cq_head = 0;
+            self.phase = !self.phase;
+        }
+        Some(cqe)
+    }
+
     /// Reaps up to `max` completions into the done list and rings the completion doorbell once if any.
     #[inline]
     pub fn reap(&mut self, max: usize) -> usize {
         self.stats.polls += 1;
         let mut n = 0;
         while n < max {
-            let Some(cqe) = self.cq.read_cqe(usize::from(self.cq_head), self.phase) else {
+            let Some(cqe) = self.next_cqe() else {
                 break;
             };
-            self.cq_head += 1;
-            if self.cq_head == self.entries {
-                self.cq_head = 0;
-                self.phase = !self.phase;
-            }
             n += 1;
             self.complete(cqe);
         }
@@ -584,14 +592,9 @@ impl<D: Device> Queue<D> {
     pub fn drain_stale(&mut self) -> usize {
         let mut n = 0;
         while n < usize::from(self.entries) && self.failed.is_none() {
-            let Some(cqe) = self.cq.read_cqe(usize::from(self.cq_head), self.phase) else {
+            let Some(cqe) = self.next_cqe() else {
                 break;
             };
-            self.cq_head += 1;
-            if self.cq_head == self.entries {
-                self.cq_head = 0;
-                self.phase = !self.phase;
-            }
             n += 1;
             self.complete(cqe);
         }

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 
-use nvpoll::api::{Completion, IoOp, IoRequest, Namespace, QueuePair, QueueStats, Rejected};
+use nvpoll::api::{
+    Completion, ControllerInfo, IoOp, IoRequest, Namespace, QueuePair, QueueStats, Rejected,
+};
 use nvpoll::mem::{DmaBuf, DmaPool};
 use nvpoll::send::SendMode;
 use nvpoll::spec::{self, Cqe, IdentifyController, Sqe};
@@ -193,9 +195,7 @@ pub struct TcpController {
     cntlid: u16,
     cap: spec::Cap,
     vs: spec::Vs,
-    id: IdentifyController,
-    namespaces: Vec<Namespace>,
-    max_transfer: u32,
+    info: ControllerInfo,
     io_queues_allowed: u16,
     next_qid: u16,
     last_keep_alive: Instant,
@@ -314,10 +314,8 @@ struct Attached {
     cntlid: u16,
     cap: spec::Cap,
     vs: spec::Vs,
-    id: IdentifyController,
-    max_transfer: u32,
+    info: ControllerInfo,
     io_queues_allowed: u16,
-    namespaces: Vec<Namespace>,
 }
 
 /// Connects the admin queue and brings the controller up: ICReq, Fabrics Connect, CAP/VS, CC.EN and CSTS.RDY,
@@ -372,10 +370,12 @@ fn bring_up(opts: &ConnectOptions, pool: &DmaPool) -> Result<Attached, Error> {
         cntlid,
         cap,
         vs,
-        id,
-        max_transfer,
+        info: ControllerInfo {
+            identify: id,
+            namespaces,
+            max_transfer,
+        },
         io_queues_allowed,
-        namespaces,
     })
 }
 
@@ -421,9 +421,7 @@ impl TcpController {
             cntlid: a.cntlid,
             cap: a.cap,
             vs: a.vs,
-            id: a.id,
-            namespaces: a.namespaces,
-            max_transfer: a.max_transfer,
+            info: a.info,
             io_queues_allowed: a.io_queues_allowed,
             next_qid: 1,
             last_keep_alive: Instant::now(),
@@ -457,11 +455,6 @@ impl TcpController {
     /// The DMA pool that buffers for this controller come from.
     pub fn pool(&self) -> &DmaPool {
         &self.pool
-    }
-
-    /// Looks up an active namespace.
-    pub fn namespace(&self, nsid: u32) -> Option<&Namespace> {
-        self.namespaces.iter().find(|n| n.nsid == nsid)
     }
 
     /// Services the admin queue; call it from a timed poller (or any loop) several times per KATO. It sends
@@ -550,10 +543,8 @@ impl TcpController {
                 self.cntlid = a.cntlid;
                 self.cap = a.cap;
                 self.vs = a.vs;
-                self.id = a.id;
-                self.max_transfer = a.max_transfer;
+                self.info = a.info;
                 self.io_queues_allowed = a.io_queues_allowed;
-                self.namespaces = a.namespaces;
                 self.last_keep_alive = Instant::now();
                 self.keep_alive_outstanding = false;
                 // Aborts for commands of the old connections are moot.
@@ -663,16 +654,8 @@ fn identify(
 impl nvpoll::api::Controller for TcpController {
     type QueuePair = TcpQueuePair;
 
-    fn identify(&self) -> &IdentifyController {
-        &self.id
-    }
-
-    fn namespaces(&self) -> &[Namespace] {
-        &self.namespaces
-    }
-
-    fn max_transfer(&self) -> Option<u32> {
-        Some(self.max_transfer)
+    fn info(&self) -> &ControllerInfo {
+        &self.info
     }
 
     fn admin(&mut self, cmd: Sqe, buf: Option<DmaBuf>) -> nvpoll::Result<(Cqe, Option<DmaBuf>)> {
@@ -722,8 +705,8 @@ impl TcpController {
             pool: self.pool.clone(),
             qid,
             depth,
-            max_transfer: self.max_transfer,
-            incapsule_max: (self.id.ioccsz.max(4) * 16).saturating_sub(64),
+            max_transfer: self.info.max_transfer,
+            incapsule_max: (self.info.identify.ioccsz.max(4) * 16).saturating_sub(64),
         };
         let q = link.connect(self.cntlid)?;
         self.next_qid += 1;
@@ -733,7 +716,7 @@ impl TcpController {
             link,
             Arc::clone(&self.shared),
             gen,
-            self.namespaces.clone(),
+            self.info.namespaces.clone(),
         ))
     }
 }

@@ -285,25 +285,15 @@ impl ServerHs {
             }
             None => None,
         };
-        put_handshake(&mut sh, ht::SERVER_HELLO, |b| {
-            b.extend_from_slice(&TLS12.to_be_bytes());
-            b.extend_from_slice(&random);
-            put_prefixed(b, 1, |b| b.extend_from_slice(ch.session_id));
-            b.extend_from_slice(&suite.code().to_be_bytes());
-            b.push(0);
-            put_prefixed(b, 2, |b| {
-                put_ext(b, ext::SUPPORTED_VERSIONS, |b| {
-                    b.extend_from_slice(&TLS13.to_be_bytes())
+        put_server_hello(&mut sh, &random, ch.session_id, suite, |b| {
+            if let Some(kp) = &kp {
+                put_ext(b, ext::KEY_SHARE, |b| {
+                    b.extend_from_slice(&kp.group.code().to_be_bytes());
+                    put_prefixed(b, 2, |b| b.extend_from_slice(&kp.public));
                 });
-                if let Some(kp) = &kp {
-                    put_ext(b, ext::KEY_SHARE, |b| {
-                        b.extend_from_slice(&kp.group.code().to_be_bytes());
-                        put_prefixed(b, 2, |b| b.extend_from_slice(&kp.public));
-                    });
-                }
-                put_ext(b, ext::PRE_SHARED_KEY, |b| {
-                    b.extend_from_slice(&(index as u16).to_be_bytes())
-                });
+            }
+            put_ext(b, ext::PRE_SHARED_KEY, |b| {
+                b.extend_from_slice(&(index as u16).to_be_bytes())
             });
         });
         drop(kp);
@@ -359,19 +349,10 @@ impl ServerHs {
     ) -> Result<(), TlsError> {
         let mut transcript = transcript.restart_for_hrr();
         let mut hrr = Vec::with_capacity(64);
-        put_handshake(&mut hrr, ht::SERVER_HELLO, |b| {
-            b.extend_from_slice(&TLS12.to_be_bytes());
-            b.extend_from_slice(&HRR_RANDOM);
-            put_prefixed(b, 1, |b| b.extend_from_slice(ch.session_id));
-            b.extend_from_slice(&suite.code().to_be_bytes());
-            b.push(0);
-            put_prefixed(b, 2, |b| {
-                put_ext(b, ext::SUPPORTED_VERSIONS, |b| {
-                    b.extend_from_slice(&TLS13.to_be_bytes())
-                });
-                put_ext(b, ext::KEY_SHARE, |b| {
-                    b.extend_from_slice(&group.code().to_be_bytes())
-                });
+        // A HelloRetryRequest is a ServerHello with the fixed random, naming the group it wants.
+        put_server_hello(&mut hrr, &HRR_RANDOM, ch.session_id, suite, |b| {
+            put_ext(b, ext::KEY_SHARE, |b| {
+                b.extend_from_slice(&group.code().to_be_bytes())
             });
         });
         transcript.add(&hrr);
@@ -409,4 +390,29 @@ impl ServerHs {
             hello_retry: self.hello_retry,
         })
     }
+}
+
+/// Appends a ServerHello (or, with the HelloRetryRequest random, an HRR) to `out`: legacy version, `random`, the
+/// client's session id echoed, `suite`, no compression, and the extensions: supported_versions (TLS 1.3) first,
+/// then what `extensions` appends.
+fn put_server_hello(
+    out: &mut Vec<u8>,
+    random: &[u8; 32],
+    session_id: &[u8],
+    suite: CipherSuite,
+    extensions: impl FnOnce(&mut Vec<u8>),
+) {
+    put_handshake(out, ht::SERVER_HELLO, |b| {
+        b.extend_from_slice(&TLS12.to_be_bytes());
+        b.extend_from_slice(random);
+        put_prefixed(b, 1, |b| b.extend_from_slice(session_id));
+        b.extend_from_slice(&suite.code().to_be_bytes());
+        b.push(0);
+        put_prefixed(b, 2, |b| {
+            put_ext(b, ext::SUPPORTED_VERSIONS, |b| {
+                b.extend_from_slice(&TLS13.to_be_bytes())
+            });
+            extensions(b);
+        });
+    });
 }
