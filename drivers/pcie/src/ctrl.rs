@@ -32,11 +32,13 @@ use nvpoll::mem::{DmaBuf, DmaPool, HugepageMode};
 use nvpoll::spec::{self, cns, feature, reg, Aqa, Cap, Cc, Cqe, Csts, IdentifyController, Sqe, Vs};
 use nvpoll::trid::PciAddress;
 
+use crate::device::Device;
+use crate::error::Error;
 use crate::qpair::CtrlLink;
+use crate::qpair::{PcieQueuePair, QueueOptions, Recovery};
 use crate::ring::{lock_admin, Failure, Queue, QueueLayout, SglMode};
 use crate::shared::{AtomicCtrlState, CtrlState, Retired, Shared};
 use crate::vfio::VfioDevice;
-use crate::{Device, Error, PcieQueuePair, QueueOptions, Recovery};
 
 /// Attempts at bringing the controller back (disable, enable, identify) before it is given up.
 const RESET_ATTEMPTS: u32 = 3;

@@ -24,9 +24,10 @@ use nvpoll::spec::{
     IDENTIFY_SIZE, SQE_SIZE,
 };
 
+use crate::device::Device;
+use crate::error::Error;
 use crate::mmio::HostMemory;
 use crate::prp::PAGE_SIZE;
-use crate::{Device, Error};
 
 /// Size of the stand-in's BAR0 (as QEMU's NVMe controller: 16 KiB).
 pub const BAR_SIZE: usize = 16 * 1024;

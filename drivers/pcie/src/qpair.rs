@@ -31,10 +31,11 @@ use nvpoll::mem::DmaPool;
 use nvpoll::send::{SendMode, SendPolicy};
 use nvpoll::spec::Sqe;
 
+use crate::device::Device;
+use crate::error::Error;
 use crate::ring::{lock_admin, Done, Failure, Held, Queue, QueueStats};
 use crate::shared::{CtrlState, Retired, Shared};
 use crate::vfio::VfioDevice;
-use crate::{Device, Error};
 
 /// What a controller reset does to the commands of a queue pair.
 ///

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use nvpoll::mem::{DmaBuf, DmaPool};
 use nvpoll::spec::{reg, Cqe, Csts, SglDescriptor, Sqe, CQE_SIZE, SQE_SIZE};
 
+use crate::device::Device;
+use crate::error::Error;
 use crate::mmio::{wmb, SharedMem};
 use crate::prp::{self, Shape, PAGE_SIZE};
-use crate::{Device, Error};
 
 /// Counters of one queue, cheap enough to keep on the hot path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use nvpoll::trid::PciAddress;
 
-use crate::Error;
+use crate::error::Error;
 
 /// PCI class code (class, subclass, programming interface) of an NVMe controller.
 pub const NVME_CLASS: u32 = 0x01_08_02;

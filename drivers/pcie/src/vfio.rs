@@ -28,9 +28,10 @@ use nvpoll::mem::DmaPool;
 use nvpoll::trid::PciAddress;
 use vfio_bindings::bindings::vfio as sys;
 
+use crate::device::Device;
+use crate::error::Error;
 use crate::mmio::Bar;
 use crate::sysfs::{Sysfs, NVME_CLASS};
-use crate::Error;
 
 /// `_IO(VFIO_TYPE, VFIO_BASE + n)`: every VFIO ioctl is encoded without size or direction.
 const fn vfio_io(n: u32) -> libc::c_ulong {
@@ -789,6 +790,42 @@ fn iommu_info(container: &File) -> Result<IommuInfo, Error> {
     Err(Error::IommuInfo(io::Error::other(
         "the IOMMU info kept growing between two calls",
     )))
+}
+
+impl Device for VfioDevice {
+    #[inline]
+    fn read32(&self, offset: usize) -> u32 {
+        self.bar().read32(offset)
+    }
+
+    #[inline]
+    fn write32(&self, offset: usize, value: u32) {
+        self.bar().write32(offset, value)
+    }
+
+    fn map_dma(&self, pool: &DmaPool) -> Result<(), Error> {
+        self.map_pool(pool)
+    }
+
+    fn unmap_dma(&self, pool: &DmaPool) -> Result<(), Error> {
+        self.unmap_pool(pool)
+    }
+
+    fn name(&self) -> String {
+        self.bdf().to_string()
+    }
+
+    fn is_present(&self) -> bool {
+        VfioDevice::is_present(self)
+    }
+
+    fn release_requested(&self) -> bool {
+        VfioDevice::release_requested(self)
+    }
+
+    fn release(&self) {
+        VfioDevice::release(self)
+    }
 }
 
 #[cfg(test)]
