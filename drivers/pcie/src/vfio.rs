@@ -520,7 +520,7 @@ impl VfioDevice {
     }
 
     /// Gives the device back to the kernel, safely while other threads still access its registers: turns bus
-    /// mastering off, cuts BAR0 off (see [`Bar::detach`]: it reads as all ones from now on), undoes every DMA
+    /// mastering off, cuts BAR0 off (see `Bar::detach`: it reads as all ones from now on), undoes every DMA
     /// mapping and closes the device, group and container fds. Later [`VfioDevice::map_pool`] calls fail with
     /// [`Error::Removed`]; [`VfioDevice::unmap_pool`] has nothing left to do.
     pub fn release(&self) {

@@ -3,7 +3,7 @@
 //!
 //! A [`HostQueue`] is owned by one thread (a reactor). It never blocks: [`HostQueue::submit`] encodes the
 //! command into the connection's send buffer and [`HostQueue::poll`] reads, decodes and completes. The
-//! blocking helpers used during bring-up ([`HostQueue::wait`]) only spin on `poll` with a deadline.
+//! blocking helpers used during bring-up ([`HostQueue::run`]) only spin on `poll` with a deadline.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
