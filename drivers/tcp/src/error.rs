@@ -18,6 +18,10 @@ pub enum Error {
     /// The peer closed the connection.
     #[error("connection closed by peer")]
     Closed,
+    /// The connection is gone and will not come back for this command: the controller was given up (its
+    /// loss timeout expired).
+    #[error("{0}")]
+    Lost(&'static str),
     /// The peer sent a malformed PDU.
     #[error("malformed PDU from peer: {0}")]
     Pdu(#[from] crate::pdu::PduError),
@@ -72,7 +76,7 @@ impl nvpoll::TransportError for Error {
     fn class(&self) -> nvpoll::ErrorClass {
         use nvpoll::ErrorClass;
         match self {
-            Error::Io { .. } | Error::Closed => ErrorClass::ConnectionLost,
+            Error::Io { .. } | Error::Closed | Error::Lost(_) => ErrorClass::ConnectionLost,
             Error::Pdu(_) | Error::Protocol(_) | Error::TermReq { .. } => ErrorClass::PeerProtocol,
             Error::Command { what, status } if *what == FABRICS_CONNECT => {
                 ErrorClass::Refused(*status)

@@ -5,7 +5,6 @@
 //! deadlines until each step is done. Once created, a [`TcpQueuePair`] is moved to the reactor that owns it and
 //! never blocks.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,7 +19,7 @@ use nvpoll::mem::{DmaBuf, DmaPool};
 use nvpoll::send::SendMode;
 use nvpoll::spec::{self, Cqe, IdentifyController, Sqe};
 
-use crate::queue::{DataDir, HostQueue, Orphan, QueueParams};
+use crate::queue::{DataDir, Done, HostQueue, Orphan, Parked, QueueParams};
 use crate::Error;
 
 /// Largest transfer we issue in one command when the controller sets no limit (MDTS 0).
@@ -766,21 +765,29 @@ pub struct RecoveryStats {
     pub timeouts: u64,
 }
 
+/// A queue pair's connection, or what it keeps while it has none.
+// The connected queue is the hot path and stays inline (no pointer to chase per I/O), as the
+// `Option<HostQueue>` before it did; the small variant costs only its unused bytes.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum QueueState {
+    /// Connected: the queue holds the finished commands.
+    Connected(HostQueue),
+    /// Reconnecting: the finished commands not yet taken, and the commands waiting for the next connection
+    /// (accepted, not completed).
+    Reconnecting(Parked),
+}
+
 /// An NVMe/TCP I/O queue pair. It survives connection loss: see [`Recovery`].
 #[derive(Debug)]
 pub struct TcpQueuePair {
-    /// The live connection; `None` while reconnecting.
-    q: Option<HostQueue>,
+    state: QueueState,
     link: QueueLink,
     shared: Arc<CtrlShared>,
     /// The controller generation the connection belongs to.
     gen: u64,
     namespaces: Vec<Namespace>,
     mode: SendMode,
-    /// Commands waiting for the next connection (accepted, not completed).
-    waiting: VecDeque<Orphan>,
-    /// Completions made by the queue pair itself (failures while reconnecting).
-    done: VecDeque<Completion>,
     next_attempt: Instant,
     next_timeout_check: Instant,
     recovery: RecoveryStats,
@@ -797,38 +804,51 @@ impl TcpQueuePair {
         gen: u64,
         namespaces: Vec<Namespace>,
     ) -> Self {
-        let depth = usize::from(link.depth);
         TcpQueuePair {
-            q: Some(q),
+            state: QueueState::Connected(q),
             link,
             shared,
             gen,
             namespaces,
             mode: SendMode::default(),
-            waiting: VecDeque::with_capacity(depth),
-            done: VecDeque::with_capacity(depth),
             next_attempt: Instant::now(),
             next_timeout_check: Instant::now() + TIMEOUT_CHECK_PERIOD,
             recovery: RecoveryStats::default(),
         }
     }
 
+    /// The live connection, if any.
+    fn live(&self) -> Option<&HostQueue> {
+        match &self.state {
+            QueueState::Connected(q) => Some(q),
+            QueueState::Reconnecting(_) => None,
+        }
+    }
+
+    /// Finished commands not yet taken.
+    fn done_len(&self) -> usize {
+        match &self.state {
+            QueueState::Connected(q) => q.done_len(),
+            QueueState::Reconnecting(p) => p.done.len(),
+        }
+    }
+
     /// Counters of this queue's current connection (zero while reconnecting).
     pub fn conn_stats(&self) -> crate::conn::ConnStats {
-        self.q
-            .as_ref()
-            .map(HostQueue::conn_stats)
-            .unwrap_or_default()
+        self.live().map(HostQueue::conn_stats).unwrap_or_default()
     }
 
     /// Counters of the recovery: losses, reconnects, retried and failed commands, timeouts.
     pub fn recovery_stats(&self) -> RecoveryStats {
-        self.recovery
+        RecoveryStats {
+            failed: self.recovery.failed + self.live().map_or(0, HostQueue::commands_failed),
+            ..self.recovery
+        }
     }
 
     /// Whether the queue pair has a live connection.
     pub fn is_connected(&self) -> bool {
-        self.q.as_ref().is_some_and(|q| q.failure().is_none())
+        self.live().is_some_and(|q| q.failure().is_none())
     }
 
     /// Queue ID.
@@ -843,40 +863,42 @@ impl TcpQueuePair {
         self.shared.reset_requested.store(true, Ordering::Release);
     }
 
-    /// Keeps (or fails) the outstanding commands of the connection and drops it.
+    /// Keeps (or fails) the outstanding commands of the connection and drops it. What completed before the
+    /// failure (and, fail-fast, the failed commands) is handed out as usual.
     fn drop_connection(&mut self) {
-        let Some(mut q) = self.q.take() else { return };
-        // What completed before the failure (and, fail-fast, the failed commands) is handed out as usual.
-        while let Some(d) = q.pop_done() {
-            if d.result.is_err() {
-                self.recovery.failed += 1;
+        let state = std::mem::replace(&mut self.state, QueueState::Reconnecting(Parked::default()));
+        self.state = match state {
+            QueueState::Connected(q) => {
+                self.recovery.failed += q.commands_failed();
+                self.recovery.losses += 1;
+                self.next_attempt = Instant::now();
+                QueueState::Reconnecting(q.park())
             }
-            self.done.push_back(to_completion(d));
-        }
-        self.waiting.extend(q.take_orphans());
-        self.recovery.losses += 1;
-        self.next_attempt = Instant::now();
+            down => down,
+        };
     }
 
     /// Fails everything waiting for a connection (the controller was given up).
-    fn fail_waiting(&mut self, why: &str) {
-        while let Some(o) = self.waiting.pop_front() {
+    fn fail_waiting(&mut self, why: &'static str) {
+        let QueueState::Reconnecting(p) = &mut self.state else {
+            return;
+        };
+        while let Some(o) = p.orphans.pop_front() {
             self.recovery.failed += 1;
-            self.done.push_back(Completion {
+            p.done.push_back(Done {
                 tag: o.tag,
                 buf: o.buf,
-                result: Err(nvpoll::Error::ConnectionLost(why.into())),
+                result: Err(Error::Lost(why)),
             });
         }
     }
 
     /// While disconnected: reconnect once the controller has, then submit the waiting commands again.
     fn try_reconnect(&mut self) -> Result<(), Error> {
+        const GIVEN_UP: &str = "controller lost: ctrl-loss-tmo expired";
         if self.shared.dead.load(Ordering::Acquire) {
-            self.fail_waiting("controller lost: ctrl-loss-tmo expired");
-            return Err(Error::Protocol(
-                "controller lost: ctrl-loss-tmo expired".into(),
-            ));
+            self.fail_waiting(GIVEN_UP);
+            return Err(Error::Lost(GIVEN_UP));
         }
         let gen = self.shared.generation.load(Ordering::Acquire);
         if gen == self.gen || Instant::now() < self.next_attempt {
@@ -888,20 +910,13 @@ impl TcpQueuePair {
         {
             Ok(mut q) => {
                 q.set_send_mode(self.mode);
-                while let Some(o) = self.waiting.pop_front() {
+                let state = std::mem::replace(&mut self.state, QueueState::Connected(q));
+                if let (QueueState::Reconnecting(parked), QueueState::Connected(q)) =
+                    (state, &mut self.state)
+                {
                     // The slot count equals the depth, and no more than that many were waiting.
-                    if let Err((e, buf)) = q.submit(o.sqe, o.dir, o.buf, o.len, o.tag) {
-                        self.recovery.failed += 1;
-                        self.done.push_back(Completion {
-                            tag: o.tag,
-                            buf,
-                            result: Err(e.into()),
-                        });
-                    } else {
-                        self.recovery.retried += 1;
-                    }
+                    self.recovery.retried += q.resume(parked);
                 }
-                self.q = Some(q);
                 self.gen = gen;
                 self.recovery.reconnects += 1;
                 Ok(())
@@ -922,7 +937,9 @@ impl TcpQueuePair {
             return;
         }
         self.next_timeout_check = now + TIMEOUT_CHECK_PERIOD;
-        let Some(q) = self.q.as_mut() else { return };
+        let QueueState::Connected(q) = &mut self.state else {
+            return;
+        };
         let (timeout, grace) = (self.link.opts.io_timeout, self.link.opts.io_timeout / 2);
         let (shared, qid, stats) = (&self.shared, self.link.qid, &mut self.recovery);
         let expired = q.check_timeouts(timeout, grace, &mut |cid| {
@@ -938,7 +955,7 @@ impl TcpQueuePair {
     }
 }
 
-fn to_completion(d: crate::queue::Done) -> Completion {
+fn to_completion(d: Done) -> Completion {
     Completion::from_result(d.tag, d.buf, d.result.map_err(nvpoll::Error::from))
 }
 
@@ -962,32 +979,35 @@ impl QueuePair for TcpQueuePair {
             IoOp::Write => DataDir::ToController,
             _ => DataDir::None,
         };
-        let Some(q) = self.q.as_mut() else {
-            // Reconnecting.
-            if self.shared.dead.load(Ordering::Acquire) {
-                return Err(reject(
-                    nvpoll::Error::ConnectionLost("controller lost: ctrl-loss-tmo expired".into()),
-                    req,
-                ));
+        let q = match &mut self.state {
+            QueueState::Connected(q) => q,
+            QueueState::Reconnecting(parked) => {
+                if self.shared.dead.load(Ordering::Acquire) {
+                    return Err(reject(
+                        nvpoll::Error::ConnectionLost(
+                            "controller lost: ctrl-loss-tmo expired".into(),
+                        ),
+                        req,
+                    ));
+                }
+                if self.link.opts.recovery == Recovery::FailFast {
+                    return Err(reject(
+                        nvpoll::Error::ConnectionLost("the queue is reconnecting".into()),
+                        req,
+                    ));
+                }
+                if parked.orphans.len() >= usize::from(self.link.depth) {
+                    return Err(reject(nvpoll::Error::QueueFull, req));
+                }
+                parked.orphans.push_back(Orphan {
+                    sqe,
+                    dir,
+                    buf: req.buf.take(),
+                    len,
+                    tag: req.tag,
+                });
+                return Ok(());
             }
-            if self.link.opts.recovery == Recovery::FailFast {
-                return Err(reject(
-                    nvpoll::Error::ConnectionLost("the queue is reconnecting".into()),
-                    req,
-                ));
-            }
-            if self.waiting.len() >= usize::from(self.link.depth) {
-                return Err(reject(nvpoll::Error::QueueFull, req));
-            }
-            let buf = req.buf.take();
-            self.waiting.push_back(Orphan {
-                sqe,
-                dir,
-                buf,
-                len,
-                tag: req.tag,
-            });
-            return Ok(());
         };
         let buf = req.buf.take();
         match q.submit(sqe, dir, buf, len, req.tag) {
@@ -1006,7 +1026,7 @@ impl QueuePair for TcpQueuePair {
     }
 
     fn flush(&mut self) -> nvpoll::Result<()> {
-        if let Some(q) = self.q.as_mut() {
+        if let QueueState::Connected(q) = &mut self.state {
             if q.flush().is_err() {
                 self.lose_connection();
             }
@@ -1015,37 +1035,40 @@ impl QueuePair for TcpQueuePair {
     }
 
     fn poll(&mut self, max: usize) -> nvpoll::Result<usize> {
-        let before = self.done.len() + self.q.as_ref().map_or(0, HostQueue::done_len);
+        let before = self.done_len();
         self.check_timeouts();
-        if self.q.is_some() && self.shared.generation.load(Ordering::Acquire) != self.gen {
-            // The controller reconnected (its old incarnation, and so this connection, is gone on the target):
-            // move to the new one now instead of waiting for the old connection to fail.
-            if let Some(q) = self.q.as_mut() {
+        if let QueueState::Connected(q) = &mut self.state {
+            if self.shared.generation.load(Ordering::Acquire) != self.gen {
+                // The controller reconnected (its old incarnation, and so this connection, is gone on the
+                // target): move to the new one now instead of waiting for the old connection to fail.
                 q.fail("the controller reconnected");
+                self.drop_connection();
             }
-            self.drop_connection();
         }
-        match self.q.as_mut() {
-            Some(q) => {
+        match &mut self.state {
+            QueueState::Connected(q) => {
                 if q.poll_max(max).is_err() {
                     self.lose_connection();
                 }
             }
-            None => self.try_reconnect()?,
+            QueueState::Reconnecting(_) => self.try_reconnect()?,
         }
-        let queued = self.q.as_ref().map_or(0, HostQueue::done_len);
-        Ok((self.done.len() + queued).saturating_sub(before))
+        Ok(self.done_len().saturating_sub(before))
     }
 
     fn pop_completion(&mut self) -> Option<Completion> {
-        if let Some(c) = self.done.pop_front() {
-            return Some(c);
-        }
-        self.q.as_mut()?.pop_done().map(to_completion)
+        let d = match &mut self.state {
+            QueueState::Connected(q) => q.pop_done(),
+            QueueState::Reconnecting(p) => p.done.pop_front(),
+        };
+        d.map(to_completion)
     }
 
     fn outstanding(&self) -> usize {
-        self.q.as_ref().map_or(0, HostQueue::outstanding) + self.waiting.len()
+        match &self.state {
+            QueueState::Connected(q) => q.outstanding() + q.orphans_len(),
+            QueueState::Reconnecting(p) => p.orphans.len(),
+        }
     }
 
     fn depth(&self) -> usize {
@@ -1054,14 +1077,14 @@ impl QueuePair for TcpQueuePair {
 
     fn set_send_mode(&mut self, mode: SendMode) -> nvpoll::Result<()> {
         self.mode = mode;
-        if let Some(q) = self.q.as_mut() {
+        if let QueueState::Connected(q) = &mut self.state {
             q.set_send_mode(mode);
         }
         Ok(())
     }
 
     fn stats(&self) -> QueueStats {
-        let Some(q) = self.q.as_ref() else {
+        let Some(q) = self.live() else {
             // Reconnecting: no connection counters, but the recovery's own count goes on.
             return QueueStats {
                 retried: self.recovery.retried,

@@ -96,6 +96,18 @@ pub struct Orphan {
     pub tag: u64,
 }
 
+/// The lists of a queue that outlive its connection: finished commands not yet taken, and (with
+/// [`HostQueue::set_keep_orphans`]) the commands a failure left outstanding. [`HostQueue::park`] hands them
+/// over when the connection is gone, the owner adds to them while it reconnects, and [`HostQueue::resume`]
+/// gives them to the next connection: they move, and are never copied.
+#[derive(Debug, Default)]
+pub struct Parked {
+    /// Finished commands not yet taken, oldest first.
+    pub done: VecDeque<Done>,
+    /// Commands to submit again on the next connection.
+    pub orphans: VecDeque<Orphan>,
+}
+
 /// What the receive path does after looking at one PDU.
 enum Action {
     None,
@@ -263,16 +275,19 @@ pub struct HostQueue {
     max_transfer: u32,
     slots: Vec<Slot>,
     free: Vec<u16>,
-    done: VecDeque<Done>,
+    /// Finished commands and orphans.
+    lists: Parked,
     outstanding: usize,
+    /// Commands this queue completed with an error of its own (failed with the queue, expired, or refused
+    /// on resubmission).
+    commands_failed: u64,
     failed: Option<String>,
     policy: SendPolicy,
     commands: u64,
     /// The coarse clock: the start of the last poll.
     now: Instant,
-    /// On failure, keep outstanding commands in `orphans` (for a retry) instead of failing them.
+    /// On failure, keep outstanding commands as orphans (for a retry) instead of failing them.
     keep_orphans: bool,
-    orphans: Vec<Orphan>,
     /// The C2HData being received into its buffer, if any.
     direct: Option<DirectRx>,
 }
@@ -370,14 +385,17 @@ impl HostQueue {
             max_transfer: p.max_transfer,
             slots,
             free: (0..p.depth).rev().collect(),
-            done: VecDeque::with_capacity(depth),
+            lists: Parked {
+                done: VecDeque::with_capacity(depth),
+                orphans: VecDeque::new(),
+            },
             outstanding: 0,
+            commands_failed: 0,
             failed: None,
             policy: SendPolicy::default(),
             commands: 0,
             now: Instant::now(),
             keep_orphans: false,
-            orphans: Vec::new(),
             direct: None,
         })
     }
@@ -571,13 +589,13 @@ impl HostQueue {
         if let Some(why) = &self.failed {
             return Err(Error::Protocol(format!("queue {} failed: {why}", self.qid)));
         }
-        let before = self.done.len();
+        let before = self.lists.done.len();
         let r = self.poll_inner(before, max);
         if let Err(e) = &r {
             let msg = e.to_string();
             self.fail(&msg);
         }
-        let n = self.done.len() - before;
+        let n = self.lists.done.len() - before;
         r.map(|_| n)
     }
 
@@ -590,7 +608,7 @@ impl HostQueue {
         } else {
             self.conn.fill()?;
         }
-        while self.done.len() - before < max {
+        while self.lists.done.len() - before < max {
             let action = match pdu::decode(self.conn.rx_data(), &self.decode) {
                 Ok(Decoded::Incomplete { need }) => {
                     if need >= DIRECT_RECV_MIN && !self.conn.is_tls() && self.start_direct()? {
@@ -789,7 +807,7 @@ impl HostQueue {
         let tag = slot.tag;
         self.free.push(cid);
         self.outstanding -= 1;
-        self.done.push_back(Done { tag, buf, result });
+        self.lists.done.push_back(Done { tag, buf, result });
     }
 
     /// Fails the queue: every outstanding command completes with a transport error naming `why`, and later
@@ -803,7 +821,7 @@ impl HostQueue {
             if self.slots[cid].busy && self.keep_orphans {
                 let slot = &mut self.slots[cid];
                 slot.busy = false;
-                self.orphans.push(Orphan {
+                self.lists.orphans.push_back(Orphan {
                     sqe: slot.sqe,
                     dir: slot.dir.unwrap_or(DataDir::None),
                     buf: slot.buf.take(),
@@ -814,20 +832,61 @@ impl HostQueue {
                 self.outstanding -= 1;
             } else if self.slots[cid].busy {
                 let e = Error::Protocol(format!("queue {} failed: {why}", self.qid));
+                self.commands_failed += 1;
                 self.complete_with(cid as u16, Err(e));
             }
         }
         self.conn.shutdown();
     }
 
-    /// When set, a failure keeps outstanding commands for [`HostQueue::take_orphans`] instead of failing them.
+    /// When set, a failure keeps outstanding commands as orphans, handed over by [`HostQueue::park`], instead
+    /// of failing them.
     pub fn set_keep_orphans(&mut self, keep: bool) {
         self.keep_orphans = keep;
     }
 
-    /// The commands a failure left outstanding (with [`HostQueue::set_keep_orphans`]).
-    pub fn take_orphans(&mut self) -> Vec<Orphan> {
-        std::mem::take(&mut self.orphans)
+    /// Commands a failure left outstanding, not yet handed over.
+    pub fn orphans_len(&self) -> usize {
+        self.lists.orphans.len()
+    }
+
+    /// Commands this queue completed with an error of its own: failed with the queue (without
+    /// [`HostQueue::set_keep_orphans`]), expired ([`HostQueue::expire`]), or refused by [`HostQueue::resume`].
+    pub fn commands_failed(&self) -> u64 {
+        self.commands_failed
+    }
+
+    /// Ends the queue (failing it first if it has not failed) and hands over its finished commands and
+    /// orphans.
+    pub fn park(mut self) -> Parked {
+        if self.failed.is_none() {
+            self.fail("queue parked by the host");
+        }
+        std::mem::take(&mut self.lists)
+    }
+
+    /// Takes over what an earlier connection parked: its finished commands go before this queue's own, and
+    /// its orphans are submitted again (a refused one completes with the error). Returns how many were
+    /// submitted.
+    pub fn resume(&mut self, parked: Parked) -> u64 {
+        let Parked { mut done, orphans } = parked;
+        done.append(&mut self.lists.done);
+        self.lists.done = done;
+        let mut resubmitted = 0;
+        for o in orphans {
+            match self.submit(o.sqe, o.dir, o.buf, o.len, o.tag) {
+                Ok(()) => resubmitted += 1,
+                Err((e, buf)) => {
+                    self.commands_failed += 1;
+                    self.lists.done.push_back(Done {
+                        tag: o.tag,
+                        buf,
+                        result: Err(e),
+                    });
+                }
+            }
+        }
+        resubmitted
     }
 
     /// Per-command timeouts, checked against the queue's coarse clock. A command outstanding longer than
@@ -859,6 +918,7 @@ impl HostQueue {
     /// Completes command `cid` with [`Error::Timeout`] (it timed out and its Abort did not complete it).
     pub fn expire(&mut self, cid: u16) {
         if self.slots.get(usize::from(cid)).is_some_and(|s| s.busy) {
+            self.commands_failed += 1;
             self.complete_with(
                 cid,
                 Err(Error::Timeout(
@@ -870,12 +930,12 @@ impl HostQueue {
 
     /// Finished commands not yet taken.
     pub fn done_len(&self) -> usize {
-        self.done.len()
+        self.lists.done.len()
     }
 
     /// Takes the oldest finished command.
     pub fn pop_done(&mut self) -> Option<Done> {
-        self.done.pop_front()
+        self.lists.done.pop_front()
     }
 
     /// Runs one command to completion by polling, for bring-up and admin tools. Other completions that arrive
@@ -895,8 +955,8 @@ impl HostQueue {
         loop {
             self.flush()?;
             self.poll()?;
-            if let Some(i) = self.done.iter().position(|d| d.tag == SYNC_TAG) {
-                let d = self.done.remove(i).expect("index from position");
+            if let Some(i) = self.lists.done.iter().position(|d| d.tag == SYNC_TAG) {
+                let d = self.lists.done.remove(i).expect("index from position");
                 return d.result.map(|cqe| (cqe, d.buf));
             }
             if Instant::now() >= deadline {
