@@ -148,17 +148,3 @@ pub(crate) struct Ctx<'a> {
     /// Number of Asynchronous Event Requests held on this queue.
     pub held_aers: usize,
 }
-
-/// The per-connection counters, published to the target's totals now and then.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct SessionStats {
-    pub commands: u64,
-    pub reads: u64,
-    pub writes: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    pub errors: u64,
-    pub r2ts: u64,
-    /// Held Asynchronous Event Requests the host gave up on (it reused their command ID or their queue entry).
-    pub aers_retired: u64,
-}

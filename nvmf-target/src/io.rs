@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use nvpoll::spec::{io as op, Sqe, Status};
 
-use crate::handler::{Queue, Reply, SessionStats};
+use crate::handler::{Queue, Reply};
+use crate::shared::SessionStats;
 use crate::subsystem::Namespace;
 
 /// Namespace ID meaning "every namespace" (Flush).

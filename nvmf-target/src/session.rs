@@ -25,9 +25,10 @@ use nvpoll::spec::{fabrics, io as io_op, Cqe, SglType, Sqe, Status};
 
 use crate::admin;
 use crate::events::TargetEvent;
-use crate::handler::{Ctx, Queue, Reply, SessionStats};
+use crate::handler::{Ctx, Queue, Reply};
 use crate::io;
 use crate::options::TlsMode;
+use crate::shared::SessionStats;
 use crate::shared::{Listener, TargetShared};
 use crate::store::{FlushStatus, FlushTicket};
 use crate::subsystem::Namespace;
@@ -1223,18 +1224,7 @@ impl Session {
         if s.commands == p.commands {
             return;
         }
-        let t = &self.target.stats;
-        use std::sync::atomic::Ordering::Relaxed;
-        t.commands.fetch_add(s.commands - p.commands, Relaxed);
-        t.reads.fetch_add(s.reads - p.reads, Relaxed);
-        t.writes.fetch_add(s.writes - p.writes, Relaxed);
-        t.bytes_read.fetch_add(s.bytes_read - p.bytes_read, Relaxed);
-        t.bytes_written
-            .fetch_add(s.bytes_written - p.bytes_written, Relaxed);
-        t.errors.fetch_add(s.errors - p.errors, Relaxed);
-        t.r2ts.fetch_add(s.r2ts - p.r2ts, Relaxed);
-        t.aers_retired
-            .fetch_add(s.aers_retired - p.aers_retired, Relaxed);
+        s.publish(&p, &self.target.stats);
         self.published = s;
     }
 }

@@ -14,61 +14,91 @@ use crate::options::{Limits, ListenerConfig, TlsMode};
 use crate::subsystem::{HostKey, Subsystem, DISCOVERY_NQN};
 use nvpoll_tcp::Error;
 
-/// Running totals of a target, updated by the sessions (each publishes its counters when it is idle or closes).
-#[derive(Debug, Default)]
-pub(crate) struct TargetStats {
-    pub accepted: AtomicU64,
-    pub closed: AtomicU64,
-    pub commands: AtomicU64,
-    pub reads: AtomicU64,
-    pub writes: AtomicU64,
-    pub bytes_read: AtomicU64,
-    pub bytes_written: AtomicU64,
-    pub errors: AtomicU64,
-    pub r2ts: AtomicU64,
-    pub term_reqs: AtomicU64,
-    pub connects_rejected: AtomicU64,
-    pub keep_alive_expired: AtomicU64,
-    pub dropped: AtomicU64,
-    pub internal_errors: AtomicU64,
-    pub aers_retired: AtomicU64,
+/// Declares the target's counters once. Each becomes a field of [`TargetCounters`] (the public snapshot) and
+/// an atomic of `TargetStats` (the running totals every reactor adds to); the `session` ones are also counted
+/// by each session on its own, in a `SessionStats`, and published to the totals now and then.
+macro_rules! counters {
+    (
+        session { $( $(#[doc = $sdoc:literal])* $sname:ident, )* }
+        target { $( $(#[doc = $tdoc:literal])* $tname:ident, )* }
+    ) => {
+        /// Running totals of a target, updated by the sessions (each publishes its counters when it is idle
+        /// or closes) and by the acceptors.
+        #[derive(Debug, Default)]
+        pub(crate) struct TargetStats {
+            $( pub $sname: AtomicU64, )*
+            $( pub $tname: AtomicU64, )*
+        }
+
+        /// A snapshot of a target's counters.
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+        #[non_exhaustive]
+        pub struct TargetCounters {
+            $( $(#[doc = $sdoc])* pub $sname: u64, )*
+            $( $(#[doc = $tdoc])* pub $tname: u64, )*
+        }
+
+        /// One session's counters, published to the target's totals now and then.
+        #[derive(Clone, Copy, Debug, Default)]
+        pub(crate) struct SessionStats {
+            $( pub $sname: u64, )*
+        }
+
+        impl TargetStats {
+            /// The totals now.
+            pub(crate) fn snapshot(&self) -> TargetCounters {
+                TargetCounters {
+                    $( $sname: self.$sname.load(Ordering::Relaxed), )*
+                    $( $tname: self.$tname.load(Ordering::Relaxed), )*
+                }
+            }
+        }
+
+        impl SessionStats {
+            /// Adds what was counted since `published` to the totals.
+            pub(crate) fn publish(&self, published: &SessionStats, totals: &TargetStats) {
+                $( totals.$sname.fetch_add(self.$sname - published.$sname, Ordering::Relaxed); )*
+            }
+        }
+    };
 }
 
-/// A snapshot of a target's counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct TargetCounters {
-    /// TCP connections accepted.
-    pub accepted: u64,
-    /// Connections closed (for any reason, dropped ones included).
-    pub closed: u64,
-    /// Commands received.
-    pub commands: u64,
-    /// Read commands completed successfully.
-    pub reads: u64,
-    /// Write commands completed successfully.
-    pub writes: u64,
-    /// Bytes read by hosts.
-    pub bytes_read: u64,
-    /// Bytes written by hosts.
-    pub bytes_written: u64,
-    /// Commands completed with an error status.
-    pub errors: u64,
-    /// R2T PDUs sent.
-    pub r2ts: u64,
-    /// C2HTermReq PDUs sent (protocol errors by hosts).
-    pub term_reqs: u64,
-    /// Fabrics Connects refused.
-    pub connects_rejected: u64,
-    /// Controllers torn down because their keep-alive timeout passed.
-    pub keep_alive_expired: u64,
-    /// Connections dropped because no reactor could take them or a session failed to start.
-    pub dropped: u64,
-    /// Connections closed because the target hit a bug (a panic, caught so that the reactor goes on).
-    pub internal_errors: u64,
-    /// Held Asynchronous Event Requests retired without a completion because the host gave up on them (it
-    /// reused their command ID, as SPDK does at detach, or their queue entry).
-    pub aers_retired: u64,
+counters! {
+    session {
+        /// Commands received.
+        commands,
+        /// Read commands completed successfully.
+        reads,
+        /// Write commands completed successfully.
+        writes,
+        /// Bytes read by hosts.
+        bytes_read,
+        /// Bytes written by hosts.
+        bytes_written,
+        /// Commands completed with an error status.
+        errors,
+        /// R2T PDUs sent.
+        r2ts,
+        /// Held Asynchronous Event Requests retired without a completion because the host gave up on them
+        /// (it reused their command ID, as SPDK does at detach, or their queue entry).
+        aers_retired,
+    }
+    target {
+        /// TCP connections accepted.
+        accepted,
+        /// Connections closed (for any reason, dropped ones included).
+        closed,
+        /// C2HTermReq PDUs sent (protocol errors by hosts).
+        term_reqs,
+        /// Fabrics Connects refused.
+        connects_rejected,
+        /// Controllers torn down because their keep-alive timeout passed.
+        keep_alive_expired,
+        /// Connections dropped because no reactor could take them or a session failed to start.
+        dropped,
+        /// Connections closed because the target hit a bug (a panic, caught so that the reactor goes on).
+        internal_errors,
+    }
 }
 
 impl fmt::Display for TargetCounters {
@@ -264,24 +294,6 @@ impl TargetShared {
     }
 
     pub(crate) fn counters(&self) -> TargetCounters {
-        let s = &self.stats;
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        TargetCounters {
-            accepted: l(&s.accepted),
-            closed: l(&s.closed),
-            commands: l(&s.commands),
-            reads: l(&s.reads),
-            writes: l(&s.writes),
-            bytes_read: l(&s.bytes_read),
-            bytes_written: l(&s.bytes_written),
-            errors: l(&s.errors),
-            r2ts: l(&s.r2ts),
-            term_reqs: l(&s.term_reqs),
-            connects_rejected: l(&s.connects_rejected),
-            keep_alive_expired: l(&s.keep_alive_expired),
-            dropped: l(&s.dropped),
-            internal_errors: l(&s.internal_errors),
-            aers_retired: l(&s.aers_retired),
-        }
+        self.stats.snapshot()
     }
 }
