@@ -652,31 +652,15 @@ impl Session {
             );
             return self.finish_connect(sqe.cid, outcome);
         }
-        let reply = {
-            let data = &self.conn.rx_data()[data.clone()];
-            let queue = self
-                .queue
-                .as_mut()
-                .expect("a connected session has a queue");
-            if queue.qid != 0 && sqe.opcode == io_op::WRITE && !data.is_empty() {
-                // An in-capsule write goes straight to the namespace.
-                io::write_in_capsule(queue, &sqe, data, &mut self.stats)
-            } else {
-                let held_aers = if queue.qid == 0 {
-                    held_aers(&self.slots)
-                } else {
-                    0
-                };
-                let mut ctx = Ctx {
-                    target: &self.target,
-                    queue,
-                    local: self.local,
-                    listener: &self.listener,
-                    xfer_len,
-                    held_aers,
-                };
-                dispatch(&mut ctx, &sqe, data)
-            }
+        let queue = self
+            .queue
+            .as_mut()
+            .expect("a connected session has a queue");
+        let reply = if queue.qid != 0 && sqe.opcode == io_op::WRITE && !data.is_empty() {
+            // An in-capsule write goes straight to the namespace.
+            io::write_in_capsule(queue, &sqe, &self.conn.rx_data()[data], &mut self.stats)
+        } else {
+            self.dispatch(&sqe, Data::Received(data), xfer_len)
         };
         self.reply(sqe, reply)
     }
@@ -866,21 +850,7 @@ impl Session {
                     );
                     return self.finish_connect(sqe.cid, outcome);
                 }
-                let queue = self
-                    .queue
-                    .as_mut()
-                    .expect("a connected session has a queue");
-                let held_aers = held_aers(&self.slots);
-                let xfer_len = buf.len() as u32;
-                let mut ctx = Ctx {
-                    target: &self.target,
-                    queue,
-                    local: self.local,
-                    listener: &self.listener,
-                    xfer_len,
-                    held_aers,
-                };
-                let reply = dispatch(&mut ctx, &sqe, &buf);
+                let reply = self.dispatch(&sqe, Data::Gathered(&buf), buf.len() as u32);
                 self.reply(sqe, reply)
             }
         }
@@ -1217,6 +1187,32 @@ impl Session {
         !done.is_empty()
     }
 
+    /// Runs a command that needs no more data through its handler, on this session's queue.
+    fn dispatch(&mut self, sqe: &Sqe, data: Data<'_>, xfer_len: u32) -> Reply {
+        let data = match data {
+            Data::Received(range) => &self.conn.rx_data()[range],
+            Data::Gathered(buf) => buf,
+        };
+        let queue = self
+            .queue
+            .as_mut()
+            .expect("a connected session has a queue");
+        let held_aers = if queue.qid == 0 {
+            held_aers(&self.slots)
+        } else {
+            0
+        };
+        let mut ctx = Ctx {
+            target: &self.target,
+            queue,
+            local: self.local,
+            listener: &self.listener,
+            xfer_len,
+            held_aers,
+        };
+        dispatch(&mut ctx, sqe, data)
+    }
+
     /// Adds this session's counters to the target's totals.
     fn publish_stats(&mut self) {
         let s = self.stats;
@@ -1262,6 +1258,14 @@ impl Drop for Session {
 }
 
 /// The Asynchronous Event Requests held in `slots`.
+/// Where a command's data is, for [`Session::dispatch`].
+enum Data<'a> {
+    /// In the capsule: this range of the receive buffer.
+    Received(std::ops::Range<usize>),
+    /// Gathered from H2CData PDUs.
+    Gathered(&'a [u8]),
+}
+
 fn held_aers(slots: &[Slot]) -> usize {
     slots
         .iter()
