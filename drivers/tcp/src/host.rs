@@ -189,13 +189,9 @@ impl ConnectOptions {
 #[derive(Debug)]
 pub struct TcpController {
     opts: ConnectOptions,
-    admin: HostQueue,
+    /// The admin queue and what bring-up learnt, replaced whole on every reconnect.
+    att: Attached,
     pool: DmaPool,
-    cntlid: u16,
-    cap: spec::Cap,
-    vs: spec::Vs,
-    info: ControllerInfo,
-    io_queues_allowed: u16,
     next_qid: u16,
     last_keep_alive: Instant,
     keep_alive_outstanding: bool,
@@ -308,6 +304,7 @@ enum CtrlState {
 const ABORT_TAG: u64 = u64::MAX - 2;
 
 /// What a successful bring-up of the admin queue learned.
+#[derive(Debug)]
 struct Attached {
     admin: HostQueue,
     cntlid: u16,
@@ -415,13 +412,8 @@ impl TcpController {
         let a = bring_up(&opts, &pool)?;
         let shared = Arc::new(CtrlShared::new(a.cntlid));
         Ok(TcpController {
-            admin: a.admin,
+            att: a,
             pool,
-            cntlid: a.cntlid,
-            cap: a.cap,
-            vs: a.vs,
-            info: a.info,
-            io_queues_allowed: a.io_queues_allowed,
             next_qid: 1,
             last_keep_alive: Instant::now(),
             keep_alive_outstanding: false,
@@ -433,22 +425,22 @@ impl TcpController {
 
     /// Controller ID assigned by the target.
     pub fn cntlid(&self) -> u16 {
-        self.cntlid
+        self.att.cntlid
     }
 
     /// The Capabilities register.
     pub fn cap(&self) -> spec::Cap {
-        self.cap
+        self.att.cap
     }
 
     /// The Version register.
     pub fn vs(&self) -> spec::Vs {
-        self.vs
+        self.att.vs
     }
 
     /// How many I/O queues the controller granted.
     pub fn io_queues_allowed(&self) -> u16 {
-        self.io_queues_allowed
+        self.att.io_queues_allowed
     }
 
     /// The DMA pool that buffers for this controller come from.
@@ -487,8 +479,8 @@ impl TcpController {
         if self.shared.reset_requested.swap(false, Ordering::AcqRel) {
             return Err(Error::Protocol("an I/O queue lost its connection".into()));
         }
-        self.admin.poll()?;
-        while let Some(d) = self.admin.pop_done() {
+        self.att.admin.poll()?;
+        while let Some(d) = self.att.admin.pop_done() {
             if d.tag == KEEP_ALIVE_TAG {
                 self.keep_alive_outstanding = false;
                 let cqe = d.result?;
@@ -504,30 +496,32 @@ impl TcpController {
             }
             if !self.keep_alive_outstanding && self.last_keep_alive.elapsed() >= self.opts.kato / 2
             {
-                self.admin
+                self.att
+                    .admin
                     .submit(Sqe::keep_alive(), DataDir::None, None, 0, KEEP_ALIVE_TAG)
                     .map_err(|(e, _)| e)?;
                 self.keep_alive_outstanding = true;
                 self.last_keep_alive = Instant::now();
             }
         }
-        while self.admin.outstanding() + 1 < self.admin.depth() {
+        while self.att.admin.outstanding() + 1 < self.att.admin.depth() {
             let Some((sqid, cid)) = self.shared.aborts.pop() else {
                 break;
             };
-            self.admin
+            self.att
+                .admin
                 .submit(Sqe::abort(sqid, cid), DataDir::None, None, 0, ABORT_TAG)
                 .map_err(|(e, _)| e)?;
             self.shared.aborts_sent.fetch_add(1, Ordering::Relaxed);
         }
-        self.admin.flush()?;
+        self.att.admin.flush()?;
         Ok(())
     }
 
     /// The admin connection is gone (or must go): closing it tears the controller down on the target, and
     /// every queue pair will reconnect after the admin queue does.
     fn lose(&mut self, _why: &str) {
-        self.admin.close();
+        self.att.admin.close();
         let now = Instant::now();
         self.state = CtrlState::Reconnecting {
             since: now,
@@ -538,18 +532,13 @@ impl TcpController {
     fn try_reconnect(&mut self, since: Instant) {
         match bring_up(&self.opts, &self.pool) {
             Ok(a) => {
-                self.admin = a.admin;
-                self.cntlid = a.cntlid;
-                self.cap = a.cap;
-                self.vs = a.vs;
-                self.info = a.info;
-                self.io_queues_allowed = a.io_queues_allowed;
+                self.att = a;
                 self.last_keep_alive = Instant::now();
                 self.keep_alive_outstanding = false;
                 // Aborts for commands of the old connections are moot.
                 while self.shared.aborts.pop().is_some() {}
                 self.shared.reset_requested.store(false, Ordering::Release);
-                self.shared.cntlid.store(a.cntlid, Ordering::Release);
+                self.shared.cntlid.store(self.att.cntlid, Ordering::Release);
                 self.shared.generation.fetch_add(1, Ordering::AcqRel);
                 self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
                 self.state = CtrlState::Live;
@@ -586,22 +575,29 @@ impl TcpController {
     /// closes the admin connection.
     pub fn shutdown(mut self) -> Result<(), Error> {
         let t = self.opts.timeout;
-        let mut cc = spec::Cc(property_get(&mut self.admin, spec::reg::CC, false, t)? as u32);
+        let mut cc = spec::Cc(property_get(&mut self.att.admin, spec::reg::CC, false, t)? as u32);
         cc.set_shn(1);
-        property_set(&mut self.admin, spec::reg::CC, u64::from(cc.0), false, t)?;
+        property_set(
+            &mut self.att.admin,
+            spec::reg::CC,
+            u64::from(cc.0),
+            false,
+            t,
+        )?;
         let deadline = Instant::now() + t;
         loop {
-            let csts = spec::Csts(property_get(&mut self.admin, spec::reg::CSTS, false, t)? as u32);
+            let csts =
+                spec::Csts(property_get(&mut self.att.admin, spec::reg::CSTS, false, t)? as u32);
             if csts.shst() == 2 {
                 break;
             }
             if Instant::now() >= deadline {
-                self.admin.close();
+                self.att.admin.close();
                 return Err(Error::Timeout("CSTS.SHST shutdown complete"));
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        self.admin.close();
+        self.att.admin.close();
         Ok(())
     }
 }
@@ -654,7 +650,7 @@ impl nvpoll::api::Controller for TcpController {
     type QueuePair = TcpQueuePair;
 
     fn info(&self) -> &ControllerInfo {
-        &self.info
+        &self.att.info
     }
 
     fn admin(&mut self, cmd: Sqe, buf: Option<DmaBuf>) -> nvpoll::Result<(Cqe, Option<DmaBuf>)> {
@@ -662,7 +658,7 @@ impl nvpoll::api::Controller for TcpController {
             Some(b) => (DataDir::FromController, b.len() as u32),
             None => (DataDir::None, 0),
         };
-        Ok(self.admin.run(cmd, dir, buf, len, self.opts.timeout)?)
+        Ok(self.att.admin.run(cmd, dir, buf, len, self.opts.timeout)?)
     }
 
     fn create_queue_pair(&mut self, depth: u16) -> nvpoll::Result<TcpQueuePair> {
@@ -681,13 +677,13 @@ impl nvpoll::api::Controller for TcpController {
 impl TcpController {
     /// Connects one more I/O queue pair of the given depth.
     pub fn connect_io_queue(&mut self, depth: u16) -> Result<TcpQueuePair, Error> {
-        if self.next_qid > self.io_queues_allowed {
+        if self.next_qid > self.att.io_queues_allowed {
             return Err(Error::InvalidArgument(format!(
                 "the controller granted {} I/O queues; all are in use",
-                self.io_queues_allowed
+                self.att.io_queues_allowed
             )));
         }
-        let mqes = u32::from(self.cap.mqes()) + 1;
+        let mqes = u32::from(self.att.cap.mqes()) + 1;
         if depth < 1 || u32::from(depth) > mqes {
             return Err(Error::InvalidArgument(format!(
                 "queue depth {depth} is outside 1..={mqes} (CAP.MQES)"
@@ -704,10 +700,10 @@ impl TcpController {
             pool: self.pool.clone(),
             qid,
             depth,
-            max_transfer: self.info.max_transfer,
-            incapsule_max: (self.info.identify.ioccsz.max(4) * 16).saturating_sub(64),
+            max_transfer: self.att.info.max_transfer,
+            incapsule_max: (self.att.info.identify.ioccsz.max(4) * 16).saturating_sub(64),
         };
-        let q = link.connect(self.cntlid)?;
+        let q = link.connect(self.att.cntlid)?;
         self.next_qid += 1;
         let gen = self.shared.generation.load(Ordering::Acquire);
         Ok(TcpQueuePair::new(
@@ -715,7 +711,7 @@ impl TcpController {
             link,
             Arc::clone(&self.shared),
             gen,
-            self.info.namespaces.clone(),
+            self.att.info.namespaces.clone(),
         ))
     }
 }
