@@ -18,7 +18,7 @@ instructions() {   # ios mode
 # Inclusive instructions of the stand-in (its register writes run the fake controller), in one run.
 standin() {   # ios mode
     callgrind_annotate --inclusive=yes --threshold=100 "$out/cg.$1.$2" 2>/dev/null |
-        awk '/FakeDevice as nvpoll_pcie::Device>::write32/ { gsub(",", "", $1); if ($1 + 0 > m + 0) m = $1 + 0 } END { print m + 0 }'
+        awk '/FakeDevice as nvpoll_pcie::(device::)?Device>::write32/ { gsub(",", "", $1); if ($1 + 0 > m + 0) m = $1 + 0 } END { print m + 0 }'
 }
 small=2000 big=22000
 for m in ${@:-qd1 batch32}; do
