@@ -6,14 +6,16 @@
 # SPDK_DIR is an SPDK build (v26.05 is the version we measure against) made by its own instructions; this
 # script never builds one. Without SPDK_DIR it says so and exits 0.
 #
-# In each of BENCH_RUNS rounds, each target (SPDK's nvmf_tgt, then ours: a fresh process, one at a time on the
-# target core) runs every cell with SPDK's spdk_nvme_perf and then our perf against it, on one queue pair; the
-# median IOPS over the rounds is kept. Alternating the targets round by round spreads the machine's drift
-# over both. Then one table with the four pairings side by side and two
-# ratios:
+# In each of BENCH_RUNS rounds, for each cell, SPDK's nvmf_tgt and then ours (each a fresh process, one at a
+# time on the target core) serve the cell to SPDK's spdk_nvme_perf and then to our perf, on one queue pair.
+# The four runs of a cell follow each other within seconds: this VM's speed drifts over minutes (the same
+# binary gives 11K or 30K 128 KiB reads depending on the minute), so only runs close in time compare. The
+# table shows the median IOPS over the rounds of each pairing and three ratios, each the median over the
+# rounds of the ratio within a round (paired, so the drift between rounds cancels):
 #   initiator ratio = our perf / spdk_nvme_perf, both against SPDK's target
 #   target ratio    = our target / SPDK's target, both driven by spdk_nvme_perf
-# (and, for reference, ours against ours over SPDK against SPDK).
+#   ours/spdk       = ours against ours over SPDK against SPDK
+# BENCH_ORDER=round runs every cell on one target process per round instead (fewer restarts, more drift).
 # Both targets serve a RAM namespace (SPDK: a malloc bdev) with 512-byte blocks, plain on one port and TLS
 # (PSK, v0 identity) on another; our target is one process with both listeners (--config).
 #
@@ -26,6 +28,7 @@
 #   BENCH_CELLS              workload:size:qd list, default
 #                            randread:4k:128,randwrite:4k:128,read:128k:16,write:128k:16,read:1m:4,write:1m:4
 #   BENCH_SECURITY           plain,tls
+#   BENCH_ORDER=cell         cell: both targets per cell, back to back; round: each target once per round
 #   BENCH_PORT=4560          first TCP port on 127.0.0.1 (four are used)
 #   BENCH_TARGET_CORE=0      the target's core; BENCH_INITIATOR_CORE=1 the initiator's
 set -euo pipefail
@@ -41,6 +44,8 @@ RUNS=${BENCH_RUNS:-3}
 IFS=, read -r -a CELLS <<< "${BENCH_CELLS:-randread:4k:128,randwrite:4k:128,read:128k:16,write:128k:16,read:1m:4,write:1m:4}"
 IFS=, read -r -a SECURITY <<< "${BENCH_SECURITY:-plain,tls}"
 PORT=${BENCH_PORT:-4560}
+ORDER=${BENCH_ORDER:-cell}
+case "$ORDER" in cell|round) ;; *) die "BENCH_ORDER must be cell or round, not '$ORDER'" ;; esac
 TCORE=${BENCH_TARGET_CORE:-0}
 ICORE=${BENCH_INITIATOR_CORE:-1}
 
@@ -128,39 +133,60 @@ median() {   # values... (a "fail" makes the median "fail")
 
 declare -A RUNS_OF   # [target/initiator/sec/cell] = the IOPS of each round, space-separated
 declare -A RESULT    # [target/initiator/sec/cell] = their median
-measure_round() {   # spdk|ours round
-    local tgt=$1 round=$2 sec cell w s q b a o
-    for sec in "${SECURITY[@]}"; do
-        for cell in "${CELLS[@]}"; do
-            IFS=: read -r w s q <<< "$cell"
-            b=$(bytes "$s")
-            a=$(spdk_run "$sec" "$w" "$b" "$q")
-            o=$(our_run "$sec" "$w" "$b" "$q")
-            RUNS_OF[$tgt/spdk/$sec/$cell]+="$a "
-            RUNS_OF[$tgt/ours/$sec/$cell]+="$o "
-            say "round $round/$RUNS, $tgt target, $sec $w $s qd$q: spdk_nvme_perf $a, our perf $o"
-        done
-    done
+measure_cell() {   # spdk|ours round sec cell
+    local tgt=$1 round=$2 sec=$3 cell=$4 w s q b a o
+    IFS=: read -r w s q <<< "$cell"
+    b=$(bytes "$s")
+    a=$(spdk_run "$sec" "$w" "$b" "$q")
+    o=$(our_run "$sec" "$w" "$b" "$q")
+    RUNS_OF[$tgt/spdk/$sec/$cell]+="$a "
+    RUNS_OF[$tgt/ours/$sec/$cell]+="$o "
+    say "round $round/$RUNS, $tgt target, $sec $w $s qd$q: spdk_nvme_perf $a, our perf $o"
 }
+with_target() {   # spdk|ours: start it (a fresh process)
+    if [ "$1" = spdk ]; then start_spdk; else start_ours; fi
+}
+stop_target() { stop_pid "$TGT_PID"; TGT_PID=; }
 
 say "SPDK at $SPDK_DIR; ours from $BIN; target core $TCORE, initiator core $ICORE; ${RUNS} round(s) of ${TIME}s per initiator and cell"
-# Rounds alternate the targets (SPDK's, then ours, then SPDK's again ...), each target a fresh process that
-# runs every cell in order, so a drift of the machine over the minutes a run takes falls on both targets
-# alike instead of on whichever ran second.
 for round in $(seq "$RUNS"); do
-    start_spdk
-    measure_round spdk "$round"
-    stop_pid "$TGT_PID"; TGT_PID=
-    start_ours
-    measure_round ours "$round"
-    stop_pid "$TGT_PID"; TGT_PID=
+    if [ "$ORDER" = cell ]; then
+        for sec in "${SECURITY[@]}"; do
+            for cell in "${CELLS[@]}"; do
+                for tgt in spdk ours; do
+                    with_target "$tgt"
+                    measure_cell "$tgt" "$round" "$sec" "$cell"
+                    stop_target
+                done
+            done
+        done
+    else
+        for tgt in spdk ours; do
+            with_target "$tgt"
+            for sec in "${SECURITY[@]}"; do
+                for cell in "${CELLS[@]}"; do measure_cell "$tgt" "$round" "$sec" "$cell"; done
+            done
+            stop_target
+        done
+    fi
 done
 for k in "${!RUNS_OF[@]}"; do
     # shellcheck disable=SC2086 # the runs are space-separated on purpose
     RESULT[$k]=$(median ${RUNS_OF[$k]})
 done
 
-ratio() { if [ "$1" = fail ] || [ "$2" = fail ] || [ "$2" = 0 ]; then echo -; else awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; fi; }
+# The median over the rounds of a/b within each round: paired_ratio "a1 a2 ..." "b1 b2 ..."
+paired_ratio() {
+    local -a a b r=()
+    local i
+    read -r -a a <<< "$1"
+    read -r -a b <<< "$2"
+    for i in "${!a[@]}"; do
+        if [ "${a[$i]}" = fail ] || [ "${b[$i]:-fail}" = fail ] || [ "${b[$i]}" = 0 ]; then echo -; return; fi
+        r+=("$(awk -v x="${a[$i]}" -v y="${b[$i]}" 'BEGIN { printf "%.4f", x / y }')")
+    done
+    printf '%s\n' "${r[@]}" | sort -g | awk '{ v[NR] = $1 } END { printf "%.2f", v[int((NR + 1) / 2)] }'
+}
 echo
 echo "$PROG: median IOPS, 1 queue pair, loopback (initiator -> target)"
 printf '| %-5s | %-20s | %12s | %12s | %12s | %12s | %10s | %10s | %10s |\n' sec cell "spdk->spdk" "ours->spdk" "spdk->ours" "ours->ours" "init ratio" "tgt ratio" "ours/spdk"
@@ -169,9 +195,13 @@ for sec in "${SECURITY[@]}"; do
     for cell in "${CELLS[@]}"; do
         ss=${RESULT[spdk/spdk/$sec/$cell]}; os=${RESULT[spdk/ours/$sec/$cell]}
         so=${RESULT[ours/spdk/$sec/$cell]}; oo=${RESULT[ours/ours/$sec/$cell]}
+        base=${RUNS_OF[spdk/spdk/$sec/$cell]}
         printf '| %-5s | %-20s | %12s | %12s | %12s | %12s | %10s | %10s | %10s |\n' "$sec" "$cell" "$ss" "$os" "$so" "$oo" \
-            "$(ratio "$os" "$ss")" "$(ratio "$so" "$ss")" "$(ratio "$oo" "$ss")"
+            "$(paired_ratio "${RUNS_OF[spdk/ours/$sec/$cell]}" "$base")" \
+            "$(paired_ratio "${RUNS_OF[ours/spdk/$sec/$cell]}" "$base")" \
+            "$(paired_ratio "${RUNS_OF[ours/ours/$sec/$cell]}" "$base")"
     done
 done
 echo "init ratio: our perf / spdk_nvme_perf against SPDK's target; tgt ratio: our target / SPDK's target with"
-echo "spdk_nvme_perf; ours/spdk: ours against ours over SPDK against SPDK"
+echo "spdk_nvme_perf; ours/spdk: ours against ours over SPDK against SPDK. Each ratio is the median over the"
+echo "rounds of the ratio within a round; the IOPS columns are medians over the rounds."
