@@ -660,7 +660,7 @@ impl Session {
             // An in-capsule write goes straight to the namespace.
             io::write_in_capsule(queue, &sqe, &self.conn.rx_data()[data], &mut self.stats)
         } else {
-            self.dispatch(&sqe, Data::Received(data), xfer_len)
+            self.run_handler(&sqe, Data::Received(data), xfer_len)
         };
         self.reply(sqe, reply)
     }
@@ -850,7 +850,7 @@ impl Session {
                     );
                     return self.finish_connect(sqe.cid, outcome);
                 }
-                let reply = self.dispatch(&sqe, Data::Gathered(&buf), buf.len() as u32);
+                let reply = self.run_handler(&sqe, Data::Gathered(&buf), buf.len() as u32);
                 self.reply(sqe, reply)
             }
         }
@@ -1188,7 +1188,7 @@ impl Session {
     }
 
     /// Runs a command that needs no more data through its handler, on this session's queue.
-    fn dispatch(&mut self, sqe: &Sqe, data: Data<'_>, xfer_len: u32) -> Reply {
+    fn run_handler(&mut self, sqe: &Sqe, data: Data<'_>, xfer_len: u32) -> Reply {
         let data = match data {
             Data::Received(range) => &self.conn.rx_data()[range],
             Data::Gathered(buf) => buf,
@@ -1258,7 +1258,7 @@ impl Drop for Session {
 }
 
 /// The Asynchronous Event Requests held in `slots`.
-/// Where a command's data is, for [`Session::dispatch`].
+/// Where a command's data is, for [`Session::run_handler`].
 enum Data<'a> {
     /// In the capsule: this range of the receive buffer.
     Received(std::ops::Range<usize>),
