@@ -36,14 +36,16 @@
 use std::any::Any;
 use std::cell::Cell;
 use std::fmt;
+use std::os::fd::{AsFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
+use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec};
 
 use crate::{Error, Result};
 
@@ -194,6 +196,125 @@ pub trait Poller {
     /// Called at the end of every iteration of the reactor, after all pollers ran: the place to send what was
     /// queued during the iteration (one doorbell write, one coalesced socket write). Does nothing by default.
     fn flush(&mut self, _ctx: &mut ReactorContext) {}
+
+    /// For [`IdlePolicy::Hybrid`]: says what can give this poller work, so that a quiet reactor may sleep.
+    /// Add the file descriptors whose readiness means work and the moment of the poller's next timed duty to
+    /// `w`, and return `true`; the reactor sleeps until one of them (or a message on its ring) fires, and then
+    /// polls everything again. A poller with nothing to wait for (no I/O outstanding on a device that cannot
+    /// interrupt, say) returns `true` and adds nothing.
+    ///
+    /// Return `false` (the default) when work can arrive in a way no file descriptor or deadline shows: an
+    /// ordinary poller that returns `false` keeps its reactor polling; for a timed poller `false` means "wake
+    /// me at my next period".
+    fn wake_sources<'a>(&'a self, _w: &mut WakeSources<'a>) -> bool {
+        false
+    }
+}
+
+/// What a sleeping reactor waits for, collected from its pollers ([`Poller::wake_sources`]).
+pub struct WakeSources<'a> {
+    fds: Vec<PollFd<'a>>,
+    deadline: Option<Instant>,
+}
+
+impl<'a> WakeSources<'a> {
+    fn new() -> Self {
+        WakeSources {
+            fds: Vec::new(),
+            deadline: None,
+        }
+    }
+
+    /// Wake when `fd` has something to read (or is closed or failed).
+    pub fn readable(&mut self, fd: &'a impl AsFd) {
+        self.fds.push(PollFd::new(fd, PollFlags::IN));
+    }
+
+    /// Wake when `fd` can take more bytes: only while the poller has bytes the socket refused (a socket is
+    /// nearly always writable, so asking otherwise wakes the reactor at once).
+    pub fn writable(&mut self, fd: &'a impl AsFd) {
+        self.fds.push(PollFd::new(fd, PollFlags::OUT));
+    }
+
+    /// Wake no later than `at` (the earliest of all the deadlines given counts).
+    pub fn deadline(&mut self, at: Instant) {
+        self.deadline = Some(self.deadline.map_or(at, |d| d.min(at)));
+    }
+
+    /// The earliest deadline given so far.
+    pub fn earliest(&self) -> Option<Instant> {
+        self.deadline
+    }
+}
+
+impl fmt::Debug for WakeSources<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WakeSources")
+            .field("fds", &self.fds.len())
+            .field("deadline", &self.deadline)
+            .finish()
+    }
+}
+
+/// How a reactor spends the iterations in which nothing happens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IdlePolicy {
+    /// Poll on, always (the default, as in SPDK): the lowest latency, and a full core per reactor even with
+    /// nothing to do.
+    #[default]
+    Poll,
+    /// Poll while there is work. After `quiet` of iterations in which nothing happened, sleep in `poll(2)`
+    /// until one of the pollers' wake sources ([`Poller::wake_sources`]), a message on the ring, a stop or the
+    /// earliest deadline wakes the reactor; then poll again at once. A reactor sleeps only when every poller
+    /// says what wakes it.
+    Hybrid {
+        /// How long the reactor keeps polling with nothing to do before it sleeps.
+        quiet: Duration,
+    },
+}
+
+impl IdlePolicy {
+    /// The quiet time of `hybrid` when none is given: longer than a round trip of any I/O on a LAN, so that a
+    /// reactor under load never sleeps between two commands.
+    pub const DEFAULT_QUIET: Duration = Duration::from_millis(1);
+
+    /// Hybrid with [`IdlePolicy::DEFAULT_QUIET`].
+    pub fn hybrid() -> IdlePolicy {
+        IdlePolicy::Hybrid {
+            quiet: IdlePolicy::DEFAULT_QUIET,
+        }
+    }
+}
+
+/// `poll` or `hybrid`, optionally with its quiet time: `hybrid:200us`.
+impl FromStr for IdlePolicy {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<IdlePolicy> {
+        let bad = || {
+            Error::InvalidArgument(format!(
+                "idle policy {s:?}: expected poll, hybrid or hybrid:<quiet time> (e.g. hybrid:500us)"
+            ))
+        };
+        match s.trim().split_once(':') {
+            None if s.trim() == "poll" => Ok(IdlePolicy::Poll),
+            None if s.trim() == "hybrid" => Ok(IdlePolicy::hybrid()),
+            Some(("hybrid", q)) => {
+                let quiet = crate::units::parse_duration(q).map_err(|_| bad())?;
+                Ok(IdlePolicy::Hybrid { quiet })
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl fmt::Display for IdlePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IdlePolicy::Poll => f.write_str("poll"),
+            IdlePolicy::Hybrid { quiet } => write!(f, "hybrid:{}us", quiet.as_micros()),
+        }
+    }
 }
 
 impl<F: FnMut(&mut ReactorContext) -> PollStatus> Poller for F {
@@ -223,6 +344,10 @@ pub struct ReactorStats {
     pub cpu_time: Duration,
     /// Pollers registered now, timed ones included (what each iteration walks).
     pub pollers: u64,
+    /// Times the reactor went to sleep ([`IdlePolicy::Hybrid`]), counted as each sleep starts.
+    pub sleeps: u64,
+    /// Time spent asleep, counted as each sleep ends.
+    pub slept: Duration,
 }
 
 /// Configures and starts [`Reactors`]; see [`Reactors::builder`].
@@ -230,6 +355,7 @@ pub struct ReactorStats {
 pub struct ReactorsBuilder {
     ring_capacity: usize,
     message_batch: usize,
+    idle: IdlePolicy,
 }
 
 impl ReactorsBuilder {
@@ -245,6 +371,12 @@ impl ReactorsBuilder {
         self
     }
 
+    /// What the reactors do when there is nothing to do ([`IdlePolicy::Poll`] by default).
+    pub fn idle(mut self, policy: IdlePolicy) -> Self {
+        self.idle = policy;
+        self
+    }
+
     /// Starts one reactor per core of `cores`, pinned to it, and returns once all are running.
     /// Fails with [`Error::Reactor`] if a thread cannot be spawned or pinned (the others are then stopped).
     pub fn start(self, cores: &CoreList) -> Result<Reactors> {
@@ -253,17 +385,25 @@ impl ReactorsBuilder {
                 "ring capacity and message batch must be at least 1".into(),
             ));
         }
+        let mut per = Vec::with_capacity(cores.len());
+        for &core in cores.cores() {
+            let wake_fd = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+                .map_err(|e| {
+                    Error::Reactor(format!(
+                        "cannot create the wake eventfd of core {core}: {e}"
+                    ))
+                })?;
+            per.push(PerReactor {
+                core,
+                ring: ArrayQueue::new(self.ring_capacity),
+                ring_state: AtomicUsize::new(0),
+                sleeping: AtomicBool::new(false),
+                wake_fd,
+                stats: Counters::default(),
+            });
+        }
         let shared = Arc::new(Shared {
-            reactors: cores
-                .cores()
-                .iter()
-                .map(|&core| PerReactor {
-                    core,
-                    ring: ArrayQueue::new(self.ring_capacity),
-                    ring_state: AtomicUsize::new(0),
-                    stats: Counters::default(),
-                })
-                .collect(),
+            reactors: per.into_boxed_slice(),
             stop: AtomicBool::new(false),
         });
         let mut reactors = Reactors {
@@ -274,11 +414,11 @@ impl ReactorsBuilder {
         for index in 0..cores.len() {
             let shared = Arc::clone(&shared);
             let ready = ready_tx.clone();
-            let batch = self.message_batch;
+            let (batch, idle) = (self.message_batch, self.idle);
             let core = cores.cores()[index];
             let spawned = std::thread::Builder::new()
                 .name(format!("nvpoll-reactor-{core}"))
-                .spawn(move || reactor_thread(shared, index, batch, ready));
+                .spawn(move || reactor_thread(shared, index, batch, idle, ready));
             match spawned {
                 Ok(handle) => reactors.threads.push(handle),
                 Err(e) => {
@@ -322,7 +462,14 @@ impl Reactors {
         ReactorsBuilder {
             ring_capacity: 4096,
             message_batch: 64,
+            idle: IdlePolicy::Poll,
         }
+    }
+
+    /// A handle that wakes reactor `index` if it sleeps ([`ReactorWaker`]). Fails with
+    /// [`Error::InvalidArgument`] for an index out of range.
+    pub fn waker(&self, index: usize) -> Result<ReactorWaker> {
+        self.shared.waker(index)
     }
 
     /// Starts one reactor per core with the default configuration; see [`ReactorsBuilder::start`].
@@ -394,7 +541,7 @@ impl Reactors {
     /// Stops every reactor after it ran the messages already in its ring, waits for the threads, and returns
     /// their final counters. Fails with [`Error::Reactor`] naming every reactor that panicked.
     pub fn stop(self) -> Result<Vec<ReactorStats>> {
-        self.shared.stop.store(true, Ordering::Release);
+        self.shared.request_stop();
         self.join()
     }
 
@@ -406,7 +553,7 @@ impl Reactors {
 
     fn join_threads(&mut self) -> Result<Vec<ReactorStats>> {
         if ON_REACTOR.get() {
-            self.shared.stop.store(true, Ordering::Release);
+            self.shared.request_stop();
             self.threads.clear();
             return Err(Error::Reactor(
                 "reactors cannot be joined from a reactor".into(),
@@ -436,7 +583,7 @@ impl Reactors {
 impl Drop for Reactors {
     fn drop(&mut self) {
         if !self.threads.is_empty() {
-            self.shared.stop.store(true, Ordering::Release);
+            self.shared.request_stop();
             if let Err(e) = self.join_threads() {
                 log::error!("reactors dropped without stop(): {e}");
             }
@@ -512,7 +659,15 @@ impl ReactorContext {
     /// Asks every reactor to stop, as [`Reactors::stop`] does; the owner of [`Reactors`] collects them with
     /// [`Reactors::join`].
     pub fn request_stop(&self) {
-        self.shared.stop.store(true, Ordering::Release);
+        self.shared.request_stop();
+    }
+
+    /// A handle that wakes this reactor if it sleeps, for whoever changes state its pollers read.
+    pub fn waker(&self) -> ReactorWaker {
+        ReactorWaker {
+            shared: Arc::clone(&self.shared),
+            index: self.index,
+        }
     }
 
     /// Whether the reactors have been asked to stop.
@@ -574,7 +729,56 @@ impl Shared {
         }
         let pushed = r.ring.push(msg);
         r.ring_state.fetch_sub(1, Ordering::Release);
-        pushed.map_err(|_| Error::QueueFull)
+        pushed.map_err(|_| Error::QueueFull)?;
+        r.wake();
+        Ok(())
+    }
+
+    /// Sets the stop flag and wakes every reactor that sleeps, so that each sees it.
+    fn request_stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for r in self.reactors.iter() {
+            r.wake();
+        }
+    }
+
+    fn waker(self: &Arc<Self>, index: usize) -> Result<ReactorWaker> {
+        if index >= self.reactors.len() {
+            return Err(Error::InvalidArgument(format!(
+                "reactor {index} does not exist (there are {})",
+                self.reactors.len()
+            )));
+        }
+        Ok(ReactorWaker {
+            shared: Arc::clone(self),
+            index,
+        })
+    }
+}
+
+/// Wakes one reactor if it sleeps ([`IdlePolicy::Hybrid`]); see [`Reactors::waker`] and
+/// [`ReactorContext::waker`]. Messages and stops wake reactors by themselves: this is for state that pollers
+/// read without a message (a flag, a shared table), which a sleeping reactor would otherwise see only at its
+/// next wake. Cheap when the reactor is awake: a fence and a load.
+#[derive(Clone)]
+pub struct ReactorWaker {
+    shared: Arc<Shared>,
+    index: usize,
+}
+
+impl ReactorWaker {
+    /// Makes the reactor run an iteration soon, if it sleeps; does nothing if it polls. Call it after the
+    /// change its pollers must see.
+    pub fn wake(&self) {
+        self.shared.reactors[self.index].wake();
+    }
+}
+
+impl fmt::Debug for ReactorWaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReactorWaker")
+            .field("index", &self.index)
+            .finish_non_exhaustive()
     }
 }
 
@@ -584,6 +788,10 @@ struct PerReactor {
     core: usize,
     ring: ArrayQueue<Message>,
     ring_state: AtomicUsize,
+    /// Set by the reactor just before it sleeps, cleared as it wakes: a sender writes `wake_fd` only then.
+    sleeping: AtomicBool,
+    /// An eventfd in the sleeping reactor's poll set.
+    wake_fd: OwnedFd,
     stats: Counters,
 }
 
@@ -597,6 +805,23 @@ impl PerReactor {
             messages: c.messages.load(Ordering::Relaxed),
             cpu_time: Duration::from_nanos(c.cpu_ns.load(Ordering::Relaxed)),
             pollers: c.pollers.load(Ordering::Relaxed),
+            sleeps: c.sleeps.load(Ordering::Relaxed),
+            slept: Duration::from_nanos(c.slept_ns.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// After the change that must be seen (a push, a flag): wakes the reactor if it sleeps or is about to.
+    ///
+    /// The reactor stores `sleeping`, fences, then looks at its ring and the stop flag; a waker makes its
+    /// change, fences, then loads `sleeping`. With both fences sequentially consistent, at least one side sees
+    /// the other's store: either the reactor finds the change and does not sleep, or the waker finds it
+    /// sleeping and writes the eventfd, which ends (or pre-empts) its `poll`.
+    fn wake(&self) {
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) {
+            // Fails only with EAGAIN, when the counter is already near its maximum, so nonzero: the reactor
+            // wakes anyway.
+            let _ = rustix::io::write(&self.wake_fd, &1u64.to_ne_bytes());
         }
     }
 
@@ -618,6 +843,8 @@ struct Counters {
     messages: AtomicU64,
     cpu_ns: AtomicU64,
     pollers: AtomicU64,
+    sleeps: AtomicU64,
+    slept_ns: AtomicU64,
 }
 
 thread_local! {
@@ -643,12 +870,13 @@ fn reactor_thread(
     shared: Arc<Shared>,
     index: usize,
     batch: usize,
+    idle: IdlePolicy,
     ready: mpsc::Sender<Result<()>>,
 ) -> ThreadResult {
     ON_REACTOR.set(true);
     let core = shared.reactors[index].core;
     if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
-        shared.stop.store(true, Ordering::Release);
+        shared.request_stop();
         shared.reactors[index].close();
         let _ = ready.send(Err(Error::Reactor(format!(
             "cannot pin a reactor thread to core {core}"
@@ -671,15 +899,18 @@ fn reactor_thread(
         timers: Vec::new(),
         next_deadline: None,
         batch,
+        policy: idle,
         busy: 0,
         idle: 0,
         messages: 0,
+        sleeps: 0,
+        slept: Duration::ZERO,
     };
     match catch_unwind(AssertUnwindSafe(|| reactor.run())) {
         Ok(()) => Ok(reactor.stats()),
         Err(payload) => {
             let shared = Arc::clone(&reactor.ctx.shared);
-            shared.stop.store(true, Ordering::Release);
+            shared.request_stop();
             // Drop what can no longer run, so that nobody waits for it (run_on_all's channel disconnects).
             let me = &shared.reactors[index];
             me.close();
@@ -700,9 +931,12 @@ struct Reactor {
     /// The earliest `Timer::next`, if there are timers.
     next_deadline: Option<Instant>,
     batch: usize,
+    policy: IdlePolicy,
     busy: u64,
     idle: u64,
     messages: u64,
+    sleeps: u64,
+    slept: Duration,
 }
 
 struct Timer {
@@ -723,6 +957,9 @@ impl Reactor {
     fn run(&mut self) {
         let shared = Arc::clone(&self.ctx.shared);
         let counters = &shared.reactors[self.ctx.index].stats;
+        // Hybrid: since when nothing has happened, and whether the reactor just woke from a sleep.
+        let mut quiet_since: Option<Instant> = None;
+        let mut woke = false;
         while !shared.stop.load(Ordering::Acquire) {
             let mut busy = self.run_messages(self.batch) > 0;
             self.apply_changes();
@@ -741,9 +978,22 @@ impl Reactor {
             if busy {
                 self.busy += 1;
                 counters.busy.store(self.busy, Ordering::Relaxed);
+                quiet_since = None;
+                woke = false;
             } else {
                 self.idle += 1;
                 counters.idle.store(self.idle, Ordering::Relaxed);
+                if let IdlePolicy::Hybrid { quiet } = self.policy {
+                    let now = Instant::now();
+                    let since = *quiet_since.get_or_insert(now);
+                    // A wake that brought nothing (a deadline with nothing due, a spurious readiness) goes back
+                    // to sleep at once; otherwise the reactor sleeps after `quiet` of nothing.
+                    if woke || now.duration_since(since) >= quiet {
+                        woke = self.sleep(counters);
+                        // Refused (a poller cannot say what wakes it): look again after another quiet time.
+                        quiet_since = (!woke).then(Instant::now);
+                    }
+                }
             }
             if (self.busy + self.idle) % CPU_TIME_REFRESH == 0
                 || (busy && self.busy % BUSY_CPU_TIME_REFRESH == 0)
@@ -763,6 +1013,85 @@ impl Reactor {
         counters
             .cpu_ns
             .store(thread_cpu_time().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Sleeps until a wake source fires. Returns `false` without sleeping when a poller cannot say what wakes
+    /// it, or when a message or a stop arrived meanwhile.
+    fn sleep(&mut self, counters: &Counters) -> bool {
+        let shared = Arc::clone(&self.shared);
+        let me = &shared.reactors[self.ctx.index];
+        let mut w = WakeSources::new();
+        w.readable(&me.wake_fd);
+        for (_, poller) in &self.pollers {
+            if !poller.wake_sources(&mut w) {
+                return false;
+            }
+        }
+        // Which fds belong to which timer: a timer whose fd fires is due at once.
+        let mut timer_fds = Vec::new();
+        for (i, timer) in self.timers.iter().enumerate() {
+            let first = w.fds.len();
+            if timer.poller.wake_sources(&mut w) {
+                timer_fds.push((i, first..w.fds.len()));
+            } else {
+                w.deadline(timer.next);
+            }
+        }
+        me.sleeping.store(true, Ordering::Relaxed);
+        // Pairs with the fence in `PerReactor::wake` (see there).
+        fence(Ordering::SeqCst);
+        if !me.ring.is_empty() || shared.stop.load(Ordering::Relaxed) {
+            me.sleeping.store(false, Ordering::Relaxed);
+            return false;
+        }
+        // Counted as it starts, so that a reactor asleep for good shows it.
+        self.sleeps += 1;
+        counters.sleeps.store(self.sleeps, Ordering::Relaxed);
+        let start = Instant::now();
+        let timeout = match w.deadline {
+            Some(d) if d <= start => Some(Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            }),
+            // Rounded up to the next microsecond, so that the deadline has passed when poll returns.
+            Some(d) => Timespec::try_from(d - start + Duration::from_nanos(999)).ok(),
+            None => None,
+        };
+        let polled = rustix::event::poll(&mut w.fds, timeout.as_ref());
+        me.sleeping.store(false, Ordering::Relaxed);
+        let now = Instant::now();
+        match polled {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                // Nothing the pollers gave can make poll fail but a closed fd (a bug in a poller): keep
+                // polling rather than spin on the error.
+                log::error!(
+                    "reactor on core {}: poll failed ({e}); polling from now on",
+                    me.core
+                );
+                self.policy = IdlePolicy::Poll;
+            }
+        }
+        if !w.fds[0].revents().is_empty() {
+            let mut count = [0u8; 8];
+            // The eventfd is non-blocking; a wake that raced with this read is in the ring already.
+            let _ = rustix::io::read(&me.wake_fd, &mut count);
+        }
+        let fired: Vec<usize> = timer_fds
+            .into_iter()
+            .filter(|(_, fds)| w.fds[fds.clone()].iter().any(|f| !f.revents().is_empty()))
+            .map(|(i, _)| i)
+            .collect();
+        drop(w);
+        for i in fired {
+            self.timers[i].next = now;
+            self.next_deadline = Some(now);
+        }
+        self.slept += now - start;
+        counters
+            .slept_ns
+            .store(self.slept.as_nanos() as u64, Ordering::Relaxed);
+        true
     }
 
     /// Runs up to `max` messages; returns how many ran.
