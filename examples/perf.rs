@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use nvpoll::api::Controller;
 use nvpoll::mem::DmaPool;
-use nvpoll::reactor::{CoreList, Reactors};
+use nvpoll::reactor::{CoreList, IdlePolicy, Reactors};
 use nvpoll::send::SendMode;
 use nvpoll::trid::TransportId;
 use nvpoll_pcie::PcieOptions;
@@ -86,6 +86,12 @@ struct Args {
     /// Cores for the embedded target's reactors (ignored with --trid). Default: the last core.
     #[arg(long)]
     target_cores: Option<String>,
+    /// What the reactors (the initiator's and the embedded target's) do with nothing to do: poll (spin; the
+    /// lowest latency) or hybrid[:QUIET] (poll while there is work, sleep after QUIET, 1 ms by default, with
+    /// none). Under load a reactor never sleeps either way; hybrid matters between runs and for slow
+    /// devices.
+    #[arg(long, default_value = "poll", value_name = "poll|hybrid[:QUIET]")]
+    idle: IdlePolicy,
     /// Runs per table row; the median run is reported.
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -332,7 +338,7 @@ fn run(args: Args) -> Result<(), String> {
             ConnectOptions::from_trid(&trid, args.hostnqn.as_deref()).map_err(|e| e.to_string())?;
         let demo_key = ConfiguredKey::parse(DEMO_KEY).expect("the demo key parses");
         let target_key = key.clone().unwrap_or(demo_key);
-        let t = embedded_target::start(&tcores, args.ram, &o.hostnqn, &target_key)?;
+        let t = embedded_target::start(&tcores, args.idle, args.ram, &o.hostnqn, &target_key)?;
         eprintln!(
             "perf: embedded NVMe/TCP target {} on {} (cores {tcores}), RAM namespace of {} MiB, TLS optional",
             t.nqn,
@@ -392,7 +398,10 @@ fn run(args: Args) -> Result<(), String> {
         .class(class, bufs_needed)
         .build()
         .map_err(|e| format!("DMA pool: {e}"))?;
-    let reactors = Reactors::start(&cores).map_err(|e| format!("starting reactors: {e}"))?;
+    let reactors = Reactors::builder()
+        .idle(args.idle)
+        .start(&cores)
+        .map_err(|e| format!("starting reactors: {e}"))?;
     let quiet = args.quiet || args.json;
     let machine = format!("{} cores, initiator cores {cores}", CoreList::all().len());
     let workloads: Vec<loadgen::Workload> = if !args.workloads.is_empty() {
@@ -539,6 +548,7 @@ mod embedded_target {
     /// Starts the target with TLS optional: `hostnqn` may connect in the clear or with `key`.
     pub fn start(
         cores: &CoreList,
+        idle: IdlePolicy,
         ram: u64,
         hostnqn: &str,
         key: &ConfiguredKey,
@@ -553,8 +563,10 @@ mod embedded_target {
             std::slice::from_ref(&nqn),
         ));
         let target = Target::bind(config).map_err(|e| format!("embedded target: {e}"))?;
-        let reactors =
-            Reactors::start(cores).map_err(|e| format!("embedded target reactors: {e}"))?;
+        let reactors = Reactors::builder()
+            .idle(idle)
+            .start(cores)
+            .map_err(|e| format!("embedded target reactors: {e}"))?;
         let handle = target
             .start(&reactors)
             .map_err(|e| format!("embedded target: {e}"))?;

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::sync::{mpsc, Arc};
 
 use clap::Parser;
-use nvpoll::reactor::{CoreList, Reactors};
+use nvpoll::reactor::{CoreList, IdlePolicy, Reactors};
 use nvpoll_target::rpc::{self, ServeOptions};
 use nvpoll_target::{
     config, Backing, ListenerConfig, SubsystemConfig, Target, TargetConfig, TargetEvent, TargetTls,
@@ -100,6 +100,15 @@ struct Args {
     /// Connections are spread over the reactors round robin; the listener runs on the first.
     #[arg(long, default_value = "0")]
     cores: CoreList,
+
+    /// What a reactor does with nothing to do: poll (spin on its core, as SPDK does: the lowest latency, a full
+    /// core each even when idle) or hybrid (poll while there is work; after a quiet time of 1 ms with none,
+    /// sleep until a connection, a command, a timer or a control-socket change wakes it; hybrid:QUIET sets
+    /// the quiet time, e.g. hybrid:200us). The first command after a sleep waits for the wake-up, some
+    /// microseconds; the ones after it do not. Default: hybrid, because a target spends most of its life
+    /// waiting for hosts.
+    #[arg(long, default_value = "hybrid", value_name = "poll|hybrid[:QUIET]")]
+    idle: IdlePolicy,
 
     /// Serial number reported by Identify Controller (at most 20 characters; default: derived from the NQN).
     #[arg(long, conflicts_with = "config")]
@@ -285,9 +294,10 @@ fn run(args: Args) -> Result<(), String> {
 
     let target = Target::bind(config).map_err(|e| e.to_string())?;
     println!(
-        "nvpoll target listening on {} (reactors on cores {})",
+        "nvpoll target listening on {} (reactors on cores {}, idle {})",
         target.local_addr(),
-        args.cores
+        args.cores,
+        args.idle
     );
     for line in target.describe() {
         println!("{line}");
@@ -297,7 +307,10 @@ fn run(args: Args) -> Result<(), String> {
         let _ = stop_tx.send(());
     })
     .map_err(|e| format!("cannot handle Ctrl-C: {e}"))?;
-    let reactors = Reactors::start(&args.cores).map_err(|e| e.to_string())?;
+    let reactors = Reactors::builder()
+        .idle(args.idle)
+        .start(&args.cores)
+        .map_err(|e| e.to_string())?;
     let handle = target.start(&reactors).map_err(|e| e.to_string())?;
     let server = match &args.rpc_socket {
         Some(path) => {
@@ -329,12 +342,14 @@ fn run(args: Args) -> Result<(), String> {
     for s in stats {
         let polls = (s.busy + s.idle).max(1);
         println!(
-            "reactor on core {}: {} polls, {:.1}% busy, {} messages, CPU {:.2} s",
+            "reactor on core {}: {} polls, {:.1}% busy, {} messages, CPU {:.2} s, {} sleeps ({:.2} s asleep)",
             s.core,
             s.busy + s.idle,
             100.0 * s.busy as f64 / polls as f64,
             s.messages,
-            s.cpu_time.as_secs_f64()
+            s.cpu_time.as_secs_f64(),
+            s.sleeps,
+            s.slept.as_secs_f64()
         );
     }
     Ok(())

@@ -176,6 +176,14 @@ pub trait QueuePair {
         )))
     }
 
+    /// What can complete this queue pair's requests, for a reactor that wants to sleep
+    /// ([`crate::reactor::Poller::wake_sources`]): adds its file descriptors and deadlines to `w` and returns
+    /// `true`, or returns `false` when only polling can find its completions (the default). A queue pair with
+    /// nothing outstanding and nothing in its done list has nothing to be woken for.
+    fn wake_sources<'a>(&'a self, _w: &mut crate::reactor::WakeSources<'a>) -> bool {
+        false
+    }
+
     /// Counters of this queue pair (zero for a transport that keeps none).
     fn stats(&self) -> QueueStats {
         QueueStats::default()

@@ -606,6 +606,7 @@ pub struct ReactorContext {
     next_id: u64,
     added: Vec<(PollerId, Option<Duration>, Box<dyn Poller>)>,
     removed: Vec<PollerId>,
+    woke: bool,
 }
 
 impl ReactorContext {
@@ -660,6 +661,12 @@ impl ReactorContext {
     /// [`Reactors::join`].
     pub fn request_stop(&self) {
         self.shared.request_stop();
+    }
+
+    /// Whether this iteration is the first after a sleep ([`IdlePolicy::Hybrid`]): one of the wake sources
+    /// fired, so a poller that looks at some of its work only now and then should look at all of it now.
+    pub fn woke_up(&self) -> bool {
+        self.woke
     }
 
     /// A handle that wakes this reactor if it sleeps, for whoever changes state its pollers read.
@@ -894,6 +901,7 @@ fn reactor_thread(
             next_id: 0,
             added: Vec::new(),
             removed: Vec::new(),
+            woke: false,
         },
         pollers: Vec::new(),
         timers: Vec::new(),
@@ -980,6 +988,7 @@ impl Reactor {
                 counters.busy.store(self.busy, Ordering::Relaxed);
                 quiet_since = None;
                 woke = false;
+                self.ctx.woke = false;
             } else {
                 self.idle += 1;
                 counters.idle.store(self.idle, Ordering::Relaxed);
@@ -990,6 +999,7 @@ impl Reactor {
                     // to sleep at once; otherwise the reactor sleeps after `quiet` of nothing.
                     if woke || now.duration_since(since) >= quiet {
                         woke = self.sleep(counters);
+                        self.ctx.woke = woke;
                         // Refused (a poller cannot say what wakes it): look again after another quiet time.
                         quiet_since = (!woke).then(Instant::now);
                     }

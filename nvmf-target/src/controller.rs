@@ -127,6 +127,13 @@ impl Controller {
         kato != 0 && now_ms.saturating_sub(self.last_activity_ms.load(Ordering::Relaxed)) > kato
     }
 
+    /// When (in the target's milliseconds) the keep-alive timer expires unless a command comes first; `None`
+    /// with keep-alive off.
+    pub fn keep_alive_deadline_ms(&self) -> Option<u64> {
+        let kato = u64::from(self.kato_ms());
+        (kato != 0).then(|| self.last_activity_ms.load(Ordering::Relaxed) + kato + 1)
+    }
+
     /// CSTS.RDY.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use nvpoll::reactor::{PollStatus, Poller, PollerId, ReactorContext, Reactors};
+use nvpoll::reactor::{PollStatus, Poller, PollerId, ReactorContext, Reactors, WakeSources};
 use nvpoll::send::SendMode;
 
 use crate::events::TargetEvent;
@@ -75,6 +75,7 @@ impl Target {
             events: config.events,
             send_mode: AtomicU8::new(mode_to_u8(config.send_mode)),
             tls_server: nvpoll_tcp::tls::ServerConfig::new(move |id| lookup.psk_for(id)),
+            wakers: std::sync::OnceLock::new(),
         });
         let first = ListenerConfig {
             address: config.listen,
@@ -127,6 +128,12 @@ impl Target {
     pub fn start(self, reactors: &Reactors) -> Result<TargetHandle, Error> {
         let handle = self.handle();
         let Target { shared, sockets } = self;
+        let wakers = (0..reactors.len())
+            .map(|i| reactors.waker(i))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Error::InvalidArgument(format!("reactor wakers: {e}")))?;
+        // Started once: a target is consumed by `start`.
+        let _ = shared.wakers.set(wakers);
         let seen = shared.listeners_gen.load(Ordering::Acquire);
         reactors
             .send(0, move |ctx| {
@@ -141,6 +148,7 @@ impl Target {
                         seen,
                         next: 0,
                         id: Rc::clone(&id),
+                        failing: false,
                     },
                 );
                 id.set(Some(pid));
@@ -287,11 +295,13 @@ impl TargetHandle {
         self.shared
             .send_mode
             .store(mode_to_u8(mode), Ordering::Relaxed);
+        self.shared.wake_all();
     }
 
     /// Stops accepting and closes every connection, on each reactor's next poll.
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake_all();
     }
 
     /// The listeners, in the order they were added.
@@ -392,13 +402,17 @@ impl TargetHandle {
     /// Adds a namespace to subsystem `nqn`; returns its ID. Connected hosts get a Namespace Attribute Changed
     /// event.
     pub fn add_namespace(&self, nqn: &str, ns: &NamespaceConfig) -> Result<u32, Error> {
-        self.nvm_subsystem(nqn)?.add_namespace(ns)
+        let nsid = self.nvm_subsystem(nqn)?.add_namespace(ns)?;
+        self.shared.wake_all();
+        Ok(nsid)
     }
 
     /// Removes namespace `nsid` of subsystem `nqn`. Commands already running on it finish with it; later ones
     /// get Invalid Namespace. Connected hosts get a Namespace Attribute Changed event.
     pub fn remove_namespace(&self, nqn: &str, nsid: u32) -> Result<(), Error> {
-        self.nvm_subsystem(nqn)?.remove_namespace(nsid)
+        self.nvm_subsystem(nqn)?.remove_namespace(nsid)?;
+        self.shared.wake_all();
+        Ok(())
     }
 
     /// Lets `hostnqn` connect to subsystem `nqn`. A subsystem that lets any host in refuses this (turn that off
@@ -483,6 +497,9 @@ struct Acceptor {
     seen: u64,
     next: usize,
     id: Rc<Cell<Option<PollerId>>>,
+    /// The last accept failed with something other than "nothing to accept" (out of file descriptors, say):
+    /// the listener stays readable, so a sleeping reactor would wake at once; retry once per period instead.
+    failing: bool,
 }
 
 /// How often the listeners are looked at for new connections.
@@ -508,6 +525,17 @@ impl Acceptor {
 }
 
 impl Poller for Acceptor {
+    /// Every listening socket (listeners added at run time wake the reactor through the target's wakers).
+    fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
+        if self.failing {
+            return false;
+        }
+        for (_, socket) in &self.sockets {
+            w.readable(socket);
+        }
+        true
+    }
+
     fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus {
         if self.shared.stopping() {
             self.sockets.clear();
@@ -518,6 +546,7 @@ impl Poller for Acceptor {
         }
         self.sync_listeners();
         let mut status = PollStatus::Idle;
+        self.failing = false;
         for (listener, socket) in &self.sockets {
             for _ in 0..ACCEPT_BATCH {
                 let stream = match socket.accept() {
@@ -530,7 +559,10 @@ impl Poller for Acceptor {
                         continue
                     }
                     // Out of file descriptors and the like: try again on a later poll.
-                    Err(_) => break,
+                    Err(_) => {
+                        self.failing = true;
+                        break;
+                    }
                 };
                 status = PollStatus::Busy;
                 self.shared.stats.accepted.fetch_add(1, Ordering::Relaxed);
@@ -591,17 +623,11 @@ fn start_session(
 /// looked at again.
 const SETUP_POLL_PERIOD: Duration = Duration::from_millis(1);
 
-/// One reactor's sessions before Ready (or closing before they got there), for one target.
-#[derive(Default)]
-struct SetupSet {
-    /// Busy when last looked at (or new): polled on every iteration.
-    hot: Vec<Session>,
-    /// Idle when last looked at: polled once per [`SETUP_POLL_PERIOD`].
-    cold: Vec<Session>,
-}
+/// Sessions handed to a reactor's [`SetupPoller`] for one target, waiting for its next poll.
+type Incoming = Rc<RefCell<Vec<Session>>>;
 
-/// The setup sets of this reactor's thread, keyed by target.
-type SetupSets = Vec<(usize, Rc<RefCell<SetupSet>>)>;
+/// The setup pollers' inboxes on this reactor's thread, keyed by target.
+type SetupSets = Vec<(usize, Incoming)>;
 
 thread_local! {
     static SETUP_SETS: RefCell<SetupSets> = const { RefCell::new(Vec::new()) };
@@ -637,84 +663,73 @@ fn look_at(session: &mut Session) -> Next {
 }
 
 /// Connections that have not finished Fabrics Connect, per reactor and target: the handshakes in progress, and
-/// whatever a hostile host leaves half-open (connection floods, slowloris ICReqs, TLS garbage). Two pollers
-/// share the set: [`SetupPoller::Hot`] polls, on every iteration, the sessions that were busy when last looked
-/// at (nothing when there are none: no clock read, no system call), and the timed [`SetupPoller::Cold`] looks
-/// at the idle ones once per [`SETUP_POLL_PERIOD`] and moves those with something to do to the hot list. A
-/// session that reaches Ready becomes its own [`SessionPoller`], polled on every iteration.
+/// whatever a hostile host leaves half-open (connection floods, slowloris ICReqs, TLS garbage). The sessions
+/// that were busy when last looked at are polled on every iteration (nothing when there are none: no clock
+/// read, no system call); the idle ones once per [`SETUP_POLL_PERIOD`], and those with something to do move
+/// to the hot list. A session that reaches Ready becomes its own [`SessionPoller`], polled on every iteration.
 struct SetupPoller {
     key: usize,
-    cold: bool,
     shared: Arc<TargetShared>,
-    set: Rc<RefCell<SetupSet>>,
-    /// Both pollers' ids (to unregister both once the target stopped and the set is empty).
-    ids: Rc<Cell<Option<(PollerId, PollerId)>>>,
+    /// New sessions (from the acceptor's messages), taken over at the next poll.
+    incoming: Incoming,
+    /// Busy when last looked at (or new).
+    hot: Vec<Session>,
+    /// Idle when last looked at.
+    cold: Vec<Session>,
+    /// When the cold list is looked at next.
+    next_cold: Instant,
+    id: Rc<Cell<Option<PollerId>>>,
 }
 
 impl SetupPoller {
-    /// Hands `session` to this reactor's setup set for `shared`, registering its pollers on first use.
+    /// Hands `session` to this reactor's setup poller for `shared`, registering it on first use.
     fn adopt(ctx: &mut ReactorContext, shared: &Arc<TargetShared>, session: Session) {
         let key = Arc::as_ptr(shared) as usize;
         SETUP_SETS.with(|sets| {
             let mut sets = sets.borrow_mut();
-            if let Some((_, set)) = sets.iter().find(|(k, _)| *k == key) {
-                set.borrow_mut().hot.push(session);
+            if let Some((_, incoming)) = sets.iter().find(|(k, _)| *k == key) {
+                incoming.borrow_mut().push(session);
                 return;
             }
-            let set = Rc::new(RefCell::new(SetupSet {
+            let incoming = Rc::new(RefCell::new(Vec::new()));
+            sets.push((key, Rc::clone(&incoming)));
+            let id = Rc::new(Cell::new(None));
+            let pid = ctx.add_poller(SetupPoller {
+                key,
+                shared: Arc::clone(shared),
+                incoming,
                 hot: vec![session],
                 cold: Vec::new(),
-            }));
-            sets.push((key, Rc::clone(&set)));
-            let ids = Rc::new(Cell::new(None));
-            let poller = |cold| SetupPoller {
-                key,
-                cold,
-                shared: Arc::clone(shared),
-                set: Rc::clone(&set),
-                ids: Rc::clone(&ids),
-            };
-            let hot = ctx.add_poller(poller(false));
-            let cold = ctx.add_timed_poller(SETUP_POLL_PERIOD, poller(true));
-            ids.set(Some((hot, cold)));
+                next_cold: Instant::now(),
+                id: Rc::clone(&id),
+            });
+            id.set(Some(pid));
         });
     }
 
-    /// Unregisters both pollers (once the target stopped and its last setup session is gone).
+    /// Unregisters the poller (once the target stopped and its last setup session is gone).
     fn retire(&mut self, ctx: &mut ReactorContext) {
         SETUP_SETS.with(|sets| sets.borrow_mut().retain(|(k, _)| *k != self.key));
-        if let Some((hot, cold)) = self.ids.take() {
-            ctx.remove_poller(hot);
-            ctx.remove_poller(cold);
+        if let Some(id) = self.id.take() {
+            ctx.remove_poller(id);
         }
     }
-}
 
-impl Poller for SetupPoller {
-    fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus {
-        let set = Rc::clone(&self.set);
-        let mut set = set.borrow_mut();
-        let SetupSet { hot, cold } = &mut *set;
-        if self.shared.stopping() {
-            // Every session looks at the flag (and closes) on every iteration until it is gone.
-            hot.append(cold);
-            if hot.is_empty() {
-                self.retire(ctx);
-                return PollStatus::Idle;
-            }
-        }
-        let (list, other) = if self.cold { (cold, hot) } else { (hot, cold) };
-        if list.is_empty() {
-            return PollStatus::Idle;
-        }
+    /// Looks at every session of one list; returns whether one was busy.
+    fn look_at_list(
+        ctx: &mut ReactorContext,
+        cold: bool,
+        list: &mut Vec<Session>,
+        other: &mut Vec<Session>,
+    ) -> bool {
         let mut busy = false;
         let mut i = 0;
         while i < list.len() {
             let next = look_at(&mut list[i]);
             busy |= !matches!(next, Next::Cold);
             match next {
-                Next::Hot if !self.cold => i += 1,
-                Next::Cold if self.cold => i += 1,
+                Next::Hot if !cold => i += 1,
+                Next::Cold if cold => i += 1,
                 Next::Hot | Next::Cold => other.push(list.swap_remove(i)),
                 Next::Gone => {
                     let gone = list.swap_remove(i);
@@ -731,11 +746,49 @@ impl Poller for SetupPoller {
                 }
             }
         }
+        busy
+    }
+}
+
+impl Poller for SetupPoller {
+    fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus {
+        if let Ok(mut incoming) = self.incoming.try_borrow_mut() {
+            self.hot.append(&mut incoming);
+        }
+        if self.shared.stopping() {
+            // Every session looks at the flag (and closes) on every iteration until it is gone.
+            self.hot.append(&mut self.cold);
+            if self.hot.is_empty() {
+                self.retire(ctx);
+                return PollStatus::Idle;
+            }
+        }
+        let mut busy = false;
+        if !self.hot.is_empty() {
+            busy |= Self::look_at_list(ctx, false, &mut self.hot, &mut self.cold);
+        }
+        if !self.cold.is_empty() {
+            let now = Instant::now();
+            // After a sleep at once: the wake may be one of these sessions' sockets.
+            if now >= self.next_cold || ctx.woke_up() {
+                self.next_cold = now + SETUP_POLL_PERIOD;
+                busy |= Self::look_at_list(ctx, true, &mut self.cold, &mut self.hot);
+            }
+        }
         if busy {
             PollStatus::Busy
         } else {
             PollStatus::Idle
         }
+    }
+
+    /// Every session's socket and timers. A cold session whose socket wakes the reactor is looked at once its
+    /// period is up, which after a sleep longer than the period is at once.
+    fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
+        if !self.incoming.try_borrow().is_ok_and(|v| v.is_empty()) {
+            return false;
+        }
+        self.hot.iter().chain(&self.cold).all(|s| s.wake_sources(w))
     }
 }
 
@@ -766,6 +819,10 @@ impl SessionPoller {
 }
 
 impl Poller for SessionPoller {
+    fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
+        self.session.as_ref().is_none_or(|s| s.wake_sources(w))
+    }
+
     fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus {
         let Some(session) = self.session.as_mut() else {
             return PollStatus::Idle;

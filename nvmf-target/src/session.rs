@@ -20,6 +20,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nvpoll::reactor::WakeSources;
 use nvpoll::send::SendPolicy;
 use nvpoll::spec::{fabrics, io as io_op, Cqe, SglType, Sqe, Status};
 
@@ -367,6 +368,32 @@ impl Session {
         }
     }
 
+    /// What can give this session work while its reactor sleeps (hybrid idle mode): its socket, and the
+    /// deadline of its next timer (connect, keep-alive, closing). Changes made elsewhere (a stop, a removed
+    /// subsystem, a torn-down controller, a namespace notice) wake the reactors through
+    /// [`TargetShared::wake_all`]. Returns `false` while a flush runs on the flusher thread, which does not
+    /// wake anyone: the session is then polled.
+    pub fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
+        if self.flushing > 0 {
+            return false;
+        }
+        self.conn.wake_sources(w);
+        if let Some((_, deadline)) = &self.closing {
+            w.deadline(*deadline);
+            return true;
+        }
+        match &self.queue {
+            None => w.deadline(self.connect_deadline),
+            Some(q) if q.qid == 0 => {
+                if let Some(ms) = q.ctrl.keep_alive_deadline_ms() {
+                    w.deadline(self.target.epoch + Duration::from_millis(ms));
+                }
+            }
+            Some(_) => {}
+        }
+        true
+    }
+
     /// Writes out what the handlers queued (the end-of-iteration flush).
     pub fn flush(&mut self) {
         if self.closing.is_none() {
@@ -443,8 +470,9 @@ impl Session {
         }
         if let Some(q) = &self.queue {
             if q.qid == 0 {
-                // The controller goes with its admin queue.
+                // The controller goes with its admin queue; its I/O queues may sleep on other reactors.
                 q.ctrl.kill();
+                self.target.wake_all();
             }
         }
         self.closing = Some((why, Instant::now() + DRAIN_TIME));
@@ -1237,6 +1265,7 @@ impl Drop for Session {
                 if q.qid == 0 {
                     q.ctrl.kill();
                     q.subsys.remove_controller(q.ctrl.cntlid);
+                    self.target.wake_all();
                 } else {
                     q.ctrl.release_io_queue(q.qid);
                 }

@@ -4,9 +4,10 @@
 use std::fmt;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
+use nvpoll::reactor::ReactorWaker;
 use nvpoll::send::SendMode;
 
 use crate::events::{EventHook, TargetEvent};
@@ -214,6 +215,9 @@ pub(crate) struct TargetShared {
     pub(crate) send_mode: AtomicU8,
     /// The TLS server settings (the PSK lookup reads the registry).
     pub tls_server: nvpoll_tcp::tls::ServerConfig,
+    /// Wakes the reactors the target runs on (set when it starts): after any change that sessions or the
+    /// acceptor read from here, so that a reactor asleep in hybrid idle mode sees it now.
+    pub(crate) wakers: OnceLock<Vec<ReactorWaker>>,
 }
 
 pub(crate) fn mode_to_u8(m: SendMode) -> u8 {
@@ -251,6 +255,14 @@ impl TargetShared {
     /// Something a discovery host could see changed.
     pub(crate) fn discovery_changed(&self) {
         self.registry.generation.fetch_add(1, Ordering::AcqRel);
+        self.wake_all();
+    }
+
+    /// Wakes every reactor of the target that sleeps (hybrid idle mode), to look at a change.
+    pub(crate) fn wake_all(&self) {
+        for w in self.wakers.get().into_iter().flatten() {
+            w.wake();
+        }
     }
 
     /// Binds a listener; the acceptor on reactor 0 adopts it at its next poll (connections wait in the

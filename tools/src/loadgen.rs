@@ -15,7 +15,7 @@ pub use nvpoll::units::{parse_duration, parse_size};
 
 use nvpoll::api::{IoOp, IoRequest, Namespace, QueuePair, QueueStats};
 use nvpoll::mem::{DmaBuf, DmaPool};
-use nvpoll::reactor::{PollStatus, Poller, ReactorContext, Reactors};
+use nvpoll::reactor::{PollStatus, Poller, ReactorContext, Reactors, WakeSources};
 use nvpoll::send::SendMode;
 use nvpoll::Error;
 
@@ -417,6 +417,21 @@ impl<Q: QueuePair> Poller for Job<Q> {
         } else {
             PollStatus::Idle
         }
+    }
+
+    /// A finished job waits for nothing. A running one for its queue pair's completions and for the
+    /// moments its run changes phase (measuring starts, measuring ends, the drain times out).
+    fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
+        let Some(qp) = self.done.as_ref().and(self.qp.as_ref()) else {
+            return true;
+        };
+        let now = Instant::now();
+        for at in [self.measure_start, self.measure_end, self.drain_deadline] {
+            if at > now {
+                w.deadline(at);
+            }
+        }
+        qp.wake_sources(w)
     }
 
     /// The reactor's end-of-iteration flush: what the deferred and adaptive modes left queued goes out here,

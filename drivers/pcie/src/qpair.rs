@@ -565,6 +565,12 @@ impl<D: Device> QueuePair for PcieQueuePair<D> {
         self.q.depth()
     }
 
+    /// With nothing outstanding and nothing to hand out, nothing can arrive: the reactor may sleep. With
+    /// commands outstanding it must poll: completions are not signalled (no interrupts are set up).
+    fn wake_sources<'a>(&'a self, _w: &mut nvpoll::reactor::WakeSources<'a>) -> bool {
+        self.outstanding() == 0 && !self.q.has_done()
+    }
+
     fn set_send_mode(&mut self, mode: SendMode) -> nvpoll::Result<()> {
         self.policy.set_mode(mode);
         Ok(())

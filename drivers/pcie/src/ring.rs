@@ -565,6 +565,11 @@ impl<D: Device> Queue<D> {
         self.stall_since = None;
     }
 
+    /// Whether finished commands wait to be handed out.
+    pub fn has_done(&self) -> bool {
+        !self.done.is_empty()
+    }
+
     pub fn pop_done(&mut self) -> Option<Done> {
         self.done.pop_front()
     }

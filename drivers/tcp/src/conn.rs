@@ -191,6 +191,15 @@ impl Conn {
         self.tx.len() - self.tx_sent + self.tls.as_ref().map_or(0, |t| t.out_end - t.out_sent)
     }
 
+    /// For a reactor that wants to sleep ([`nvpoll::reactor::Poller::wake_sources`]): wake when the socket
+    /// has something to read, and, while bytes wait that the socket refused, when it takes more.
+    pub fn wake_sources<'a>(&'a self, w: &mut nvpoll::reactor::WakeSources<'a>) {
+        w.readable(&self.stream);
+        if self.tx_pending() > 0 {
+            w.writable(&self.stream);
+        }
+    }
+
     /// Whether the connection runs TLS.
     pub fn is_tls(&self) -> bool {
         self.tls.is_some()

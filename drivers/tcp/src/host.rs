@@ -1071,6 +1071,23 @@ impl QueuePair for TcpQueuePair {
         usize::from(self.link.depth)
     }
 
+    /// The connection's socket, and the next timeout check while commands are outstanding. Reconnecting, the
+    /// queue polls: the controller's reconnect (on another thread) announces itself through no descriptor.
+    fn wake_sources<'a>(&'a self, w: &mut nvpoll::reactor::WakeSources<'a>) -> bool {
+        match &self.state {
+            QueueState::Connected(q) => {
+                if !q.wake_sources(w) {
+                    return false;
+                }
+                if q.outstanding() > 0 {
+                    w.deadline(self.next_timeout_check);
+                }
+                true
+            }
+            QueueState::Reconnecting(_) => false,
+        }
+    }
+
     fn set_send_mode(&mut self, mode: SendMode) -> nvpoll::Result<()> {
         self.mode = mode;
         if let QueueState::Connected(q) = &mut self.state {

@@ -933,6 +933,28 @@ impl HostQueue {
         self.lists.done.len()
     }
 
+    /// For a reactor that wants to sleep: adds the socket (and its writability while bytes wait) and returns
+    /// `true`, or returns `false` when this queue has work that no socket event will announce: finished
+    /// commands not yet handed out, a whole PDU left in the receive buffer by [`HostQueue::poll_max`], or a
+    /// failed queue.
+    pub fn wake_sources<'a>(&'a self, w: &mut nvpoll::reactor::WakeSources<'a>) -> bool {
+        if self.failed.is_some() || !self.lists.done.is_empty() {
+            return false;
+        }
+        let rx = self.conn.rx_data();
+        if self.direct.is_none()
+            && !rx.is_empty()
+            && !matches!(
+                pdu::decode(rx, &self.decode),
+                Ok(Decoded::Incomplete { .. })
+            )
+        {
+            return false;
+        }
+        self.conn.wake_sources(w);
+        true
+    }
+
     /// Takes the oldest finished command.
     pub fn pop_done(&mut self) -> Option<Done> {
         self.lists.done.pop_front()
