@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use nvpoll::reactor::{CoreList, Reactors};
+use nvpoll::reactor::{CoreList, IdlePolicy, Reactors};
 use nvpoll::send::SendMode;
 use nvpoll_target::{Backing, SubsystemConfig, Target, TargetConfig, TargetHandle, TargetTls};
 use nvpoll_tcp::tls::ConfiguredKey;
@@ -95,7 +95,19 @@ pub fn ram_target(nqn: &str, tls: Option<(&str, &ConfiguredKey)>) -> TargetConfi
 
 /// Starts reactors on `cores`, and our target with `config` on them.
 pub fn start_target(config: TargetConfig, cores: &CoreList) -> (Reactors, TargetHandle) {
-    let reactors = Reactors::start(cores).expect("target reactors");
+    start_target_idle(config, cores, IdlePolicy::Poll)
+}
+
+/// As [`start_target`], with reactors of the given idle policy.
+pub fn start_target_idle(
+    config: TargetConfig,
+    cores: &CoreList,
+    idle: IdlePolicy,
+) -> (Reactors, TargetHandle) {
+    let reactors = Reactors::builder()
+        .idle(idle)
+        .start(cores)
+        .expect("target reactors");
     let target = Target::bind(config)
         .expect("bind target")
         .start(&reactors)

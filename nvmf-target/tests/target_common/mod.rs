@@ -35,12 +35,7 @@ pub struct TestTarget {
 impl TestTarget {
     /// The default test subsystem (two RAM namespaces) with the given tweaks.
     pub fn start(tweak: impl FnOnce(TargetConfig) -> TargetConfig) -> TestTarget {
-        let subsys = SubsystemConfig::new(NQN)
-            .namespace(Backing::Ram(NS1_BYTES), 512)
-            .namespace(Backing::Ram(NS2_BYTES), 4096);
-        Self::start_with(tweak(
-            TargetConfig::new("127.0.0.1:0".parse().unwrap()).subsystem(subsys),
-        ))
+        Self::start_with(tweak(default_config()))
     }
 
     /// A target with exactly this configuration (its events are recorded in addition to any callback).
@@ -49,7 +44,16 @@ impl TestTarget {
     }
 
     /// A target on reactors on `cores` (a core list such as "0,1").
-    pub fn start_on(cores: &str, mut config: TargetConfig) -> TestTarget {
+    pub fn start_on(cores: &str, config: TargetConfig) -> TestTarget {
+        Self::start_idle(cores, nvpoll::reactor::IdlePolicy::Poll, config)
+    }
+
+    /// A target on reactors on `cores` with the given idle policy.
+    pub fn start_idle(
+        cores: &str,
+        idle: nvpoll::reactor::IdlePolicy,
+        mut config: TargetConfig,
+    ) -> TestTarget {
         let events = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&events);
         let prev = config.events.take();
@@ -61,7 +65,10 @@ impl TestTarget {
         });
         let target = Target::bind(config).expect("bind the target");
         let addr = target.local_addr();
-        let reactors = Reactors::start(&cores.parse::<CoreList>().unwrap()).expect("reactors");
+        let reactors = Reactors::builder()
+            .idle(idle)
+            .start(&cores.parse::<CoreList>().unwrap())
+            .expect("reactors");
         let handle = target.start(&reactors).expect("start the target");
         TestTarget {
             addr,
@@ -130,6 +137,14 @@ impl Drop for TestTarget {
             r.stop().expect("the reactor stops cleanly (no panic)");
         }
     }
+}
+
+/// The default test subsystem (two RAM namespaces) on a listener on a free port.
+pub fn default_config() -> TargetConfig {
+    let subsys = SubsystemConfig::new(NQN)
+        .namespace(Backing::Ram(NS1_BYTES), 512)
+        .namespace(Backing::Ram(NS2_BYTES), 4096);
+    TargetConfig::new("127.0.0.1:0".parse().unwrap()).subsystem(subsys)
 }
 
 /// A DMA pool for the initiator (ordinary pages are fine for TCP).
