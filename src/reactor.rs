@@ -398,6 +398,7 @@ impl ReactorsBuilder {
                 ring: ArrayQueue::new(self.ring_capacity),
                 ring_state: AtomicUsize::new(0),
                 sleeping: AtomicBool::new(false),
+                kicked: AtomicBool::new(false),
                 wake_fd,
                 stats: Counters::default(),
             });
@@ -777,7 +778,10 @@ impl ReactorWaker {
     /// Makes the reactor run an iteration soon, if it sleeps; does nothing if it polls. Call it after the
     /// change its pollers must see.
     pub fn wake(&self) {
-        self.shared.reactors[self.index].wake();
+        let r = &self.shared.reactors[self.index];
+        // The change was made before this; a reactor about to sleep finds the flag (see `Reactor::sleep`).
+        r.kicked.store(true, Ordering::Relaxed);
+        r.wake();
     }
 }
 
@@ -797,6 +801,9 @@ struct PerReactor {
     ring_state: AtomicUsize,
     /// Set by the reactor just before it sleeps, cleared as it wakes: a sender writes `wake_fd` only then.
     sleeping: AtomicBool,
+    /// Set by [`ReactorWaker::wake`]: something a poller reads changed, so the reactor must poll once more
+    /// before it sleeps. (A message needs no flag: the ring itself is looked at.)
+    kicked: AtomicBool,
     /// An eventfd in the sleeping reactor's poll set.
     wake_fd: OwnedFd,
     stats: Counters,
@@ -1069,7 +1076,12 @@ impl Reactor {
         me.sleeping.store(true, Ordering::Relaxed);
         // Pairs with the fence in `PerReactor::wake` (see there).
         fence(Ordering::SeqCst);
-        if !me.ring.is_empty() || shared.stop.load(Ordering::Relaxed) {
+        // The pollers said what wakes them before `sleeping` was set: a change a waker made in between (and
+        // whose wake saw `sleeping` still clear) shows here, and the reactor polls again instead.
+        if !me.ring.is_empty()
+            || shared.stop.load(Ordering::Relaxed)
+            || me.kicked.swap(false, Ordering::Relaxed)
+        {
             me.sleeping.store(false, Ordering::Relaxed);
             return false;
         }
@@ -1081,6 +1093,8 @@ impl Reactor {
             .and_then(|d| Timespec::try_from(d - start - TIMER_SPIN).ok());
         let polled = rustix::event::poll(&mut w.fds, timeout.as_ref());
         me.sleeping.store(false, Ordering::Relaxed);
+        // Awake: the next iteration polls everything, which covers any kick so far.
+        me.kicked.store(false, Ordering::Relaxed);
         let now = Instant::now();
         match polled {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
