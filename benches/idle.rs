@@ -270,16 +270,27 @@ fn loaded(
             let mut connect = |_: usize, depth: u16| -> nvpoll::Result<_> {
                 Ok((ctrl_cell.borrow_mut().connect_io_queue(depth)?, ns.clone()))
             };
-            let mut tick =
-                |_: Phase| -> nvpoll::Result<()> { Ok(ctrl_cell.borrow_mut().poll_admin()?) };
+            // Sleeps while measuring (a run's start and end may sleep: connecting, draining).
             let sleeps =
                 || sides.reactors.stats()[0].sleeps + sides.target_reactors.stats()[0].sleeps;
-            let before = sleeps();
+            let (start, end) = (std::cell::Cell::new(None), std::cell::Cell::new(None));
+            let mut tick = |phase: Phase| -> nvpoll::Result<()> {
+                match phase {
+                    Phase::Measuring if start.get().is_none() => start.set(Some(sleeps())),
+                    Phase::Draining if end.get().is_none() => end.set(Some(sleeps())),
+                    _ => {}
+                }
+                Ok(ctrl_cell.borrow_mut().poll_admin()?)
+            };
             let r = gen
                 .run(&sides.reactors, spec, &mut connect, &mut tick)
                 .expect("run");
             assert!(r.failures.is_empty() && r.errors == 0, "{:?}", r.failures);
-            out.push((r.iops, sleeps() - before));
+            let slept = match (start.get(), end.get()) {
+                (Some(a), Some(b)) => b - a,
+                _ => 0,
+            };
+            out.push((r.iops, slept));
         }
         gen.release_queue_pairs();
         ctrl.shutdown().expect("controller shutdown");
@@ -421,7 +432,7 @@ fn main() {
         }
         rounds.push(by_policy);
     }
-    println!("\n| cell | poll IOPS (median) | hybrid IOPS (median) | hybrid / poll (median of the rounds' ratios) | the rounds' ratios | hybrid sleeps in the runs (both sides, all rounds) |");
+    println!("\n| cell | poll IOPS (median) | hybrid IOPS (median) | hybrid / poll (median of the rounds' ratios) | the rounds' ratios | hybrid sleeps while measuring (both sides, all rounds) |");
     println!("|---|---|---|---|---|---|");
     for (c, &(tls, w, qd)) in cells.iter().enumerate() {
         let poll: Vec<f64> = rounds.iter().map(|r| r[0][c].0).collect();
