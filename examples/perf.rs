@@ -88,8 +88,9 @@ struct Args {
     target_cores: Option<String>,
     /// What the reactors (the initiator's and the embedded target's) do with nothing to do: poll (spin; the
     /// lowest latency) or hybrid[:QUIET] (poll while there is work, sleep after QUIET, 1 ms by default, with
-    /// none). Under load a reactor never sleeps either way; hybrid matters between runs and for slow
-    /// devices.
+    /// none). Under load a reactor rarely sleeps; hybrid matters between runs and for slow devices. With
+    /// hybrid, PCIe controllers get MSI-X completion interrupts, so a reactor may sleep while commands are
+    /// outstanding.
     #[arg(long, default_value = "poll", value_name = "poll|hybrid[:QUIET]")]
     idle: IdlePolicy,
     /// Runs per table row; the median run is reported.
@@ -450,6 +451,8 @@ fn run(args: Args) -> Result<(), String> {
                     nvpoll_pcie::Recovery::Retry
                 },
                 io_timeout: args.io_timeout,
+                // A hybrid reactor may sleep with commands outstanding only on completion interrupts.
+                interrupts: args.idle != IdlePolicy::Poll,
                 ..PcieOptions::default()
             };
             ctrls.push(common::open_pcie(*bdf, &pool, opts)?);

@@ -23,6 +23,7 @@
 //! everything fails. Dropping the controller shuts it down (CC.SHN) and unmaps its DMA memory.
 
 use std::fmt;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -71,6 +72,14 @@ pub struct PcieOptions {
     /// With [`Recovery::Retry`], how many times a command is submitted again after resets; a command still
     /// outstanding at the reset after that fails with [`nvpoll::Error::Aborted`].
     pub max_retries: u8,
+    /// Completion interrupts, for reactors that sleep ([`nvpoll::reactor::IdlePolicy::Hybrid`]): MSI-X is
+    /// enabled with a vector per I/O queue (as many as the function has, up to 64; vector 0 is the admin
+    /// queue's), each signalling an eventfd that the queue pair declares as its wake source while it has
+    /// commands outstanding. Queue pairs beyond the vectors, and every queue pair without this, are polled:
+    /// their reactor does not sleep while they have commands outstanding. The vectors stay armed while the
+    /// reactor polls, so each completion batch also costs the host an interrupt: leave this off (the
+    /// default) for reactors that never sleep.
+    pub interrupts: bool,
 }
 
 impl Default for PcieOptions {
@@ -85,6 +94,7 @@ impl Default for PcieOptions {
             hugepages: HugepageMode::Prefer,
             recovery: Recovery::Retry,
             max_retries: 5,
+            interrupts: false,
         }
     }
 }
@@ -122,6 +132,8 @@ pub struct PcieController<D: Device = VfioDevice> {
     io_queues_granted: u16,
     /// Queue IDs in use, by index (index 0 is the admin queue).
     qids: Vec<bool>,
+    /// The MSI-X eventfds by vector, with [`PcieOptions::interrupts`] (vector `qid` is queue `qid`'s).
+    irqs: Vec<Arc<OwnedFd>>,
     stats: CtrlStats,
     shut_down: bool,
 }
@@ -262,11 +274,35 @@ impl<D: Device> PcieController<D> {
             info: ControllerInfo::default(),
             io_queues_granted: 0,
             qids: vec![true],
+            irqs: Vec::new(),
             stats: CtrlStats::default(),
             shut_down: false,
         };
         // On error, Drop unmaps what was mapped (and skips the shutdown of a controller never enabled).
         ctrl.bring_up()?;
+        if ctrl.opts.interrupts {
+            let want = ctrl.io_queues_granted.saturating_add(1);
+            ctrl.irqs = ctrl
+                .dev
+                .enable_msix(want)?
+                .into_iter()
+                .map(Arc::new)
+                .collect();
+            if ctrl.irqs.len() < 2 {
+                log::warn!(
+                    "{}: interrupts asked for, but the function gives {} MSI-X vector(s): I/O queues are polled",
+                    ctrl.dev.name(),
+                    ctrl.irqs.len()
+                );
+            } else {
+                log::info!(
+                    "{}: MSI-X on, {} vectors: I/O queues 1-{} signal completions",
+                    ctrl.dev.name(),
+                    ctrl.irqs.len(),
+                    ctrl.irqs.len() - 1
+                );
+            }
+        }
         Ok(ctrl)
     }
 
@@ -540,6 +576,10 @@ impl<D: Device> PcieController<D> {
         ) {
             Ok(mut q) => {
                 q.set_sgl(sgl);
+                // Vector qid, if there is one (vector 0 is the admin queue's, which nobody waits on).
+                if usize::from(qid) < self.irqs.len() {
+                    q.set_irq(Some(qid));
+                }
                 q
             }
             Err(e) => {
@@ -570,7 +610,8 @@ impl<D: Device> PcieController<D> {
             max_transfer: self.info.max_transfer,
             namespaces,
         };
-        Ok(PcieQueuePair::new(q, &qo, link, pool))
+        let irq = self.irqs.get(usize::from(qid)).cloned();
+        Ok(PcieQueuePair::new(q, &qo, link, pool, irq))
     }
 
     fn ensure_running(&self) -> Result<(), Error> {

@@ -50,6 +50,12 @@ pub trait Device: Send + Sync + 'static {
         false
     }
 
+    /// Enables MSI-X with up to `want` vectors, each signalling an eventfd: returns the eventfds, by vector
+    /// (fewer when the function has fewer). Default: the function has no interrupts to give (an empty list).
+    fn enable_msix(&self, _want: u16) -> Result<Vec<std::os::fd::OwnedFd>, Error> {
+        Ok(Vec::new())
+    }
+
     /// Gives the device back to the kernel: afterwards no access reaches the device (registers read as all
     /// ones and writes are dropped), its DMA mappings are gone ([`Device::unmap_dma`] does nothing,
     /// [`Device::map_dma`] fails with [`Error::Removed`]), and it is closed. Safe to call while other threads

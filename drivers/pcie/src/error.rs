@@ -135,6 +135,9 @@ pub enum Error {
     /// capabilities).
     #[error("unsupported device: {0}")]
     Unsupported(String),
+    /// MSI-X interrupts could not be set up ([`crate::PcieOptions::interrupts`]).
+    #[error("setting up MSI-X interrupts: {0}")]
+    Interrupts(String),
     /// The controller reported a fatal status (CSTS.CFS).
     #[error("the controller reports a fatal status (CSTS.CFS)")]
     Fatal,

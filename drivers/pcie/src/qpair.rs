@@ -19,7 +19,8 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::Ordering;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -173,6 +174,10 @@ pub struct PcieQueuePair<D: Device = VfioDevice> {
     admin_timeout: Duration,
     recreate_failures: u32,
     rstats: RecoveryStats,
+    /// The eventfd its CQ's MSI-X vector signals ([`crate::PcieOptions::interrupts`]).
+    irq: Option<Arc<OwnedFd>>,
+    /// Times it let its reactor sleep with commands outstanding, waiting on `irq`.
+    irq_waits: AtomicU64,
 }
 
 impl<D: Device> fmt::Debug for PcieQueuePair<D> {
@@ -201,6 +206,7 @@ impl<D: Device> PcieQueuePair<D> {
         opts: &QueueOptions,
         link: CtrlLink<D>,
         pool: DmaPool,
+        irq: Option<Arc<OwnedFd>>,
     ) -> PcieQueuePair<D> {
         let batch = if opts.batch == 0 {
             q.depth()
@@ -226,7 +232,19 @@ impl<D: Device> PcieQueuePair<D> {
             admin_timeout: link.admin_timeout,
             recreate_failures: 0,
             rstats: RecoveryStats::default(),
+            irq,
+            irq_waits: AtomicU64::new(0),
         }
+    }
+
+    /// Whether its completions raise an interrupt its reactor can sleep on ([`crate::PcieOptions::interrupts`]).
+    pub fn has_interrupt(&self) -> bool {
+        self.irq.is_some()
+    }
+
+    /// Times it let its reactor sleep with commands outstanding, to be woken by its interrupt.
+    pub fn interrupt_waits(&self) -> u64 {
+        self.irq_waits.load(Ordering::Relaxed)
     }
 
     /// Queue ID.
@@ -566,9 +584,31 @@ impl<D: Device> QueuePair for PcieQueuePair<D> {
     }
 
     /// With nothing outstanding and nothing to hand out, nothing can arrive: the reactor may sleep. With
-    /// commands outstanding it must poll: completions are not signalled (no interrupts are set up).
-    fn wake_sources<'a>(&'a self, _w: &mut nvpoll::reactor::WakeSources<'a>) -> bool {
-        self.outstanding() == 0 && !self.q.has_done()
+    /// commands outstanding it may sleep only on its CQ's interrupt ([`crate::PcieOptions::interrupts`]);
+    /// without one it must poll.
+    fn wake_sources<'a>(&'a self, w: &mut nvpoll::reactor::WakeSources<'a>) -> bool {
+        if self.q.has_done() {
+            return false;
+        }
+        if self.outstanding() == 0 {
+            return true;
+        }
+        let Some(fd) = &self.irq else {
+            return false;
+        };
+        if !self.is_live() || !self.waiting.is_empty() {
+            return false;
+        }
+        // Empty the eventfd, then look at the CQ: a completion posted before the read is found here, one
+        // posted after it signals the eventfd again. (A failed read is an empty eventfd: EAGAIN.)
+        let mut count = [0u8; 8];
+        let _ = rustix::io::read(&**fd, &mut count);
+        if self.q.cq_pending() {
+            return false;
+        }
+        self.irq_waits.fetch_add(1, Ordering::Relaxed);
+        w.readable(&**fd);
+        true
     }
 
     fn set_send_mode(&mut self, mode: SendMode) -> nvpoll::Result<()> {

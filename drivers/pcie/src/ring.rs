@@ -175,6 +175,8 @@ pub(crate) struct Queue<D: Device> {
     // Cold.
     list_offset: usize,
     sgl: SglMode,
+    /// The MSI-X vector of an I/O queue's CQ (None: polled, interrupts off).
+    irq: Option<u16>,
     qid: u16,
     failed: Option<Failure>,
     stall_polls: u32,
@@ -288,6 +290,7 @@ impl<D: Device> Queue<D> {
             stats: QueueStats::default(),
             list_offset: layout.list_offset,
             sgl: SglMode::Off,
+            irq: None,
             qid,
             failed: None,
             stall_polls: 0,
@@ -299,6 +302,19 @@ impl<D: Device> Queue<D> {
 
     pub fn qid(&self) -> u16 {
         self.qid
+    }
+
+    /// Creates the CQ of this I/O queue with interrupts on MSI-X vector `vector` (at the next
+    /// [`Queue::create_io_queues`]).
+    pub fn set_irq(&mut self, vector: Option<u16>) {
+        self.irq = vector;
+    }
+
+    /// Whether the device has posted a completion at the CQ head that nobody reaped yet.
+    pub fn cq_pending(&self) -> bool {
+        self.cq
+            .read_cqe(usize::from(self.cq_head), self.phase)
+            .is_some()
     }
 
     /// Describes data with SGLs from now on (an I/O queue of a controller that supports them).
@@ -711,7 +727,7 @@ impl<D: Device> Queue<D> {
         timeout: Duration,
     ) -> (u64, Result<(), Error>) {
         let (qid, size) = (io.qid(), io.entries() - 1);
-        let cq = Sqe::create_io_cq(qid, size, io.cq_iova(), None);
+        let cq = Sqe::create_io_cq(qid, size, io.cq_iova(), io.irq);
         if let Err(e) = self.run_checked(cq, None, 0, timeout, "Create I/O Completion Queue") {
             return (1, Err(e));
         }

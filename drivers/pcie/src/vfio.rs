@@ -826,6 +826,78 @@ impl Device for VfioDevice {
     fn release(&self) {
         VfioDevice::release(self)
     }
+
+    fn enable_msix(&self, want: u16) -> Result<Vec<std::os::fd::OwnedFd>, Error> {
+        VfioDevice::enable_msix(self, want)
+    }
+}
+
+/// The most MSI-X vectors [`VfioDevice::enable_msix`] sets up.
+const MAX_MSIX: usize = 64;
+
+/// `VFIO_DEVICE_SET_IRQS` with up to [`MAX_MSIX`] eventfds.
+#[repr(C)]
+struct IrqSetMany {
+    head: sys::vfio_irq_set,
+    fds: [i32; MAX_MSIX],
+}
+
+impl VfioDevice {
+    /// Enables MSI-X with `min(want, the function's vectors, 64)` vectors, each triggering its own new
+    /// eventfd; returns them by vector. Vector 0 is the admin queue's.
+    pub fn enable_msix(&self, want: u16) -> Result<Vec<std::os::fd::OwnedFd>, Error> {
+        let inner = self.lock();
+        let files = inner.files.as_ref().ok_or(Error::Removed)?;
+        let mut info = sys::vfio_irq_info {
+            argsz: std::mem::size_of::<sys::vfio_irq_info>() as u32,
+            index: sys::VFIO_PCI_MSIX_IRQ_INDEX,
+            ..Default::default()
+        };
+        // SAFETY: VFIO_DEVICE_GET_IRQ_INFO reads and writes a `vfio_irq_info` of `argsz` bytes.
+        unsafe { ioctl_ptr(&files.device, VFIO_DEVICE_GET_IRQ_INFO, &mut info) }
+            .map_err(|e| Error::Interrupts(format!("VFIO_DEVICE_GET_IRQ_INFO (MSI-X): {e}")))?;
+        let n = (info.count as usize).min(usize::from(want)).min(MAX_MSIX);
+        if n == 0 {
+            return Err(Error::Interrupts(format!(
+                "{} has no MSI-X vectors",
+                self.bdf
+            )));
+        }
+        let mut fds = Vec::with_capacity(n);
+        for _ in 0..n {
+            // SAFETY: eventfd takes no pointer; it returns a new fd or -1.
+            let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+            if efd < 0 {
+                return Err(Error::Interrupts(format!(
+                    "eventfd: {}",
+                    io::Error::last_os_error()
+                )));
+            }
+            // SAFETY: eventfd returned a new fd that nothing else owns.
+            fds.push(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(efd) });
+        }
+        let mut set = IrqSetMany {
+            head: sys::vfio_irq_set {
+                argsz: (std::mem::size_of::<sys::vfio_irq_set>() + 4 * n) as u32,
+                flags: sys::VFIO_IRQ_SET_DATA_EVENTFD | sys::VFIO_IRQ_SET_ACTION_TRIGGER,
+                index: sys::VFIO_PCI_MSIX_IRQ_INDEX,
+                start: 0,
+                count: n as u32,
+                ..Default::default()
+            },
+            fds: [-1; MAX_MSIX],
+        };
+        for (slot, fd) in set.fds.iter_mut().zip(&fds) {
+            *slot = fd.as_raw_fd();
+        }
+        // SAFETY: VFIO_DEVICE_SET_IRQS reads `argsz` bytes: the fixed `vfio_irq_set` and `count` eventfd
+        // numbers right after it; `IrqSetMany` is repr(C) with the array at the end of the fixed part and
+        // room for MAX_MSIX >= count of them.
+        unsafe { ioctl_ptr(&files.device, VFIO_DEVICE_SET_IRQS, &mut set) }.map_err(|e| {
+            Error::Interrupts(format!("VFIO_DEVICE_SET_IRQS (MSI-X, {n} vectors): {e}"))
+        })?;
+        Ok(fds)
+    }
 }
 
 #[cfg(test)]

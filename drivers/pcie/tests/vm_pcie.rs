@@ -739,7 +739,8 @@ fn vm_pcie_file_io_from_env() {
 struct HybridJob {
     qp: PcieQueuePair,
     asks: mpsc::Receiver<(IoOp, u64, DmaBuf)>,
-    answers: mpsc::Sender<Result<DmaBuf, String>>,
+    /// Each completed buffer, with the queue pair's interrupt waits so far.
+    answers: mpsc::Sender<Result<(DmaBuf, u64), String>>,
 }
 
 impl nvpoll::reactor::Poller for HybridJob {
@@ -767,7 +768,8 @@ impl nvpoll::reactor::Poller for HybridJob {
         while let Some(c) = self.qp.pop_completion() {
             busy = true;
             let buf = c.buf.expect("buffer");
-            let r = c.result.map(|()| buf).map_err(|e| e.to_string());
+            let waits = self.qp.interrupt_waits();
+            let r = c.result.map(|()| (buf, waits)).map_err(|e| e.to_string());
             self.answers.send(r).unwrap();
         }
         if busy {
@@ -788,17 +790,30 @@ impl nvpoll::reactor::Poller for HybridJob {
 
 /// Hybrid idle mode over PCIe: writes and verified reads arrive at random moments around the reactor's
 /// sleep/wake boundary; each must complete within a bound, and the reactor must have slept often between
-/// them (with commands outstanding it polls: the queue pair has no interrupts to wake it).
+/// them. Polled (with commands outstanding the reactor polls), then with MSI-X interrupts (it may sleep with
+/// commands outstanding, woken by the CQ's vector).
 #[test]
 fn vm_pcie_hybrid_reactor_loses_no_wake_up() {
     if !in_vm() {
         return;
     }
-    const QUIET: Duration = Duration::from_micros(300);
+    hybrid_rounds(false);
+    hybrid_rounds(true);
+}
+
+fn hybrid_rounds(interrupts: bool) {
+    const QUIET: Duration = Duration::from_micros(100);
     const ROUNDS: usize = 300;
     let pool = DmaPool::builder().class(4096, 64).build().expect("pool");
-    let mut ctrl = open(&pool);
+    let opts = PcieOptions {
+        interrupts,
+        ..PcieOptions::default()
+    };
+    let mut ctrl = PcieController::open(bdf(), pool.clone(), opts)
+        .unwrap_or_else(|e| panic!("opening {}: {e}", bdf()));
     let qp = ctrl.create_queue_pair(8).expect("queue pair");
+    // The guest's QEMU NVMe has MSI-X vectors to give.
+    assert_eq!(qp.has_interrupt(), interrupts, "interrupts: {interrupts}");
     let reactors = Reactors::builder()
         .idle(nvpoll::reactor::IdlePolicy::Hybrid { quiet: QUIET })
         .start(&"0".parse().unwrap())
@@ -820,6 +835,7 @@ fn vm_pcie_hybrid_reactor_loses_no_wake_up() {
     };
     let mut written = [None::<u8>; 16];
     let mut worst = Duration::ZERO;
+    let mut waits = 0;
     for round in 0..ROUNDS {
         let pause = if next() % 8 == 0 {
             Duration::from_micros(next() % 5000)
@@ -840,10 +856,11 @@ fn vm_pcie_hybrid_reactor_loses_no_wake_up() {
         let sent = Instant::now();
         ask_tx.send((op, unit as u64 * 8, buf)).unwrap();
         waker.wake();
-        let buf = answer_rx
+        let (buf, w) = answer_rx
             .recv_timeout(Duration::from_secs(30))
             .unwrap_or_else(|_| panic!("round {round}: {op:?} lost (not completed in 30 s)"))
             .unwrap_or_else(|e| panic!("round {round}: {op:?} failed: {e}"));
+        waits = w;
         worst = worst.max(sent.elapsed());
         if write {
             written[unit] = Some(round as u8);
@@ -856,9 +873,14 @@ fn vm_pcie_hybrid_reactor_loses_no_wake_up() {
     }
     let stats = reactors.stop().expect("reactors stop");
     println!(
-        "pcie hybrid: {ROUNDS} I/Os at random moments, worst {worst:?}; {} sleeps, {:?} asleep",
+        "pcie hybrid (interrupts {interrupts}): {ROUNDS} I/Os at random moments, worst {worst:?}; {} sleeps \
+         ({waits} with commands outstanding, on the interrupt), {:?} asleep",
         stats[0].sleeps, stats[0].slept
     );
+    if interrupts {
+        assert!(waits > 0, "the reactor never slept on the interrupt");
+    }
+    ctrl.shutdown().expect("shutdown");
     assert!(
         stats[0].sleeps as usize > ROUNDS / 10,
         "the reactor slept only {} times",
