@@ -513,9 +513,13 @@ fn run(args: Args) -> Result<(), String> {
         println!("{}", loadgen::table(&rows));
         let polls: u64 = stats.iter().map(|s| s.busy + s.idle).sum();
         let busy: u64 = stats.iter().map(|s| s.busy).sum();
+        let sleeps: u64 = stats.iter().map(|s| s.sleeps).sum();
+        let slept: f64 = stats.iter().map(|s| s.slept.as_secs_f64()).sum();
         println!(
-            "initiator reactors: {polls} polls, {:.1}% busy; errors {total_errors}, verify mismatches {total_mismatches}",
-            100.0 * busy as f64 / polls.max(1) as f64
+            "initiator reactors: {polls} polls, {:.1}% busy, {sleeps} sleeps ({slept:.2} s asleep, idle {}); errors \
+             {total_errors}, verify mismatches {total_mismatches}",
+            100.0 * busy as f64 / polls.max(1) as f64,
+            args.idle
         );
     }
     let all = || rows.iter().flat_map(|r| r.runs.iter());
