@@ -101,7 +101,8 @@ start_ours() {
   ]
 }
 JSON
-    "$BIN/target" --config "$WORK/target.json" --cores "$TCORE" > "$WORK/target.log" 2>&1 &
+    # Polling, as SPDK's nvmf_tgt does: the comparison is of two polled targets (the binary's default is hybrid).
+    "$BIN/target" --config "$WORK/target.json" --cores "$TCORE" --idle poll > "$WORK/target.log" 2>&1 &
     TGT_PID=$!
     wait_listen "$PLAIN_PORT" "$TGT_PID" "$WORK/target.log"
     wait_listen "$TLS_PORT" "$TGT_PID" "$WORK/target.log"
