@@ -108,11 +108,7 @@ impl Poller for Pinger {
                 self.next = now + BURST_GAP;
             }
         }
-        if busy {
-            PollStatus::Busy
-        } else {
-            PollStatus::Idle
-        }
+        PollStatus::busy_if(busy)
     }
 
     fn flush(&mut self, _: &mut ReactorContext) {

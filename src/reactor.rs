@@ -186,6 +186,17 @@ pub enum PollStatus {
     Idle,
 }
 
+impl PollStatus {
+    /// [`PollStatus::Busy`] if `busy`, else [`PollStatus::Idle`].
+    pub fn busy_if(busy: bool) -> PollStatus {
+        if busy {
+            PollStatus::Busy
+        } else {
+            PollStatus::Idle
+        }
+    }
+}
+
 /// Something a reactor calls on every iteration (or every period, for a timed poller).
 ///
 /// Closures `FnMut(&mut ReactorContext) -> PollStatus` are pollers too.

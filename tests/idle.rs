@@ -207,11 +207,7 @@ impl Poller for Stress {
             self.due.set(now + wait);
             busy = true;
         }
-        if busy {
-            PollStatus::Busy
-        } else {
-            PollStatus::Idle
-        }
+        PollStatus::busy_if(busy)
     }
 
     fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {

@@ -775,11 +775,7 @@ impl Poller for SetupPoller {
                 busy |= Self::look_at_list(ctx, true, &mut self.cold, &mut self.hot);
             }
         }
-        if busy {
-            PollStatus::Busy
-        } else {
-            PollStatus::Idle
-        }
+        PollStatus::busy_if(busy)
     }
 
     /// Every session's socket and timers. A cold session whose socket wakes the reactor is looked at once its

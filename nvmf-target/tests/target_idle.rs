@@ -71,11 +71,7 @@ impl Poller for IoPoller {
                 .send((c.tag as usize, result, c.buf.expect("buffer")))
                 .unwrap();
         }
-        if busy {
-            PollStatus::Busy
-        } else {
-            PollStatus::Idle
-        }
+        PollStatus::busy_if(busy)
     }
 
     fn flush(&mut self, _: &mut ReactorContext) {

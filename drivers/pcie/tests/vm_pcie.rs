@@ -772,11 +772,7 @@ impl nvpoll::reactor::Poller for HybridJob {
             let r = c.result.map(|()| (buf, waits)).map_err(|e| e.to_string());
             self.answers.send(r).unwrap();
         }
-        if busy {
-            PollStatus::Busy
-        } else {
-            PollStatus::Idle
-        }
+        PollStatus::busy_if(busy)
     }
 
     fn flush(&mut self, _: &mut ReactorContext) {
