@@ -251,11 +251,6 @@ impl<'a> WakeSources<'a> {
     pub fn deadline(&mut self, at: Instant) {
         self.deadline = Some(self.deadline.map_or(at, |d| d.min(at)));
     }
-
-    /// The earliest deadline given so far.
-    pub fn earliest(&self) -> Option<Instant> {
-        self.deadline
-    }
 }
 
 impl fmt::Debug for WakeSources<'_> {

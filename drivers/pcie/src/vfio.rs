@@ -692,6 +692,15 @@ fn read_command(device: &File, config_offset: u64) -> Result<u16, Error> {
     Ok(u16::from_le_bytes(cmd))
 }
 
+/// A new non-blocking, close-on-exec eventfd, for VFIO to signal.
+fn new_eventfd() -> io::Result<std::os::fd::OwnedFd> {
+    rustix::event::eventfd(
+        0,
+        rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC,
+    )
+    .map_err(io::Error::from)
+}
+
 /// `VFIO_DEVICE_SET_IRQS` with one eventfd: the argument's fixed part and its data.
 #[repr(C)]
 struct IrqSetOne {
@@ -722,13 +731,10 @@ fn register_request(device: &File, bdf: PciAddress) -> Option<File> {
     if info.count == 0 {
         return warn("the kernel reports no request IRQ".into());
     }
-    // SAFETY: eventfd takes no pointer; it returns a new fd or -1.
-    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if efd < 0 {
-        return warn(format!("eventfd: {}", io::Error::last_os_error()));
-    }
-    // SAFETY: eventfd returned a new fd that nothing else owns.
-    let efd = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(efd) };
+    let efd = match new_eventfd() {
+        Ok(fd) => File::from(fd),
+        Err(e) => return warn(format!("eventfd: {e}")),
+    };
     let mut set = IrqSetOne {
         head: sys::vfio_irq_set {
             argsz: std::mem::size_of::<IrqSetOne>() as u32,
@@ -865,16 +871,7 @@ impl VfioDevice {
         }
         let mut fds = Vec::with_capacity(n);
         for _ in 0..n {
-            // SAFETY: eventfd takes no pointer; it returns a new fd or -1.
-            let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-            if efd < 0 {
-                return Err(Error::Interrupts(format!(
-                    "eventfd: {}",
-                    io::Error::last_os_error()
-                )));
-            }
-            // SAFETY: eventfd returned a new fd that nothing else owns.
-            fds.push(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(efd) });
+            fds.push(new_eventfd().map_err(|e| Error::Interrupts(format!("eventfd: {e}")))?);
         }
         let mut set = IrqSetMany {
             head: sys::vfio_irq_set {
