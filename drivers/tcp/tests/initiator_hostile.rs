@@ -509,3 +509,67 @@ fn large_c2h_data_arriving_in_pieces_lands_in_the_buffer_and_is_checked() {
         &expected[..]
     );
 }
+
+#[test]
+fn response_right_behind_its_r2t_still_gets_the_data_first() {
+    // The peer asks for a 32 KiB write's data and answers the command in the same segment, before the data
+    // could have arrived. The host sends the data it held for that poll before the buffer leaves the slot,
+    // completes the command once, with the peer's status, and hands the buffer back intact.
+    const LEN: usize = 32 * 1024;
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut icreq = [0u8; 128];
+        s.read_exact(&mut icreq).unwrap();
+        s.write_all(&icresp(false)).unwrap();
+        let mut cmd = [0u8; 72];
+        s.read_exact(&mut cmd).unwrap();
+        let cid = u16::from_le_bytes([cmd[10], cmd[11]]);
+        let mut script = r2t(cid, 3, 0, LEN as u32);
+        script.extend_from_slice(&capsule_resp(cid, 0));
+        s.write_all(&script).unwrap();
+        let mut h2c = vec![0u8; 24 + LEN];
+        s.read_exact(&mut h2c).unwrap();
+        tx.send(h2c).unwrap();
+    });
+    let pool = DmaPool::builder().class(LEN, 4).build().unwrap();
+    let mut q = queue(addr, false);
+    let mut buf = pool.alloc(LEN).unwrap();
+    buf.set_len(LEN).unwrap();
+    for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
+        *b = (i * 13 + 1) as u8;
+    }
+    let want: Vec<u8> = buf.as_slice().to_vec();
+    q.submit(
+        Sqe::write(1, 0, 7),
+        DataDir::ToController,
+        Some(buf),
+        LEN as u32,
+        9,
+    )
+    .map_err(|(e, _)| e)
+    .unwrap();
+    q.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let d = loop {
+        q.poll().unwrap();
+        if let Some(d) = q.pop_done() {
+            break d;
+        }
+        assert!(Instant::now() < deadline, "no completion in 10 s");
+    };
+    assert_eq!(d.tag, 9);
+    assert!(d.result.unwrap().status().is_success());
+    assert_eq!(
+        d.buf.expect("the buffer is handed back").as_slice(),
+        &want[..]
+    );
+    assert!(q.pop_done().is_none(), "exactly one completion");
+    let h2c = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the peer got the H2CData");
+    assert_eq!(h2c[0], 0x06, "an H2CData PDU");
+    assert_eq!(&h2c[24..], &want[..], "the data as the buffer held it");
+}
