@@ -85,9 +85,6 @@ pub const DIRECT_SEND_MIN: usize = 16 * 1024;
 /// The most slices one [`Conn::send_parts`] call writes (the queued bytes count as one).
 const MAX_PARTS: usize = 8;
 
-/// The most payloads [`Conn::gather_payload`] holds by reference until [`Conn::flush_gathered`].
-pub const MAX_GATHER: usize = 32;
-
 /// A connected, non-blocking TCP socket with its buffers.
 #[derive(Debug)]
 pub struct Conn {
@@ -101,10 +98,6 @@ pub struct Conn {
     /// Bytes arrived since the last [`Conn::ack_partial`] asked for an immediate ACK.
     unacked_rx: bool,
     tls: Option<Box<TlsWire>>,
-    /// Payloads held by reference ([`Conn::gather_payload`]): for each, the position in `tx` where it goes.
-    gather: Vec<usize>,
-    /// Where [`Conn::flush_gathered`] rebuilds the unsent rest of the stream; swapped with `tx`.
-    spare: Vec<u8>,
     /// Counters.
     pub stats: ConnStats,
 }
@@ -174,8 +167,6 @@ impl Conn {
             closed: false,
             unacked_rx: false,
             tls: None,
-            gather: Vec::with_capacity(MAX_GATHER),
-            spare: Vec::new(),
             stats: ConnStats::default(),
         }
     }
@@ -222,10 +213,6 @@ impl Conn {
     /// Writes as much of the send buffer as the socket takes (with TLS: seals it into records first). Returns
     /// `true` when nothing is left to send.
     pub fn flush(&mut self) -> Result<bool, Error> {
-        assert!(
-            self.gather.is_empty(),
-            "payloads held by reference go out with flush_gathered"
-        );
         if self.tx_pending() == 0 && !self.tls.as_ref().is_some_and(|t| t.session.has_pending()) {
             return Ok(true);
         }
@@ -329,131 +316,6 @@ impl Conn {
             k += 1;
         }
         self.send_parts(&parts[..k])
-    }
-
-    /// Places a payload in the stream after everything queued so far, by reference: nothing is copied or
-    /// written now. The caller keeps the payload alive and unchanged and hands it over, by the index returned,
-    /// to [`Conn::flush_gathered`], which writes the whole stream, queued PDUs and payloads in order, with one
-    /// `writev` (with TLS: sealed into full records). So the H2CData that one poll's R2Ts ask for leave
-    /// together and fill TCP segments, instead of one `writev` each. While payloads are held,
-    /// [`Conn::flush`] must not be called. Returns `None` when [`MAX_GATHER`] are held: flush first.
-    pub fn gather_payload(&mut self) -> Option<usize> {
-        if self.gather.len() == MAX_GATHER {
-            return None;
-        }
-        self.gather.push(self.tx.len());
-        Some(self.gather.len() - 1)
-    }
-
-    /// How many payloads are held by reference.
-    pub fn gathered(&self) -> usize {
-        self.gather.len()
-    }
-
-    /// Forgets the payloads held by reference and what is queued: for a connection that failed.
-    pub fn discard_gathered(&mut self) {
-        self.gather.clear();
-        self.tx.clear();
-        self.tx_sent = 0;
-    }
-
-    /// Writes the queued bytes with the payloads held by reference, `payload(i)` for each index that
-    /// [`Conn::gather_payload`] gave, in one `writev` (with TLS, sealed into records). What the socket does
-    /// not take is copied into the send buffer, in order, for the next flush. Without held payloads this is
-    /// [`Conn::flush`]. Returns `true` when everything went out.
-    /// On an error the held payloads are dropped with the rest of the stream: the connection is lost.
-    pub fn flush_gathered<'a>(
-        &mut self,
-        payload: impl Fn(usize) -> &'a [u8],
-    ) -> Result<bool, Error> {
-        if self.gather.is_empty() {
-            return self.flush();
-        }
-        let r = self.write_gathered(payload);
-        if r.is_err() {
-            self.discard_gathered();
-        }
-        r
-    }
-
-    fn write_gathered<'a>(&mut self, payload: impl Fn(usize) -> &'a [u8]) -> Result<bool, Error> {
-        self.stats.flushes += 1;
-        const MAX_IOV: usize = 2 * MAX_GATHER + 1;
-        let mut iov = [io::IoSlice::new(&[]); MAX_IOV];
-        let mut k = 0;
-        let mut at = self.tx_sent;
-        for (i, &mark) in self.gather.iter().enumerate() {
-            if mark > at {
-                iov[k] = io::IoSlice::new(&self.tx[at..mark]);
-                k += 1;
-            }
-            at = at.max(mark);
-            let p = payload(i);
-            if !p.is_empty() {
-                iov[k] = io::IoSlice::new(p);
-                k += 1;
-            }
-        }
-        if at < self.tx.len() {
-            iov[k] = io::IoSlice::new(&self.tx[at..]);
-            k += 1;
-        }
-        let total: usize = iov[..k].iter().map(|s| s.len()).sum();
-        let tls_busy = self.tls.as_ref().map(|t| t.out_sent < t.out_end);
-        let mut written = 0;
-        // What is still to go: everything, until the socket or the records take some.
-        let mut rest = &mut iov[..k];
-        match (&mut self.tls, tls_busy) {
-            (Some(tls), Some(false)) => {
-                // Seal the whole stream now, in full records, and write them below.
-                let plain: [&[u8]; MAX_IOV] =
-                    std::array::from_fn(|j| rest.get(j).map_or(&[][..], |s| &**s));
-                ensure_len(
-                    &mut tls.out,
-                    crate::tls::KEY_UPDATE_LEN + Session::sealed_len(total),
-                );
-                let (records, n) = tls.session.seal_to_slice(&plain[..k], &mut tls.out)?;
-                tls.out_sent = 0;
-                tls.out_end = n;
-                self.stats.records += records as u64;
-                self.stats.record_bytes += total as u64;
-                written = total;
-                rest = &mut [];
-            }
-            (Some(_), _) => {
-                // Earlier records still wait for the wire: the stream joins the send buffer below and is
-                // sealed behind them.
-            }
-            (None, _) => {
-                while written < total {
-                    self.stats.writes += 1;
-                    match self.stream.write_vectored(rest) {
-                        Ok(0) => return Err(Error::Closed),
-                        Ok(n) => {
-                            self.stats.bytes_tx += n as u64;
-                            written += n;
-                            io::IoSlice::advance_slices(&mut rest, n);
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(Error::io("send", e)),
-                    }
-                }
-            }
-        }
-        // Keep the unsent rest, in order, as one contiguous send buffer.
-        self.spare.clear();
-        for s in rest.iter() {
-            self.spare.extend_from_slice(s);
-        }
-        std::mem::swap(&mut self.tx, &mut self.spare);
-        self.spare.clear();
-        self.tx_sent = 0;
-        self.gather.clear();
-        if self.tls.is_some() {
-            return self.flush();
-        }
-        Ok(written == total)
     }
 
     fn send_parts_tls(&mut self, parts: &[&[u8]]) -> Result<bool, Error> {
@@ -980,55 +842,6 @@ mod tests {
         assert_eq!(drain(&mut c, &mut peer, want.len()), want);
         assert_eq!(c.tx_pending(), 0);
         assert_eq!(c.stats.bytes_tx, want.len() as u64);
-    }
-
-    #[test]
-    fn gathered_payloads_leave_in_stream_order_and_the_refused_rest_is_kept() {
-        let (mut c, mut peer) = pair();
-        socket2::SockRef::from(&c.stream)
-            .set_send_buffer_size(16 * 1024)
-            .unwrap();
-        let payloads: Vec<Vec<u8>> = (0..3u32)
-            .map(|k| {
-                (0..(1 << 20) as u32)
-                    .map(|i| (i * (k + 3) + k) as u8)
-                    .collect()
-            })
-            .collect();
-        let mut want = Vec::new();
-        for (k, p) in payloads.iter().enumerate() {
-            let hdr = [k as u8; 24];
-            c.tx_buf().extend_from_slice(&hdr);
-            want.extend_from_slice(&hdr);
-            assert_eq!(c.gather_payload(), Some(k));
-            want.extend_from_slice(p);
-            // Bytes queued after a held payload (a digest) follow it.
-            c.tx_buf().extend_from_slice(b"dg");
-            want.extend_from_slice(b"dg");
-        }
-        c.tx_buf().extend_from_slice(b"capsule");
-        want.extend_from_slice(b"capsule");
-        assert_eq!(c.gathered(), 3);
-        let all_sent = c.flush_gathered(|i| &payloads[i]).unwrap();
-        assert!(
-            !all_sent,
-            "3 MiB went out at once into a 16 KiB send buffer"
-        );
-        assert_eq!(c.gathered(), 0, "the flush hands the payloads back");
-        assert_eq!(drain(&mut c, &mut peer, want.len()), want);
-        assert_eq!(c.tx_pending(), 0);
-    }
-
-    #[test]
-    fn gathering_stops_at_its_limit() {
-        let (mut c, _peer) = pair();
-        for k in 0..MAX_GATHER {
-            assert_eq!(c.gather_payload(), Some(k));
-        }
-        assert_eq!(c.gather_payload(), None);
-        c.discard_gathered();
-        assert_eq!(c.gathered(), 0);
-        assert_eq!(c.tx_pending(), 0);
     }
 
     #[test]

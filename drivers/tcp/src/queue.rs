@@ -13,7 +13,7 @@ use nvpoll::mem::DmaBuf;
 use nvpoll::send::{SendMode, SendPolicy};
 use nvpoll::spec::{Cqe, SglDescriptor, Sqe, Status};
 
-use crate::conn::{Conn, DIRECT_SEND_MIN, MAX_GATHER};
+use crate::conn::{Conn, DIRECT_SEND_MIN};
 use crate::pdu::{self, Decoded, Pdu};
 use crate::Error;
 
@@ -79,9 +79,6 @@ struct Slot {
     since: Option<Instant>,
     /// An Abort was requested for it after it timed out.
     abort_sent: bool,
-    /// Part of its buffer is held by reference in the connection's stream ([`HostQueue::gather`]) until the
-    /// next flush: the buffer must not leave the slot before then.
-    gathered: bool,
 }
 
 /// A command taken back from a failed queue, to be submitted again on a new connection.
@@ -293,8 +290,6 @@ pub struct HostQueue {
     keep_orphans: bool,
     /// The C2HData being received into its buffer, if any.
     direct: Option<DirectRx>,
-    /// The payloads held by reference in the connection's stream, by index: command, offset, length.
-    gathered: Vec<(u16, u32, u32)>,
 }
 
 impl HostQueue {
@@ -402,7 +397,6 @@ impl HostQueue {
             now: Instant::now(),
             keep_orphans: false,
             direct: None,
-            gathered: Vec::with_capacity(MAX_GATHER),
         })
     }
 
@@ -537,18 +531,22 @@ impl HostQueue {
             sqe,
             since: Some(self.now),
             abort_sent: false,
-            gathered: false,
         };
         self.outstanding += 1;
         self.commands += 1;
         if direct {
-            // Held by reference and sent with the next flush, as the send mode decides.
-            if let Err(e) = self.gather(cid, 0, len, digests.data) {
+            let slot = &self.slots[usize::from(cid)];
+            let data = &slot
+                .buf
+                .as_ref()
+                .expect("in-capsule data has a buffer")
+                .as_slice()[..len as usize];
+            if let Err(e) = self.conn.send_payload(&[data], digests.data) {
                 // The command is accepted: the failed queue completes it with an error.
                 let msg = e.to_string();
                 self.fail(&msg);
-                return Ok(());
             }
+            return Ok(());
         }
         if kick {
             // The command is accepted either way: a failed write fails the queue, which completes it with
@@ -567,7 +565,7 @@ impl HostQueue {
 
     /// Writes what is queued. Returns `true` when everything went out.
     pub fn flush(&mut self) -> Result<bool, Error> {
-        match self.flush_conn() {
+        match self.conn.flush() {
             Ok(all) => Ok(all),
             Err(e) => {
                 let msg = e.to_string();
@@ -604,7 +602,7 @@ impl HostQueue {
     fn poll_inner(&mut self, before: usize, max: usize) -> Result<(), Error> {
         if self.direct.is_some() {
             if !self.pump_direct()? {
-                self.flush_conn()?;
+                self.conn.flush()?;
                 return Ok(());
             }
         } else {
@@ -657,8 +655,8 @@ impl HostQueue {
                 }
             }
         }
-        // H2CData queued by R2Ts goes out now, all in one write.
-        self.flush_conn()?;
+        // H2CData queued by R2Ts goes out now.
+        self.conn.flush()?;
         Ok(())
     }
 
@@ -757,6 +755,12 @@ impl HostQueue {
     /// Queues the H2CData PDUs that answer an R2T (already validated), split by MAXH2CDATA.
     fn send_h2c(&mut self, r2t: pdu::R2T) -> Result<(), Error> {
         let digests = self.digests();
+        let slot = &self.slots[usize::from(r2t.cccid)];
+        let data = &slot
+            .buf
+            .as_ref()
+            .expect("write slot has a buffer")
+            .as_slice()[..slot.len as usize];
         let end = r2t.r2to + r2t.r2tl;
         let mut off = r2t.r2to;
         while off < end {
@@ -768,67 +772,18 @@ impl HostQueue {
                 datal: n,
                 last: off + n == end,
             };
-            if n as usize >= DIRECT_SEND_MIN {
-                // Straight from the command's buffer to the socket, with the rest of this poll's PDUs.
+            let chunk = &data[off as usize..(off + n) as usize];
+            if chunk.len() >= DIRECT_SEND_MIN {
+                // Straight from the command's buffer to the socket.
                 pdu::encode_h2c_data_header(self.conn.tx_buf(), &hdr, digests, self.neg.cpda);
-                self.gather(r2t.cccid, off, n, digests.data)?;
+                self.conn.send_payload(&[chunk], digests.data)?;
             } else {
-                let data = &self.slots[usize::from(r2t.cccid)]
-                    .buf
-                    .as_ref()
-                    .expect("write slot has a buffer")
-                    .as_slice()[off as usize..(off + n) as usize];
-                pdu::encode_h2c_data(self.conn.tx_buf(), &hdr, data, digests, self.neg.cpda);
+                pdu::encode_h2c_data(self.conn.tx_buf(), &hdr, chunk, digests, self.neg.cpda);
             }
             self.conn.pdu_queued();
             off += n;
         }
         Ok(())
-    }
-
-    /// Holds `len` bytes at `off` of command `cid`'s buffer in the stream, after the header just queued for
-    /// them, to leave with the next flush ([`Conn::gather_payload`]); with data digests, queues the digest
-    /// after them. Flushes first when the connection holds as many as it can.
-    fn gather(&mut self, cid: u16, off: u32, len: u32, digest: bool) -> Result<(), Error> {
-        if self.conn.gathered() == MAX_GATHER {
-            self.flush_conn()?;
-        }
-        let held = self
-            .conn
-            .gather_payload()
-            .expect("the connection has room after a flush");
-        debug_assert_eq!(held, self.gathered.len());
-        self.gathered.push((cid, off, len));
-        let slot = &mut self.slots[usize::from(cid)];
-        slot.gathered = true;
-        if digest {
-            let data = &slot
-                .buf
-                .as_ref()
-                .expect("a held payload has a buffer")
-                .as_slice()[off as usize..(off + len) as usize];
-            let mut crc = pdu::DataDigest::new();
-            crc.update(data);
-            self.conn.tx_buf().extend_from_slice(&crc.finish());
-        }
-        Ok(())
-    }
-
-    /// Flushes the connection with the payloads held by reference ([`HostQueue::gather`]).
-    fn flush_conn(&mut self) -> Result<bool, Error> {
-        let (slots, held) = (&self.slots, &self.gathered);
-        let r = self.conn.flush_gathered(|i| {
-            let (cid, off, len) = held[i];
-            &slots[usize::from(cid)]
-                .buf
-                .as_ref()
-                .expect("a held payload keeps its buffer until the flush")
-                .as_slice()[off as usize..(off + len) as usize]
-        });
-        for (cid, _, _) in self.gathered.drain(..) {
-            self.slots[usize::from(cid)].gathered = false;
-        }
-        r
     }
 
     fn complete(&mut self, cid: u16, cqe: Option<Cqe>) {
@@ -846,15 +801,6 @@ impl HostQueue {
     }
 
     fn complete_with(&mut self, cid: u16, result: Result<Cqe, Error>) {
-        if self.slots[usize::from(cid)].gathered {
-            // A peer answered before this poll's data for the command went out: send it before the buffer
-            // leaves the slot. If that fails, the queue fails, and that completes the command.
-            if let Err(e) = self.flush_conn() {
-                let msg = e.to_string();
-                self.fail(&msg);
-                return;
-            }
-        }
         let slot = &mut self.slots[usize::from(cid)];
         slot.busy = false;
         let buf = slot.buf.take();
@@ -868,11 +814,6 @@ impl HostQueue {
     /// submits are refused.
     pub fn fail(&mut self, why: &str) {
         self.direct = None;
-        // Nothing more goes out: drop the payloads held by reference before their buffers leave the slots.
-        self.conn.discard_gathered();
-        for (cid, _, _) in self.gathered.drain(..) {
-            self.slots[usize::from(cid)].gathered = false;
-        }
         if self.failed.is_none() {
             self.failed = Some(why.to_string());
         }
@@ -1060,7 +1001,7 @@ impl HostQueue {
 
     /// Closes the connection.
     pub fn close(&mut self) {
-        let _ = self.flush_conn();
+        let _ = self.conn.flush();
         self.fail("queue closed by the host");
     }
 }
