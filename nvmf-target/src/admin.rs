@@ -17,7 +17,7 @@ use crate::controller::Controller;
 use crate::discovery;
 use crate::handler::{Ctx, Queue, Reply};
 use crate::shared::{Listener, TargetShared};
-use crate::subsystem::{Kind, Subsystem, MAX_NAMESPACES};
+use crate::subsystem::{Kind, Subsystem, ANA_GROUP_MAX, MAX_NAMESPACES};
 use nvpoll_tcp::tls::ParsedIdentity;
 
 /// The version we report: 1.3, so that Linux asks for namespace descriptors but not for the 2.0-only Identify
@@ -31,13 +31,28 @@ const DISCOVERY_KATO_MS: u32 = 120_000;
 const CNS_CS_INDEPENDENT_NS: u8 = 0x08;
 /// Asynchronous Event Request Limit, 0-based (4 outstanding).
 const AERL: u8 = 3;
-/// The asynchronous events a host may enable: SMART warnings and namespace attribute notices.
-const AEC_SUPPORTED: u32 = feature::AEC_SMART_WARNINGS | feature::AEC_NS_ATTRIBUTE;
+/// The asynchronous events a host may enable: SMART warnings, namespace attribute and ANA change notices.
+const AEC_SUPPORTED: u32 =
+    feature::AEC_SMART_WARNINGS | feature::AEC_NS_ATTRIBUTE | feature::AEC_ANA_CHANGE;
 /// Asynchronous Event Configuration: Namespace Attribute Notices.
 pub(crate) const AEC_NS_ATTRIBUTE: u32 = feature::AEC_NS_ATTRIBUTE;
+/// Asynchronous Event Configuration: ANA Change Notices.
+pub(crate) const AEC_ANA_CHANGE: u32 = feature::AEC_ANA_CHANGE;
 /// An AER's dword 0 for Namespace Attribute Changed: type Notice (2), information 0, log page Changed
 /// Namespace List (04h).
 pub(crate) const NS_ATTRIBUTE_CHANGED_EVENT: u32 = 0x2 | (log_page::CHANGED_NS as u32) << 16;
+/// An AER's dword 0 for an ANA change: type Notice (2), information 03h, log page ANA (0Ch).
+pub(crate) const ANA_CHANGE_EVENT: u32 =
+    0x2 | (nvpoll::spec::AsyncEvent::NOTICE_ANA_CHANGE as u32) << 8 | (log_page::ANA as u32) << 16;
+/// ANA Transition Time reported, in seconds: the longest a group is in the change state. States change only
+/// when an operator (or the control socket) says so, so this bounds what a host waits in a transition.
+const ANATT_S: u8 = 10;
+/// Command Quiesce Time reported, in milliseconds (NVMe 2.1 CQT). A command runs to completion on the
+/// reactor that received it, so once a controller is torn down (its admin connection closed or keep-alive
+/// expired) nothing it accepted is still running by the time its queues have closed, which each does on its
+/// next poll; a host that lost a path must wait KATO and then this long before it resubmits the path's
+/// outstanding commands elsewhere.
+pub(crate) const CQT_MS: u16 = 100;
 /// Composite temperature reported (Kelvin): 35 °C.
 const TEMPERATURE_K: u16 = 308;
 /// Critical temperature (Kelvin): 85 °C.
@@ -196,8 +211,17 @@ pub(crate) fn connect(
             subsys.limits.max_io_queues
         };
         let now = target.now_ms();
-        let make =
-            |cntlid| Controller::new(cntlid, cd.hostnqn.clone(), cd.hostid, kato, now, max_io);
+        let make = |cntlid| {
+            Controller::new(
+                cntlid,
+                cd.hostnqn.clone(),
+                cd.hostid,
+                listener.addr,
+                kato,
+                now,
+                max_io,
+            )
+        };
         let Some(ctrl) = subsys.add_controller(make) else {
             let reason = "no controller ID is free in the subsystem".into();
             return refuse(refusal, Status::CONNECT_CONTROLLER_BUSY, reason);
@@ -390,15 +414,21 @@ fn identify_controller(
         model: subsys.model.clone(),
         firmware: FIRMWARE.to_string(),
         rab: 6,
-        // Several controllers may attach to one subsystem (Linux refuses a second one otherwise).
-        cmic: if discovery { 0 } else { 1 << 1 },
+        // Several ports and controllers (Linux refuses a second controller otherwise), with ANA reporting.
+        cmic: if discovery {
+            0
+        } else {
+            IdentifyController::CMIC_MULTI_PORT
+                | IdentifyController::CMIC_MULTI_CONTROLLER
+                | IdentifyController::CMIC_ANA
+        },
         mdts: limits.mdts,
         cntlid: ctrl.cntlid,
         ver: VERSION,
         oaes: if discovery {
             0
         } else {
-            feature::AEC_NS_ATTRIBUTE
+            feature::AEC_NS_ATTRIBUTE | IdentifyController::OAES_ANA_CHANGE
         },
         // 128-bit host identifier; traffic based keep-alive (any command restarts the timer).
         ctratt: 1 | 1 << 6,
@@ -417,10 +447,27 @@ fn identify_controller(
         cctemp: CCTEMP_K,
         // Keep-alive granularity: 100 ms.
         kas: 1,
+        anatt: if discovery { 0 } else { ANATT_S },
+        // Every state; a namespace's group is fixed while it is attached.
+        anacap: if discovery {
+            0
+        } else {
+            IdentifyController::ANACAP_OPTIMIZED
+                | IdentifyController::ANACAP_NON_OPTIMIZED
+                | IdentifyController::ANACAP_INACCESSIBLE
+                | IdentifyController::ANACAP_PERSISTENT_LOSS
+                | IdentifyController::ANACAP_CHANGE
+                | IdentifyController::ANACAP_GRPID_STATIC
+        },
+        anagrpmax: if discovery { 0 } else { ANA_GROUP_MAX },
+        nanagrpid: if discovery { 0 } else { ANA_GROUP_MAX },
+        cqt: if discovery { 0 } else { CQT_MS },
         sqes: 0x66,
         cqes: 0x44,
         maxcmd: limits.queue_entries,
         nn: if discovery { 0 } else { MAX_NAMESPACES },
+        // Every namespace may be attached (Linux wants MNAN set, and at most NN, to size its ANA log).
+        mnan: if discovery { 0 } else { MAX_NAMESPACES },
         oncs: if discovery {
             0
         } else {
@@ -450,6 +497,7 @@ fn identify_namespace(ns: &crate::subsystem::Namespace) -> [u8; IDENTIFY_SIZE] {
         flbas: 0,
         // May be attached to several controllers at once.
         nmic: 1,
+        anagrpid: ns.anagrpid,
         nguid: ns.nguid,
         lbaf: vec![LbaFormat {
             ms: 0,
@@ -630,6 +678,15 @@ fn get_log_page(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
         log_page::CHANGED_NS if !discovery => {
             let clear = sqe.cdw10 & 1 << 15 == 0;
             encode_ns_list(&ctx.queue.ctrl.changed_ns_log(clear)).to_vec()
+        }
+        // The states of this controller's path; LSP bit 0 (RGO) leaves the NSID lists out.
+        log_page::ANA if !discovery => {
+            let lsp = ((sqe.cdw10 >> 8) & 0xf) as u8;
+            let rgo = lsp & nvpoll::spec::ANA_LSP_RGO != 0;
+            ctx.queue
+                .subsys
+                .ana_log(ctx.queue.ctrl.listener, rgo)
+                .to_bytes()
         }
         _ => return Reply::status(Status::INVALID_LOG_PAGE.with_dnr()),
     };

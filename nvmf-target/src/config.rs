@@ -297,6 +297,18 @@ struct SubsystemDoc {
     mdts: Option<u8>,
     #[serde(default)]
     namespaces: Vec<NamespaceDoc>,
+    #[serde(default)]
+    ana: Vec<AnaDoc>,
+    cntlid_min: Option<u16>,
+    cntlid_max: Option<u16>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AnaDoc {
+    listener: Address,
+    group: Option<u32>,
+    state: Parsed<nvpoll::spec::AnaState>,
 }
 
 #[derive(Deserialize)]
@@ -314,6 +326,7 @@ struct NamespaceDoc {
     file: Option<PathBuf>,
     pcie: Option<String>,
     block_size: Option<u32>,
+    ana_group: Option<u32>,
 }
 
 /// A value read from a string with `FromStr` (TLS and send modes).
@@ -699,6 +712,49 @@ fn subsystem(
         cfg.listeners = Some(named);
     }
     cfg.limits = limits(at, doc.max_io_queues, doc.queue_size, doc.mdts)?;
+    let defaults = crate::subsystem::CntlidRange::default();
+    cfg.cntlids = crate::subsystem::CntlidRange {
+        min: doc.cntlid_min.unwrap_or(defaults.min),
+        max: doc.cntlid_max.unwrap_or(defaults.max),
+    };
+    if let Err(m) = cfg.cntlids.check() {
+        let field = if doc.cntlid_min.is_some() {
+            "cntlid_min"
+        } else {
+            "cntlid_max"
+        };
+        return Err(Problem::new(at.key(field), m));
+    }
+    for (i, a) in doc.ana.iter().enumerate() {
+        let aat = at.key("ana").index(i);
+        let exported = cfg.listeners.as_ref().map_or_else(
+            || ctx.listeners.contains(&a.listener.0),
+            |l| l.contains(&a.listener.0),
+        );
+        if !exported {
+            return Err(Problem::new(
+                aat.key("listener"),
+                format!("{} is not a listener of this subsystem", a.listener.0),
+            ));
+        }
+        let group = a.group.unwrap_or(1);
+        crate::subsystem::check_ana_group(group).map_err(|m| Problem::new(aat.key("group"), m))?;
+        if cfg
+            .ana
+            .iter()
+            .any(|b| b.listener == a.listener.0 && b.group == group)
+        {
+            return Err(Problem::new(
+                aat.clone(),
+                format!("group {group} on {} is set twice", a.listener.0),
+            ));
+        }
+        cfg.ana.push(crate::subsystem::AnaSetting {
+            listener: a.listener.0,
+            group,
+            state: a.state.0,
+        });
+    }
     for (i, n) in doc.namespaces.iter().enumerate() {
         let nat = at.key("namespaces").index(i);
         let ns = namespace(n, &nat, ctx)?;
@@ -799,10 +855,14 @@ fn namespace(
         }
         (backing, native)
     };
+    let ana_group = doc.ana_group.unwrap_or(1);
+    crate::subsystem::check_ana_group(ana_group)
+        .map_err(|m| Problem::new(at.key("ana_group"), m))?;
     Ok(NamespaceConfig {
         backing,
         block_size,
         nsid: doc.nsid,
+        ana_group,
     })
 }
 

@@ -5,6 +5,7 @@
 //! or a lock taken only when a queue connects or goes away. The registers and features, which only the admin
 //! queue touches, live with the admin connection ([`crate::admin::AdminState`]).
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -17,6 +18,8 @@ pub(crate) struct Controller {
     pub hostnqn: String,
     /// The host identifier from Connect.
     pub hostid: [u8; 16],
+    /// The listener its admin queue came through: the path whose ANA states it reports.
+    pub listener: SocketAddr,
     /// Keep Alive Timeout in milliseconds; 0 means keep-alive is off.
     kato_ms: AtomicU32,
     /// When any queue of the controller last received a command, in milliseconds since the target started.
@@ -31,6 +34,8 @@ pub(crate) struct Controller {
     ns_notice: AtomicBool,
     /// The Changed Namespace List log page: the IDs changed since the host last read it.
     changed_ns: Mutex<Vec<u32>>,
+    /// An ANA change notice waits for an Asynchronous Event Request to carry it.
+    ana_notice: AtomicBool,
 }
 
 /// The most IDs the Changed Namespace List holds; beyond, it says "more than that" (0xFFFFFFFF first).
@@ -42,6 +47,7 @@ impl Controller {
         cntlid: u16,
         hostnqn: String,
         hostid: [u8; 16],
+        listener: SocketAddr,
         kato_ms: u32,
         now_ms: u64,
         max_io_queues: u16,
@@ -50,6 +56,7 @@ impl Controller {
             cntlid,
             hostnqn,
             hostid,
+            listener,
             kato_ms: AtomicU32::new(kato_ms),
             last_activity_ms: AtomicU64::new(now_ms),
             ready: AtomicBool::new(false),
@@ -57,7 +64,23 @@ impl Controller {
             io_queues: Mutex::new(vec![false; usize::from(max_io_queues)]),
             ns_notice: AtomicBool::new(false),
             changed_ns: Mutex::new(Vec::new()),
+            ana_notice: AtomicBool::new(false),
         }
+    }
+
+    /// An ANA state of its path changed: a notice waits for an AER.
+    pub fn ana_changed(&self) {
+        self.ana_notice.store(true, Ordering::Release);
+    }
+
+    /// Whether an ANA change notice waits (cheap: the admin queue reads it on every poll).
+    pub fn ana_notice_pending(&self) -> bool {
+        self.ana_notice.load(Ordering::Acquire)
+    }
+
+    /// Takes the waiting ANA change notice.
+    pub fn take_ana_notice(&self) -> bool {
+        self.ana_notice.swap(false, Ordering::AcqRel)
     }
 
     /// Namespace `nsid` was added or removed: the list grows and a notice waits for an AER.
@@ -98,7 +121,15 @@ impl Controller {
 
     #[cfg(test)]
     pub fn new_for_test(cntlid: u16) -> Self {
-        Controller::new(cntlid, "nqn.test.host".into(), [0; 16], 0, 0, 4)
+        Controller::new(
+            cntlid,
+            "nqn.test.host".into(),
+            [0; 16],
+            "127.0.0.1:4420".parse().expect("an address"),
+            0,
+            0,
+            4,
+        )
     }
 
     /// Keep Alive Timeout in milliseconds (0: off).
@@ -208,7 +239,15 @@ mod tests {
 
     #[test]
     fn keep_alive_and_queue_claims() {
-        let c = Controller::new(1, "h".into(), [0; 16], 100, 1000, 2);
+        let c = Controller::new(
+            1,
+            "h".into(),
+            [0; 16],
+            "127.0.0.1:4420".parse().unwrap(),
+            100,
+            1000,
+            2,
+        );
         assert!(!c.keep_alive_expired(1100));
         assert!(c.keep_alive_expired(1101));
         c.touch(1050);

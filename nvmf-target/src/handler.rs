@@ -11,7 +11,7 @@ use crate::admin_state::AdminState;
 use crate::controller::Controller;
 use crate::shared::{Listener, TargetShared};
 use crate::store::FlushTicket;
-use crate::subsystem::{Namespace, NsTable, Subsystem};
+use crate::subsystem::{AnaView, Namespace, NsTable, Subsystem};
 
 /// What a handler decided for a command.
 #[derive(Debug)]
@@ -81,6 +81,10 @@ pub(crate) struct Queue {
     /// The subsystem's namespaces as this queue sees them, refreshed when the subsystem's generation moves.
     ns: Arc<NsTable>,
     ns_gen: u64,
+    /// The ANA states of the controller's path as this queue saw them last, refreshed when the subsystem's
+    /// ANA change count moves.
+    ana: AnaView,
+    ana_gen: u64,
 }
 
 impl Queue {
@@ -94,6 +98,7 @@ impl Queue {
         let admin = (qid == 0).then(|| AdminState::new(subsys.kind));
         let sqflow_disabled = cattr & fabrics::CATTR_DISABLE_SQFLOW != 0;
         let (ns, ns_gen) = subsys.ns_table();
+        let (ana, ana_gen) = subsys.ana_view(ctrl.listener);
         Queue {
             qid,
             sqsize,
@@ -104,7 +109,16 @@ impl Queue {
             admin,
             ns,
             ns_gen,
+            ana,
+            ana_gen,
         }
+    }
+
+    /// The status a command on `ns` gets on this queue's path because of its ANA group's state; `None` when
+    /// it may run.
+    #[inline]
+    pub fn ana_refusal(&self, ns: &Namespace) -> Option<Status> {
+        self.ana.refusal(ns.anagrpid)
     }
 
     /// The active namespace `nsid` (no lock: the queue's copy of the table).
@@ -118,9 +132,13 @@ impl Queue {
     }
 
     /// Takes the subsystem's namespace table if it changed (one atomic load when it did not).
+    /// Also takes the path's ANA states if they changed.
     pub fn refresh_namespaces(&mut self) {
         if self.subsys.ns_gen() != self.ns_gen {
             (self.ns, self.ns_gen) = self.subsys.ns_table();
+        }
+        if self.subsys.ana_gen() != self.ana_gen {
+            (self.ana, self.ana_gen) = self.subsys.ana_view(self.ctrl.listener);
         }
     }
 

@@ -21,6 +21,9 @@ fn check_rw(q: &Queue, sqe: &Sqe, xfer_len: u32) -> Result<(Arc<Namespace>, u64,
     let Some(ns) = q.namespace(sqe.nsid) else {
         return Err(Status::INVALID_NAMESPACE.with_dnr());
     };
+    if let Some(status) = q.ana_refusal(ns) {
+        return Err(status);
+    }
     let nlb = u64::from(sqe.nlb_zero_based()) + 1;
     let Some((off, len)) = ns.byte_range(sqe.slba(), nlb) else {
         return Err(Status::LBA_OUT_OF_RANGE.with_dnr());
@@ -81,14 +84,19 @@ pub(crate) fn execute(q: &Queue, sqe: &Sqe) -> Reply {
         },
         op::FLUSH => {
             if sqe.nsid == ALL_NAMESPACES {
+                // Every namespace this path may reach.
                 let all = q
                     .namespaces()
+                    .filter(|ns| q.ana_refusal(ns).is_none())
                     .map(|ns| (Arc::clone(ns), ns.store.start_flush()))
                     .collect();
                 return Reply::Flush(all);
             }
             match q.namespace(sqe.nsid) {
-                Some(ns) => Reply::Flush(vec![(Arc::clone(ns), ns.store.start_flush())]),
+                Some(ns) => match q.ana_refusal(ns) {
+                    Some(status) => Reply::status(status),
+                    None => Reply::Flush(vec![(Arc::clone(ns), ns.store.start_flush())]),
+                },
                 None => Reply::status(Status::INVALID_NAMESPACE.with_dnr()),
             }
         }
@@ -96,6 +104,9 @@ pub(crate) fn execute(q: &Queue, sqe: &Sqe) -> Reply {
             let Some(ns) = q.namespace(sqe.nsid) else {
                 return Reply::status(Status::INVALID_NAMESPACE.with_dnr());
             };
+            if let Some(status) = q.ana_refusal(ns) {
+                return Reply::status(status);
+            }
             let nlb = u64::from(sqe.nlb_zero_based()) + 1;
             let Some((off, len)) = ns.byte_range(sqe.slba(), nlb) else {
                 return Reply::status(Status::LBA_OUT_OF_RANGE.with_dnr());

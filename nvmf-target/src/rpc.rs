@@ -10,16 +10,17 @@
 //! | `listener_list` | | `[{address, tls}]` |
 //! | `listener_add` | `{address, tls?}` | `{address}` (the real port if the request said 0) |
 //! | `listener_remove` | `{address}` | `true` |
-//! | `subsystem_list` | | `[{nqn, serial, model, allow_any_host, hosts, hosts_with_keys, namespaces: [{nsid, block_size, blocks, backing}], listeners, max_io_queues, queue_size, mdts, controllers}]` |
+//! | `subsystem_list` | | `[{nqn, serial, model, allow_any_host, hosts, hosts_with_keys, namespaces: [{nsid, block_size, blocks, backing, ana_group}], listeners, max_io_queues, queue_size, mdts, controllers, ana: [{listener, group, state}]}]` |
 //! | `subsystem_add` | a subsystem object, as in the configuration file ([`crate::config`]) | `true` |
 //! | `subsystem_remove` | `{nqn}` | `true` |
-//! | `namespace_add` | `{nqn, nsid?, ram \| file \| pcie, block_size?}` | `{nsid}` |
+//! | `namespace_add` | `{nqn, nsid?, ram \| file \| pcie, block_size?, ana_group?}` | `{nsid}` |
 //! | `namespace_remove` | `{nqn, nsid}` | `true` |
 //! | `host_add` | `{nqn, host, psk_file?}`: allows the host and sets its key; refused on a subsystem open to any host (turn that off first; `key_set` gives such a subsystem's host a key) | `true` |
 //! | `host_remove` | `{nqn, host}`: disallows the host and drops its key | `true` |
 //! | `subsystem_allow_any_host` | `{nqn, allow}` (`false`: only the hosts added since) | `true` |
 //! | `key_set` | `{nqn, host, psk_file}` | `true` |
 //! | `key_remove` | `{nqn, host}` | `true` |
+//! | `ana_state_set` | `{nqn, listener, group?, state}`: the state (`optimized`, `non-optimized`, `inaccessible`, `persistent-loss`, `change`) of ANA group `group` (default 1) for hosts on `listener`; they get an ANA change event | `{before, state}` |
 //! | `stats_get` | | the [`crate::TargetCounters`] fields |
 //! | `rpc_get_methods` | | the method names |
 //!
@@ -95,6 +96,7 @@ pub const METHODS: &[&str] = &[
     "subsystem_allow_any_host",
     "key_set",
     "key_remove",
+    "ana_state_set",
     "stats_get",
     "rpc_get_methods",
 ];
@@ -462,6 +464,20 @@ struct NqnParams {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct AnaStateParams {
+    nqn: String,
+    listener: Address,
+    #[serde(default = "first_ana_group")]
+    group: u32,
+    state: Parsed<nvpoll::spec::AnaState>,
+}
+
+fn first_ana_group() -> u32 {
+    1
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct NamespaceIdParams {
     nqn: String,
     nsid: u32,
@@ -521,7 +537,8 @@ fn subsystem_json(s: &SubsystemInfo) -> Value {
         .namespaces
         .iter()
         .map(|n| {
-            json!({"nsid": n.nsid, "block_size": n.block_size, "blocks": n.blocks, "backing": n.backing})
+            json!({"nsid": n.nsid, "block_size": n.block_size, "blocks": n.blocks, "backing": n.backing,
+                   "ana_group": n.ana_group})
         })
         .collect();
     let listeners = s
@@ -541,6 +558,9 @@ fn subsystem_json(s: &SubsystemInfo) -> Value {
         "queue_size": s.queue_entries,
         "mdts": s.mdts,
         "controllers": s.controllers,
+        "ana": s.ana.iter().map(|a| json!({
+            "listener": a.listener.to_string(), "group": a.group, "state": a.state.name()
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -753,6 +773,18 @@ impl Shared {
                     .map_err(RpcError::refused)?;
                 self.changed(format!("key_remove {} host {}", p.nqn, p.host));
                 Ok(Value::Bool(true))
+            }
+            "ana_state_set" => {
+                let p: AnaStateParams = params(&p)?;
+                let state = p.state.0;
+                let before = h
+                    .set_ana_state(&p.nqn, p.listener.0, p.group, state)
+                    .map_err(RpcError::refused)?;
+                self.changed(format!(
+                    "ana_state_set {} listener {} group {}: {before} -> {state}",
+                    p.nqn, p.listener.0, p.group
+                ));
+                Ok(json!({"before": before.name(), "state": state.name()}))
             }
             "stats_get" => {
                 params::<NoParams>(&p)?;

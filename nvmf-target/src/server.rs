@@ -19,7 +19,7 @@ use crate::options::{ListenerConfig, TargetConfig, TargetTls, TlsMode};
 use crate::session::{Progress, Session};
 use crate::shared::{mode_to_u8, Listener, Registry, TargetCounters, TargetShared, TargetStats};
 use crate::subsystem::{
-    self, lock, HostAccess, HostKey, NamespaceConfig, Subsystem, SubsystemConfig,
+    self, lock, AnaSetting, HostAccess, HostKey, NamespaceConfig, Subsystem, SubsystemConfig,
 };
 use nvpoll_tcp::Error;
 
@@ -186,6 +186,8 @@ pub struct SubsystemInfo {
     pub mdts: u8,
     /// Controllers connected now.
     pub controllers: usize,
+    /// ANA states other than optimized, by listener and group.
+    pub ana: Vec<AnaSetting>,
 }
 
 impl SubsystemInfo {
@@ -237,6 +239,8 @@ pub struct NamespaceInfo {
     pub blocks: u64,
     /// What backs it, in words.
     pub backing: String,
+    /// Its ANA group.
+    pub ana_group: u32,
 }
 
 fn info(s: &Subsystem) -> SubsystemInfo {
@@ -254,6 +258,7 @@ fn info(s: &Subsystem) -> SubsystemInfo {
                 block_size: ns.block_size,
                 blocks: ns.blocks,
                 backing: ns.store.describe(),
+                ana_group: ns.anagrpid,
             })
             .collect(),
         listeners: s.listeners.clone(),
@@ -261,6 +266,7 @@ fn info(s: &Subsystem) -> SubsystemInfo {
         queue_entries: s.limits.queue_entries,
         mdts: s.limits.mdts,
         controllers: s.controller_count(),
+        ana: s.ana_settings(),
     }
 }
 
@@ -405,6 +411,28 @@ impl TargetHandle {
         let nsid = self.nvm_subsystem(nqn)?.add_namespace(ns)?;
         self.shared.wake_all();
         Ok(nsid)
+    }
+
+    /// Sets the ANA state of group `group` of subsystem `nqn` on listener `listener`, and returns the state
+    /// before. Hosts that came through that listener get an ANA change event and see the state on their
+    /// next command: accessible states run commands, the others fail them with the state's path status, which
+    /// tells a multipath host to use another path.
+    pub fn set_ana_state(
+        &self,
+        nqn: &str,
+        listener: SocketAddr,
+        group: u32,
+        state: nvpoll::spec::AnaState,
+    ) -> Result<nvpoll::spec::AnaState, Error> {
+        let subsys = self.nvm_subsystem(nqn)?;
+        if !self.listeners().iter().any(|l| l.address == listener) {
+            return Err(Error::InvalidArgument(format!(
+                "{listener} is not a listener of the target"
+            )));
+        }
+        let before = subsys.set_ana_state(listener, group, state)?;
+        self.shared.wake_all();
+        Ok(before)
     }
 
     /// Removes namespace `nsid` of subsystem `nqn`. Commands already running on it finish with it; later ones

@@ -279,7 +279,14 @@ impl Session {
         if let Some(q) = &mut self.queue {
             q.refresh_namespaces();
             if q.qid == 0 && q.ctrl.ns_notice_pending() {
-                self.deliver_ns_notice();
+                self.deliver_notice(Notice::NamespaceAttribute);
+            }
+            if self
+                .queue
+                .as_ref()
+                .is_some_and(|q| q.qid == 0 && q.ctrl.ana_notice_pending())
+            {
+                self.deliver_notice(Notice::AnaChange);
             }
         }
         self.policy.set_mode(self.target.send_mode());
@@ -1091,14 +1098,24 @@ impl Session {
         self.stats.aers_retired += 1;
     }
 
-    /// A Namespace Attribute Changed notice waits: a held AER carries it, if the host enabled such notices
-    /// (otherwise it is dropped; the Changed Namespace List still has the IDs).
-    fn deliver_ns_notice(&mut self) {
+    /// A notice waits: a held AER carries it, if the host enabled such notices (otherwise it is dropped; the
+    /// log page it points to still has the news).
+    fn deliver_notice(&mut self, notice: Notice) {
         let Some(q) = &self.queue else { return };
+        let (aec, event) = match notice {
+            Notice::NamespaceAttribute => {
+                (admin::AEC_NS_ATTRIBUTE, admin::NS_ATTRIBUTE_CHANGED_EVENT)
+            }
+            Notice::AnaChange => (admin::AEC_ANA_CHANGE, admin::ANA_CHANGE_EVENT),
+        };
+        let take = |q: &crate::handler::Queue| match notice {
+            Notice::NamespaceAttribute => q.ctrl.take_ns_notice(),
+            Notice::AnaChange => q.ctrl.take_ana_notice(),
+        };
         let enabled = q
             .admin
             .as_ref()
-            .is_some_and(|a| a.async_event_config() & admin::AEC_NS_ATTRIBUTE != 0);
+            .is_some_and(|a| a.async_event_config() & aec != 0);
         if enabled {
             let Some(i) = self
                 .slots
@@ -1108,14 +1125,14 @@ impl Session {
                 // The notice waits for the next AER.
                 return;
             };
-            if q.ctrl.take_ns_notice() {
+            if take(q) {
                 let cid = self.slots[i].cid;
                 self.slots[i].state = SlotState::Free;
                 self.busy_slots -= 1;
-                let _ = self.complete(cid, Status::SUCCESS, admin::NS_ATTRIBUTE_CHANGED_EVENT, 0);
+                let _ = self.complete(cid, Status::SUCCESS, event, 0);
             }
         } else {
-            q.ctrl.take_ns_notice();
+            take(q);
         }
     }
 
@@ -1346,4 +1363,12 @@ fn to_rx(buf: &[u8], pdu: Pdu<'_>) -> Result<Rx, Fatal> {
             ));
         }
     })
+}
+/// The asynchronous notices a held AER may carry.
+#[derive(Clone, Copy, Debug)]
+enum Notice {
+    /// Namespace Attribute Changed (read the Changed Namespace List).
+    NamespaceAttribute,
+    /// Asymmetric Namespace Access Change (read the ANA log).
+    AnaChange,
 }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crate::controller::Controller;
 use crate::store::Store;
+use nvpoll::spec::{AnaGroupDescriptor, AnaLog, AnaState};
 use nvpoll_tcp::tls::ConfiguredKey;
 use nvpoll_tcp::Error;
 
@@ -51,6 +52,65 @@ pub struct NamespaceConfig {
     pub block_size: u32,
     /// Its namespace ID; `None` takes the lowest free one.
     pub nsid: Option<u32>,
+    /// Its ANA group (1 to [`ANA_GROUP_MAX`]); the group's state on each listener decides whether hosts
+    /// that came through it may run commands on the namespace.
+    pub ana_group: u32,
+}
+
+/// The highest ANA group ID (Identify Controller ANAGRPMAX and NANAGRPID).
+pub const ANA_GROUP_MAX: u32 = 32;
+
+/// One ANA state set for a subsystem: group `group` is in `state` for hosts that connect through `listener`.
+/// Groups and listeners without one are optimized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnaSetting {
+    /// The listener (a path to the subsystem).
+    pub listener: SocketAddr,
+    /// The ANA group.
+    pub group: u32,
+    /// Its state on that path.
+    pub state: AnaState,
+}
+
+/// The controller IDs a subsystem hands out: two target processes that export one subsystem (sharing a file
+/// namespace) must give disjoint ranges, since a host refuses two controllers of one subsystem with the same
+/// ID (Linux: "Duplicate cntlid").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CntlidRange {
+    /// The lowest, at least 1.
+    pub min: u16,
+    /// The highest, at most [`MAX_CNTLID`].
+    pub max: u16,
+}
+
+impl Default for CntlidRange {
+    fn default() -> CntlidRange {
+        CntlidRange {
+            min: 1,
+            max: MAX_CNTLID,
+        }
+    }
+}
+
+impl CntlidRange {
+    /// Checks `1 <= min <= max <= MAX_CNTLID`.
+    pub fn check(&self) -> Result<(), String> {
+        if self.min == 0 || self.min > self.max || self.max > MAX_CNTLID {
+            return Err(format!(
+                "controller IDs {}-{}: must lie within 1-{MAX_CNTLID}, lowest first",
+                self.min, self.max
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Checks an ANA group ID.
+pub fn check_ana_group(group: u32) -> Result<(), String> {
+    if !(1..=ANA_GROUP_MAX).contains(&group) {
+        return Err(format!("ANA group {group}: must be 1 to {ANA_GROUP_MAX}"));
+    }
+    Ok(())
 }
 
 /// The highest namespace ID a subsystem hands out (Identify Controller NN).
@@ -160,6 +220,10 @@ pub struct SubsystemConfig {
     pub limits: SubsystemLimits,
     /// The listeners (by address) it is reachable on; `None`: every listener of the target.
     pub listeners: Option<Vec<SocketAddr>>,
+    /// ANA states other than optimized, by listener and group.
+    pub ana: Vec<AnaSetting>,
+    /// The controller IDs it hands out.
+    pub cntlids: CntlidRange,
 }
 
 impl SubsystemConfig {
@@ -176,6 +240,8 @@ impl SubsystemConfig {
             host_keys: Vec::new(),
             limits: SubsystemLimits::default(),
             listeners: None,
+            ana: Vec::new(),
+            cntlids: CntlidRange::default(),
         }
     }
 
@@ -203,6 +269,7 @@ impl SubsystemConfig {
             backing,
             block_size,
             nsid: None,
+            ana_group: 1,
         });
         self
     }
@@ -218,6 +285,8 @@ pub(crate) struct Namespace {
     pub blocks: u64,
     pub nguid: [u8; 16],
     pub uuid: [u8; 16],
+    /// Its ANA group.
+    pub anagrpid: u32,
     pub store: Store,
 }
 
@@ -256,8 +325,11 @@ impl Namespace {
                 cfg.block_size
             )));
         }
+        check_ana_group(cfg.ana_group)
+            .map_err(|m| Error::InvalidArgument(format!("namespace {nsid}: {m}")))?;
         let (nguid, uuid) = namespace_ids(subnqn, nsid);
         Ok(Namespace {
+            anagrpid: cfg.ana_group,
             nsid,
             block_size: cfg.block_size,
             lbads,
@@ -375,6 +447,47 @@ pub(crate) struct Subsystem {
     /// Removed from the target: no Connect finds it, and its controllers are torn down.
     removed: AtomicBool,
     controllers: Mutex<Controllers>,
+    /// The controller IDs it hands out.
+    cntlids: CntlidRange,
+    /// ANA states other than optimized, and when each group last changed.
+    ana: Mutex<AnaTable>,
+    /// The ANA change count: moves with every state change; queues compare it with their copy's.
+    ana_gen: AtomicU64,
+}
+
+/// The ANA states of a subsystem's paths.
+#[derive(Debug, Default)]
+struct AnaTable {
+    /// States other than optimized, by listener and group.
+    set: Vec<AnaSetting>,
+    /// The change count at each group's last change (index: group ID).
+    changed: Vec<u64>,
+}
+
+impl AnaTable {
+    fn state(&self, listener: SocketAddr, group: u32) -> AnaState {
+        self.set
+            .iter()
+            .find(|a| a.listener == listener && a.group == group)
+            .map_or(AnaState::Optimized, |a| a.state)
+    }
+}
+
+/// The ANA states one path (listener) sees, indexed by group ID: what a queue checks its commands against.
+#[derive(Clone, Debug)]
+pub(crate) struct AnaView {
+    states: [AnaState; ANA_GROUP_MAX as usize + 1],
+}
+
+impl AnaView {
+    /// The status a command on a namespace of `group` gets on this path; `None` when it may run.
+    pub fn refusal(&self, group: u32) -> Option<nvpoll::spec::Status> {
+        self.states
+            .get(group as usize)
+            .copied()
+            .unwrap_or(AnaState::Inaccessible)
+            .refusal()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -384,7 +497,7 @@ struct Controllers {
 }
 
 /// The highest controller ID the dynamic controller model hands out (0xFFF0 and up are reserved).
-const MAX_CNTLID: u16 = 0xffef;
+pub const MAX_CNTLID: u16 = 0xffef;
 
 /// Locks `m`, taking the data of a poisoned lock as it is (a panic elsewhere must not stop the target).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -425,6 +538,13 @@ impl Subsystem {
             limits,
         );
         s.listeners.clone_from(&cfg.listeners);
+        cfg.cntlids
+            .check()
+            .map_err(|m| Error::InvalidArgument(format!("subsystem {}: {m}", cfg.nqn)))?;
+        s.cntlids = cfg.cntlids;
+        for a in &cfg.ana {
+            s.set_ana_state(a.listener, a.group, a.state)?;
+        }
         *s.hosts.get_mut().unwrap_or_else(|e| e.into_inner()) = cfg.hosts.clone();
         *s.keys.get_mut().unwrap_or_else(|e| e.into_inner()) = cfg.host_keys.clone();
         for ns in &cfg.namespaces {
@@ -462,6 +582,113 @@ impl Subsystem {
             keys: RwLock::new(Vec::new()),
             removed: AtomicBool::new(false),
             controllers,
+            cntlids: CntlidRange::default(),
+            ana: Mutex::new(AnaTable::default()),
+            ana_gen: AtomicU64::new(0),
+        }
+    }
+
+    /// Every ANA state set (the rest are optimized).
+    pub fn ana_settings(&self) -> Vec<AnaSetting> {
+        lock(&self.ana).set.clone()
+    }
+
+    /// The ANA change count (cheap: queues read it once per poll).
+    pub fn ana_gen(&self) -> u64 {
+        self.ana_gen.load(Ordering::Acquire)
+    }
+
+    /// What the path through `listener` sees now, and the change count it belongs to.
+    pub fn ana_view(&self, listener: SocketAddr) -> (AnaView, u64) {
+        let t = lock(&self.ana);
+        let mut states = [AnaState::Optimized; ANA_GROUP_MAX as usize + 1];
+        for a in t.set.iter().filter(|a| a.listener == listener) {
+            states[a.group as usize] = a.state;
+        }
+        (AnaView { states }, self.ana_gen.load(Ordering::Acquire))
+    }
+
+    /// Sets the state of `group` on `listener`. Every controller that came through that listener hears of it
+    /// (an ANA change notice) and its queues see it on their next poll: commands to the group's namespaces
+    /// then run or fail with the state's status. Returns the state before.
+    pub fn set_ana_state(
+        &self,
+        listener: SocketAddr,
+        group: u32,
+        state: AnaState,
+    ) -> Result<AnaState, Error> {
+        check_ana_group(group).map_err(Error::InvalidArgument)?;
+        if self.kind == Kind::Discovery {
+            return Err(Error::InvalidArgument(
+                "the discovery subsystem has no ANA groups".into(),
+            ));
+        }
+        if !self.exported_on(listener) {
+            return Err(Error::InvalidArgument(format!(
+                "{} is not exported on listener {listener}",
+                self.nqn
+            )));
+        }
+        let before = {
+            let mut t = lock(&self.ana);
+            let before = t.state(listener, group);
+            t.set
+                .retain(|a| !(a.listener == listener && a.group == group));
+            if state != AnaState::Optimized {
+                t.set.push(AnaSetting {
+                    listener,
+                    group,
+                    state,
+                });
+            }
+            let gen = self.ana_gen.fetch_add(1, Ordering::AcqRel) + 1;
+            if t.changed.len() <= group as usize {
+                t.changed.resize(group as usize + 1, 0);
+            }
+            t.changed[group as usize] = gen;
+            before
+        };
+        for c in lock(&self.controllers).live.values() {
+            if c.listener == listener {
+                c.ana_changed();
+            }
+        }
+        Ok(before)
+    }
+
+    /// The ANA log page as a controller on `listener` reads it: a descriptor for every group that has a
+    /// namespace or a state set, with its namespaces unless `groups_only` (RGO).
+    pub fn ana_log(&self, listener: SocketAddr, groups_only: bool) -> AnaLog {
+        let (table, _) = self.ns_table();
+        let t = lock(&self.ana);
+        let mut groups: Vec<u32> = table.iter().map(|n| n.anagrpid).collect();
+        groups.extend(
+            t.set
+                .iter()
+                .filter(|a| a.listener == listener)
+                .map(|a| a.group),
+        );
+        groups.sort_unstable();
+        groups.dedup();
+        AnaLog {
+            change_count: self.ana_gen.load(Ordering::Acquire),
+            groups: groups
+                .into_iter()
+                .map(|g| AnaGroupDescriptor {
+                    grpid: g,
+                    change_count: t.changed.get(g as usize).copied().unwrap_or(0),
+                    state: t.state(listener, g),
+                    nsids: if groups_only {
+                        Vec::new()
+                    } else {
+                        table
+                            .iter()
+                            .filter(|n| n.anagrpid == g)
+                            .map(|n| n.nsid)
+                            .collect()
+                    },
+                })
+                .collect(),
         }
     }
 
@@ -631,9 +858,10 @@ impl Subsystem {
     /// Registers a new controller under a fresh controller ID; `None` if all IDs are taken.
     pub fn add_controller(&self, make: impl FnOnce(u16) -> Controller) -> Option<Arc<Controller>> {
         let mut c = lock(&self.controllers);
-        for _ in 0..MAX_CNTLID {
-            let id = c.next_cntlid;
-            c.next_cntlid = if id >= MAX_CNTLID { 1 } else { id + 1 };
+        let CntlidRange { min, max } = self.cntlids;
+        for _ in min..=max {
+            let id = c.next_cntlid.clamp(min, max);
+            c.next_cntlid = if id >= max { min } else { id + 1 };
             if let std::collections::hash_map::Entry::Vacant(slot) = c.live.entry(id) {
                 let ctrl = Arc::new(make(id));
                 slot.insert(Arc::clone(&ctrl));
@@ -692,6 +920,7 @@ mod tests {
             backing: Backing::Ram(1 << 20),
             block_size: 512,
             nsid: Some(5),
+            ana_group: 1,
         };
         assert_eq!(s.add_namespace(&ns).unwrap(), 5);
         assert!(s.add_namespace(&ns).is_err());
@@ -722,6 +951,7 @@ mod tests {
             backing: Backing::Ram(1 << 20),
             block_size: 4096,
             nsid: None,
+            ana_group: 1,
         };
         let ns = Namespace::open("nqn.x", 1, &cfg).unwrap();
         assert_eq!(ns.blocks, 256);
@@ -735,6 +965,7 @@ mod tests {
                 backing: Backing::Ram(100),
                 block_size: 512,
                 nsid: None,
+                ana_group: 1,
             }
         )
         .is_err());

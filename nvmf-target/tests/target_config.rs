@@ -142,17 +142,20 @@ fn a_good_file_becomes_its_target_config_and_serves_our_initiator() {
             NamespaceConfig {
                 backing: Backing::Ram(1 << 20),
                 block_size: 512,
-                nsid: Some(1)
+                nsid: Some(1),
+                ana_group: 1
             },
             NamespaceConfig {
                 backing: Backing::File(image),
                 block_size: 512,
-                nsid: None
+                nsid: None,
+                ana_group: 1
             },
             NamespaceConfig {
                 backing: Backing::Ram(65536),
                 block_size: 4096,
-                nsid: Some(7)
+                nsid: Some(7),
+                ana_group: 1
             },
         ]
     );
@@ -452,4 +455,77 @@ fn a_file_that_cannot_be_read_is_named() {
             .starts_with("/nonexistent/nvpoll.json: cannot read it"),
         "{e}"
     );
+}
+
+#[test]
+fn ana_groups_states_and_controller_ids_are_read_and_checked() {
+    let text = r#"{
+  "listeners": [ {"address": "127.0.0.1:4420"}, {"address": "127.0.0.1:4421"} ],
+  "subsystems": [ {
+    "nqn": "nqn.2024-01.io.nvpoll:mp",
+    "cntlid_min": 100, "cntlid_max": 199,
+    "ana": [ {"listener": "127.0.0.1:4421", "group": 2, "state": "non-optimized"},
+             {"listener": "127.0.0.1:4420", "state": "inaccessible"} ],
+    "namespaces": [ {"ram": "1M"}, {"ram": "1M", "ana_group": 2} ]
+  } ]
+}"#;
+    let cfg = config::parse(text, Path::new("/etc/nvpoll/target.json"), &no_pcie).unwrap();
+    let s = &cfg.subsystems[0];
+    assert_eq!(s.cntlids, nvpoll_target::CntlidRange { min: 100, max: 199 });
+    assert_eq!(s.namespaces[0].ana_group, 1);
+    assert_eq!(s.namespaces[1].ana_group, 2);
+    assert_eq!(s.ana.len(), 2);
+    assert_eq!(s.ana[0].state, nvpoll::spec::AnaState::NonOptimized);
+    assert_eq!(
+        (s.ana[1].group, s.ana[1].state),
+        (1, nvpoll::spec::AnaState::Inaccessible)
+    );
+
+    let bad_group = r#"{
+  "listeners": [ {"address": "127.0.0.1:4420"} ],
+  "subsystems": [ { "nqn": "nqn.2024-01.io.nvpoll:mp",
+    "namespaces": [ {"ram": "1M",
+                     "ana_group": 0} ] } ]
+}"#;
+    let e = refused(
+        bad_group,
+        "subsystems[0].namespaces[0].ana_group",
+        line_of(bad_group, "\"ana_group\": 0"),
+    );
+    assert!(e.message().contains("ANA group 0"), "{e}");
+    let bad_listener = r#"{
+  "listeners": [ {"address": "127.0.0.1:4420"} ],
+  "subsystems": [ { "nqn": "nqn.2024-01.io.nvpoll:mp",
+    "ana": [ {"listener": "127.0.0.1:4999",
+              "state": "inaccessible"} ] } ]
+}"#;
+    let e = refused(
+        bad_listener,
+        "subsystems[0].ana[0].listener",
+        line_of(bad_listener, "127.0.0.1:4999"),
+    );
+    assert!(e.message().contains("not a listener"), "{e}");
+    let bad_state = r#"{
+  "listeners": [ {"address": "127.0.0.1:4420"} ],
+  "subsystems": [ { "nqn": "nqn.2024-01.io.nvpoll:mp",
+    "ana": [ {"listener": "127.0.0.1:4420",
+              "state": "gone"} ] } ]
+}"#;
+    let e = refused(
+        bad_state,
+        "subsystems[0].ana[0].state",
+        line_of(bad_state, "\"gone\""),
+    );
+    assert!(e.message().contains("must be one of"), "{e}");
+    let bad_ids = r#"{
+  "listeners": [ {"address": "127.0.0.1:4420"} ],
+  "subsystems": [ { "nqn": "nqn.2024-01.io.nvpoll:mp",
+    "cntlid_min": 300, "cntlid_max": 200 } ]
+}"#;
+    let e = refused(
+        bad_ids,
+        "subsystems[0].cntlid_min",
+        line_of(bad_ids, "\"cntlid_min\""),
+    );
+    assert!(e.message().contains("controller IDs 300-200"), "{e}");
 }

@@ -201,8 +201,10 @@ fn every_method_round_trips() {
         json!({
             "nqn": A, "serial": "RPC1", "model": "made over rpc",
             "allow_any_host": false, "hosts": [H1], "hosts_with_keys": [],
-            "namespaces": [{"nsid": 1, "block_size": 512, "blocks": 2048, "backing": "RAM"}],
-            "listeners": null, "max_io_queues": 4, "queue_size": 32, "mdts": 6, "controllers": 0
+            "namespaces": [{"nsid": 1, "block_size": 512, "blocks": 2048, "backing": "RAM",
+                            "ana_group": 1}],
+            "listeners": null, "max_io_queues": 4, "queue_size": 32, "mdts": 6, "controllers": 0,
+            "ana": []
         })
     );
     assert_eq!(f.subsystem(NQN)["allow_any_host"], json!(true));
@@ -221,7 +223,7 @@ fn every_method_round_trips() {
     );
     assert_eq!(
         f.subsystem(A)["namespaces"][1],
-        json!({"nsid": 2, "block_size": 4096, "blocks": 8, "backing": "RAM"})
+        json!({"nsid": 2, "block_size": 4096, "blocks": 8, "backing": "RAM", "ana_group": 1})
     );
     f.call("namespace_remove", json!({"nqn": A, "nsid": 2}));
     let nsids: Vec<u64> = f.subsystem(A)["namespaces"]
@@ -231,6 +233,28 @@ fn every_method_round_trips() {
         .map(|n| n["nsid"].as_u64().unwrap())
         .collect();
     assert_eq!(nsids, [1, 9]);
+
+    // ANA states, per listener and group.
+    let path = f.t.addr.to_string();
+    assert_eq!(
+        f.call(
+            "ana_state_set",
+            json!({"nqn": A, "listener": path, "group": 1, "state": "inaccessible"})
+        ),
+        json!({"before": "optimized", "state": "inaccessible"})
+    );
+    assert_eq!(
+        f.subsystem(A)["ana"],
+        json!([{"listener": path, "group": 1, "state": "inaccessible"}])
+    );
+    assert_eq!(
+        f.call(
+            "ana_state_set",
+            json!({"nqn": A, "listener": path, "state": "optimized"})
+        ),
+        json!({"before": "inaccessible", "state": "optimized"})
+    );
+    assert_eq!(f.subsystem(A)["ana"], json!([]));
 
     // Hosts and keys.
     let key = f.dir.key_file("h3.key", 0o600);
@@ -313,7 +337,7 @@ fn every_method_round_trips() {
 
     // Each change was told, in order, by method and subject; none with a key.
     let changes = f.changes.lock().unwrap().clone();
-    assert_eq!(changes.len(), 14, "{changes:#?}");
+    assert_eq!(changes.len(), 16, "{changes:#?}");
     assert!(
         changes[0].starts_with("listener_add 127.0.0.1:"),
         "{}",
@@ -321,8 +345,12 @@ fn every_method_round_trips() {
     );
     assert_eq!(changes[2], format!("subsystem_add {A}"));
     assert_eq!(changes[3], format!("namespace_add {A} nsid 2"));
-    assert_eq!(changes[7], format!("host_add {A} host {H3} with a key"));
-    assert_eq!(changes[13], format!("subsystem_remove {A}"));
+    assert_eq!(
+        changes[6],
+        format!("ana_state_set {A} listener {path} group 1: optimized -> inaccessible")
+    );
+    assert_eq!(changes[9], format!("host_add {A} host {H3} with a key"));
+    assert_eq!(changes[15], format!("subsystem_remove {A}"));
     assert!(changes
         .iter()
         .all(|c| !c.contains(KEY_BODY) && !c.contains("NVMeTLSkey")));
@@ -360,6 +388,12 @@ fn bad_requests_get_their_error_and_change_nothing() {
     f.refused("namespace_add", json!({"nqn": A}), P);
     f.refused("namespace_add", json!({"ram": "1M"}), P);
     f.refused("namespace_remove", json!({"nqn": A, "nsid": "one"}), P);
+    let e = f.refused(
+        "ana_state_set",
+        json!({"nqn": A, "listener": f.t.addr.to_string(), "state": "optimised"}),
+        P,
+    );
+    assert!(e.message.contains("must be one of optimized"), "{e}");
     f.refused("listener_add", json!({"address": "localhost"}), P);
     f.refused(
         "listener_add",
@@ -410,6 +444,18 @@ fn bad_requests_get_their_error_and_change_nothing() {
     );
     f.refused("subsystem_add", json!({"nqn": A}), R);
     f.refused("namespace_remove", json!({"nqn": A, "nsid": 5}), R);
+    let e = f.refused(
+        "ana_state_set",
+        json!({"nqn": A, "listener": "127.0.0.1:1", "state": "inaccessible"}),
+        R,
+    );
+    assert!(e.message.contains("not a listener of the target"), "{e}");
+    let e = f.refused(
+        "ana_state_set",
+        json!({"nqn": A, "listener": f.t.addr.to_string(), "group": 99, "state": "change"}),
+        R,
+    );
+    assert!(e.message.contains("ANA group 99"), "{e}");
     f.refused(
         "namespace_add",
         json!({"nqn": A, "nsid": 1, "ram": "1M"}),

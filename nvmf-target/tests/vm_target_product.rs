@@ -163,6 +163,7 @@ fn vm_kernel_host_against_a_multi_subsystem_target() {
                 backing: Backing::Ram(32 << 20),
                 block_size: 512,
                 nsid: Some(5),
+                ana_group: 1,
             },
         )
         .unwrap();

@@ -121,6 +121,18 @@ pub struct IdentifyController {
     pub unvmcap: u128,
     /// Keep Alive Support: granularity of the keep alive timer in 100 ms units; 0 if not supported (321:320).
     pub kas: u16,
+    /// ANA Transition Time in seconds (342): the longest a group stays in the change state.
+    pub anatt: u8,
+    /// ANA Capabilities (343); see the `ANACAP_*` constants.
+    pub anacap: u8,
+    /// ANA Group Identifier Maximum (347:344).
+    pub anagrpmax: u32,
+    /// Number of ANA Group Identifiers (351:348).
+    pub nanagrpid: u32,
+    /// Command Quiesce Time in milliseconds (387:386, NVMe 2.1): how long after a path is lost its
+    /// controller may still be running commands it had, so that a host must wait before it retries them
+    /// elsewhere. 0: not reported.
+    pub cqt: u16,
     /// Submission Queue Entry Size (512): required (bits 3:0) and maximum (7:4) size, as powers of two.
     pub sqes: u8,
     /// Completion Queue Entry Size (513): required (bits 3:0) and maximum (7:4) size, as powers of two.
@@ -202,6 +214,28 @@ impl IdentifyController {
     pub const ONCS_VERIFY: u16 = 1 << 7;
     /// ONCS: Copy.
     pub const ONCS_COPY: u16 = 1 << 8;
+    /// CMIC: the subsystem may have two or more ports.
+    pub const CMIC_MULTI_PORT: u8 = 1 << 0;
+    /// CMIC: the subsystem may have two or more controllers.
+    pub const CMIC_MULTI_CONTROLLER: u8 = 1 << 1;
+    /// CMIC: Asymmetric Namespace Access Reporting.
+    pub const CMIC_ANA: u8 = 1 << 3;
+    /// OAES: ANA Change notices.
+    pub const OAES_ANA_CHANGE: u32 = 1 << 11;
+    /// ANACAP: reports the ANA Optimized state.
+    pub const ANACAP_OPTIMIZED: u8 = 1 << 0;
+    /// ANACAP: reports the ANA Non-Optimized state.
+    pub const ANACAP_NON_OPTIMIZED: u8 = 1 << 1;
+    /// ANACAP: reports the ANA Inaccessible state.
+    pub const ANACAP_INACCESSIBLE: u8 = 1 << 2;
+    /// ANACAP: reports the ANA Persistent Loss state.
+    pub const ANACAP_PERSISTENT_LOSS: u8 = 1 << 3;
+    /// ANACAP: reports the ANA Change state.
+    pub const ANACAP_CHANGE: u8 = 1 << 4;
+    /// ANACAP: a namespace's ANAGRPID does not change while it is attached.
+    pub const ANACAP_GRPID_STATIC: u8 = 1 << 6;
+    /// ANACAP: non-zero ANAGRPIDs in Namespace Management.
+    pub const ANACAP_GRPID_NONZERO: u8 = 1 << 7;
     /// CNTRLTYPE: I/O controller.
     pub const CNTRLTYPE_IO: u8 = 1;
     /// CNTRLTYPE: discovery controller.
@@ -245,6 +279,11 @@ impl IdentifyController {
             tnvmcap: u128_at(b, 280),
             unvmcap: u128_at(b, 296),
             kas: u16_at(b, 320),
+            anatt: u8_at(b, 342),
+            anacap: u8_at(b, 343),
+            anagrpmax: u32_at(b, 344),
+            nanagrpid: u32_at(b, 348),
+            cqt: u16_at(b, 386),
             sqes: u8_at(b, 512),
             cqes: u8_at(b, 513),
             maxcmd: u16_at(b, 514),
@@ -310,6 +349,11 @@ impl IdentifyController {
         put_u128(b, 280, self.tnvmcap);
         put_u128(b, 296, self.unvmcap);
         put_u16(b, 320, self.kas);
+        put_u8(b, 342, self.anatt);
+        put_u8(b, 343, self.anacap);
+        put_u32(b, 344, self.anagrpmax);
+        put_u32(b, 348, self.nanagrpid);
+        put_u16(b, 386, self.cqt);
         put_u8(b, 512, self.sqes);
         put_u8(b, 513, self.cqes);
         put_u16(b, 514, self.maxcmd);

@@ -399,6 +399,208 @@ impl AsyncEvent {
     }
 }
 
+/// An ANA group's state, as a controller reports it for one of its paths (ANA log page, byte 16 of a group
+/// descriptor).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AnaState {
+    /// Optimized: the best path to the group's namespaces.
+    Optimized,
+    /// Non-Optimized: works, but slower than an optimized path.
+    NonOptimized,
+    /// Inaccessible: commands fail with [`crate::spec::Status::ANA_INACCESSIBLE`] until the state changes.
+    Inaccessible,
+    /// Persistent Loss: this path will not return.
+    PersistentLoss,
+    /// Change: in transition (at most ANATT seconds); commands fail with
+    /// [`crate::spec::Status::ANA_TRANSITION`].
+    Change,
+}
+
+impl AnaState {
+    /// Every state, in the order of their codes.
+    pub const ALL: [AnaState; 5] = [
+        AnaState::Optimized,
+        AnaState::NonOptimized,
+        AnaState::Inaccessible,
+        AnaState::PersistentLoss,
+        AnaState::Change,
+    ];
+
+    /// The code on the wire.
+    pub const fn code(self) -> u8 {
+        match self {
+            AnaState::Optimized => 0x01,
+            AnaState::NonOptimized => 0x02,
+            AnaState::Inaccessible => 0x03,
+            AnaState::PersistentLoss => 0x04,
+            AnaState::Change => 0x0f,
+        }
+    }
+
+    /// The state a code names.
+    pub const fn from_code(code: u8) -> Option<AnaState> {
+        Some(match code {
+            0x01 => AnaState::Optimized,
+            0x02 => AnaState::NonOptimized,
+            0x03 => AnaState::Inaccessible,
+            0x04 => AnaState::PersistentLoss,
+            0x0f => AnaState::Change,
+            _ => return None,
+        })
+    }
+
+    /// Its name in configuration and on the control socket (as Linux's nvmet spells them in configfs).
+    pub const fn name(self) -> &'static str {
+        match self {
+            AnaState::Optimized => "optimized",
+            AnaState::NonOptimized => "non-optimized",
+            AnaState::Inaccessible => "inaccessible",
+            AnaState::PersistentLoss => "persistent-loss",
+            AnaState::Change => "change",
+        }
+    }
+
+    /// Whether commands to the group's namespaces may run on this path.
+    pub const fn is_accessible(self) -> bool {
+        matches!(self, AnaState::Optimized | AnaState::NonOptimized)
+    }
+
+    /// The status a command gets on a path in this state; `None` when it may run.
+    pub const fn refusal(self) -> Option<crate::spec::Status> {
+        match self {
+            AnaState::Optimized | AnaState::NonOptimized => None,
+            AnaState::Inaccessible => Some(crate::spec::Status::ANA_INACCESSIBLE),
+            AnaState::PersistentLoss => Some(crate::spec::Status::ANA_PERSISTENT_LOSS),
+            AnaState::Change => Some(crate::spec::Status::ANA_TRANSITION),
+        }
+    }
+}
+
+impl std::fmt::Display for AnaState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for AnaState {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<AnaState, String> {
+        AnaState::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "ANA state '{s}': must be one of {}",
+                    AnaState::ALL.map(AnaState::name).join(", ")
+                )
+            })
+    }
+}
+
+/// One group descriptor of the ANA log page.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AnaGroupDescriptor {
+    /// ANA Group ID (3:0), never 0.
+    pub grpid: u32,
+    /// Change Count of this group (15:8).
+    pub change_count: u64,
+    /// Its state on the path the log was read through (byte 16, bits 3:0).
+    pub state: AnaState,
+    /// The namespaces in the group (empty when the host asked for groups only).
+    pub nsids: Vec<u32>,
+}
+
+/// The Asymmetric Namespace Access log page (log page 0x0C).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AnaLog {
+    /// Change Count (7:0): moves whenever a state changes.
+    pub change_count: u64,
+    /// The group descriptors.
+    pub groups: Vec<AnaGroupDescriptor>,
+}
+
+/// Size of the ANA log page header and of a group descriptor without its NSIDs.
+pub const ANA_LOG_HEADER_SIZE: usize = 16;
+/// Size of an ANA group descriptor before its NSID list.
+pub const ANA_GROUP_DESCRIPTOR_SIZE: usize = 32;
+/// Log Specific Field of Get Log Page for the ANA log: Return Groups Only (no NSID lists).
+pub const ANA_LSP_RGO: u8 = 1;
+
+impl AnaLog {
+    /// Encodes the page.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let len = ANA_LOG_HEADER_SIZE
+            + self
+                .groups
+                .iter()
+                .map(|g| ANA_GROUP_DESCRIPTOR_SIZE + 4 * g.nsids.len())
+                .sum::<usize>();
+        let mut b = vec![0u8; len];
+        put_u64(&mut b, 0, self.change_count);
+        put_u16(&mut b, 8, self.groups.len() as u16);
+        let mut at = ANA_LOG_HEADER_SIZE;
+        for g in &self.groups {
+            put_u32(&mut b, at, g.grpid);
+            put_u32(&mut b, at + 4, g.nsids.len() as u32);
+            put_u64(&mut b, at + 8, g.change_count);
+            put_u8(&mut b, at + 16, g.state.code());
+            at += ANA_GROUP_DESCRIPTOR_SIZE;
+            for &id in &g.nsids {
+                put_u32(&mut b, at, id);
+                at += 4;
+            }
+        }
+        b
+    }
+
+    /// Parses a page, checking that every descriptor fits, names a group other than 0, and has a known state.
+    pub fn parse(b: &[u8]) -> Result<AnaLog, ParseError> {
+        const WHAT: &str = "ANA log page";
+        need(WHAT, b, ANA_LOG_HEADER_SIZE)?;
+        let n = u16_at(b, 8);
+        let mut log = AnaLog {
+            change_count: u64_at(b, 0),
+            groups: Vec::with_capacity(usize::from(n)),
+        };
+        let mut at = ANA_LOG_HEADER_SIZE;
+        for i in 0..n {
+            need(WHAT, b, at + ANA_GROUP_DESCRIPTOR_SIZE)?;
+            let grpid = u32_at(b, at);
+            let count = u32_at(b, at + 4) as usize;
+            let invalid = |reason: String| ParseError::Invalid { what: WHAT, reason };
+            if grpid == 0 {
+                return Err(invalid(format!("descriptor {i} names ANA group 0")));
+            }
+            let code = u8_at(b, at + 16) & 0xf;
+            let state = AnaState::from_code(code)
+                .ok_or_else(|| invalid(format!("group {grpid}: state {code:#x} is not defined")))?;
+            let list = at + ANA_GROUP_DESCRIPTOR_SIZE;
+            let end = count
+                .checked_mul(4)
+                .and_then(|l| l.checked_add(list))
+                .ok_or_else(|| invalid(format!("group {grpid}: {count} NSIDs")))?;
+            need(WHAT, b, end)?;
+            log.groups.push(AnaGroupDescriptor {
+                grpid,
+                change_count: u64_at(b, at + 8),
+                state,
+                nsids: (0..count).map(|k| u32_at(b, list + 4 * k)).collect(),
+            });
+            at = end;
+        }
+        Ok(log)
+    }
+
+    /// The state of the group that holds namespace `nsid`, if any descriptor lists it.
+    pub fn state_of(&self, nsid: u32) -> Option<AnaState> {
+        self.groups
+            .iter()
+            .find(|g| g.nsids.contains(&nsid))
+            .map(|g| g.state)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -509,5 +711,51 @@ mod tests {
         };
         assert_eq!(e.to_dw0(), 0x0004_0002);
         assert_eq!(AsyncEvent::from_dw0(0xff04_0002), e);
+    }
+
+    #[test]
+    fn ana_log_round_trips_and_rejects_what_cannot_be() {
+        let log = AnaLog {
+            change_count: 7,
+            groups: vec![
+                AnaGroupDescriptor {
+                    grpid: 1,
+                    change_count: 3,
+                    state: AnaState::Optimized,
+                    nsids: vec![1, 2],
+                },
+                AnaGroupDescriptor {
+                    grpid: 2,
+                    change_count: 7,
+                    state: AnaState::Inaccessible,
+                    nsids: vec![5],
+                },
+            ],
+        };
+        let b = log.to_bytes();
+        assert_eq!(b.len(), 16 + 32 + 8 + 32 + 4);
+        assert_eq!(b[16 + 16], 0x01);
+        assert_eq!(AnaLog::parse(&b).unwrap(), log);
+        assert_eq!(log.state_of(5), Some(AnaState::Inaccessible));
+        assert_eq!(log.state_of(3), None);
+        assert!(AnaLog::parse(&b[..b.len() - 1]).is_err(), "a cut NSID list");
+        let mut bad = b.clone();
+        bad[16] = 0;
+        bad[17] = 0;
+        assert!(AnaLog::parse(&bad).is_err(), "group 0");
+        let mut bad = b.clone();
+        bad[16 + 16] = 0x05;
+        assert!(AnaLog::parse(&bad).is_err(), "an undefined state");
+        let mut huge = b;
+        huge[16 + 4..16 + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(
+            AnaLog::parse(&huge).is_err(),
+            "an NSID count beyond the page"
+        );
+        for st in AnaState::ALL {
+            assert_eq!(AnaState::from_code(st.code()), Some(st));
+            assert_eq!(st.name().parse::<AnaState>(), Ok(st));
+        }
+        assert!("optimised".parse::<AnaState>().is_err());
     }
 }

@@ -41,7 +41,8 @@ pub use identify::{
     NsIdDescriptor, RawPage, IDENTIFY_SIZE, MAX_LBA_FORMATS, NS_LIST_LEN,
 };
 pub use log::{
-    AsyncEvent, DiscoveryLog, DiscoveryLogEntry, DiscoveryLogHeader, SmartLog,
+    AnaGroupDescriptor, AnaLog, AnaState, AsyncEvent, DiscoveryLog, DiscoveryLogEntry,
+    DiscoveryLogHeader, SmartLog, ANA_GROUP_DESCRIPTOR_SIZE, ANA_LOG_HEADER_SIZE, ANA_LSP_RGO,
     DISCOVERY_RECORD_SIZE, SMART_LOG_SIZE,
 };
 pub use opcodes::{admin, cns, feature, io, log_page};

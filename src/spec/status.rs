@@ -117,6 +117,10 @@ impl Status {
     pub const INTERNAL_PATH_ERROR: Status = Status::new(sct::PATH, 0x00);
     /// Asymmetric Access Inaccessible.
     pub const ANA_INACCESSIBLE: Status = Status::new(sct::PATH, 0x02);
+    /// Asymmetric Access Persistent Loss: the path to the namespace is gone for good.
+    pub const ANA_PERSISTENT_LOSS: Status = Status::new(sct::PATH, 0x01);
+    /// Asymmetric Access Transition: the namespace's ANA group is changing state on this path.
+    pub const ANA_TRANSITION: Status = Status::new(sct::PATH, 0x03);
     /// Command Aborted By Host (path related; the host gave up on the path).
     pub const ABORTED_BY_HOST: Status = Status::new(sct::PATH, 0x71);
 
