@@ -7,7 +7,8 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
@@ -17,7 +18,7 @@ use nvpoll::api::{
 };
 use nvpoll::mem::{DmaBuf, DmaPool};
 use nvpoll::send::SendMode;
-use nvpoll::spec::{self, Cqe, IdentifyController, Sqe};
+use nvpoll::spec::{self, AnaState, Cqe, IdentifyController, Sqe};
 
 use crate::queue::{DataDir, Done, HostQueue, Orphan, Parked, QueueParams};
 use crate::Error;
@@ -61,6 +62,9 @@ pub struct ConnectOptions {
     pub io_timeout: Duration,
     /// What a lost connection does to the commands that were outstanding on it.
     pub recovery: Recovery,
+    /// With a controller that reports ANA: how often its ANA log is read again (also at once after a
+    /// command failed with a path status). Zero: only then.
+    pub ana_refresh: Duration,
 }
 
 /// What happens to outstanding commands when their connection is lost.
@@ -112,7 +116,8 @@ impl ConnectOptions {
     }
 
     /// Options with defaults: no digests, KATO 10 s, 5 s per step, admin depth 32, 1 MiB transfers, reconnect
-    /// every 2 s for up to 60 s, 30 s command timeout, outstanding commands retried after a reconnect.
+    /// every 2 s for up to 60 s, 30 s command timeout, outstanding commands retried after a reconnect, the ANA
+    /// log read every second.
     pub fn new(addr: SocketAddr, subnqn: impl Into<String>, hostnqn: impl Into<String>) -> Self {
         ConnectOptions {
             addr,
@@ -130,6 +135,7 @@ impl ConnectOptions {
             ctrl_loss_tmo: Duration::from_secs(60),
             io_timeout: Duration::from_secs(30),
             recovery: Recovery::Retry,
+            ana_refresh: Duration::from_secs(1),
         }
     }
 
@@ -197,9 +203,17 @@ pub struct TcpController {
     keep_alive_outstanding: bool,
     shared: Arc<CtrlShared>,
     state: CtrlState,
+    /// A reconnect running on its own thread (so that no reactor waits on a connect), if any.
+    connecting: Option<mpsc::Receiver<Result<Attached, Error>>>,
+    /// A read of the ANA log is outstanding on the admin queue.
+    ana_outstanding: bool,
+    /// When the ANA log was last asked for.
+    last_ana: Instant,
 }
 
 const KEEP_ALIVE_TAG: u64 = u64::MAX - 1;
+/// Tag of the ANA log reads on the admin queue.
+const ANA_TAG: u64 = u64::MAX - 3;
 
 fn connect_queue(
     opts: &ConnectOptions,
@@ -271,6 +285,49 @@ struct CtrlShared {
     /// Counters.
     reconnects: AtomicU64,
     aborts_sent: AtomicU64,
+    /// What the controller reports of ANA: the group of each namespace and each group's state on this path.
+    ana: Mutex<AnaView>,
+    /// Moves whenever `ana` changes; queue pairs compare it with their copy's once per poll.
+    ana_gen: AtomicU64,
+    /// A queue pair saw a path status: read the ANA log again now.
+    ana_stale: AtomicBool,
+}
+
+/// A path's ANA states as the host knows them: the group of each namespace (from Identify Namespace) and each
+/// group's state (from the ANA log, or from a command's path status since). Without ANA reporting every
+/// namespace is optimized.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AnaView {
+    /// Whether the controller reports ANA (CMIC bit 3).
+    pub reported: bool,
+    /// (NSID, ANA group ID) of each active namespace.
+    pub groups: Vec<(u32, u32)>,
+    /// (ANA group ID, state) as last read or learnt.
+    pub states: Vec<(u32, AnaState)>,
+}
+
+impl AnaView {
+    /// The state of the group of namespace `nsid` on this path: optimized without ANA reporting, or for a
+    /// group the log did not list.
+    pub fn state_of(&self, nsid: u32) -> AnaState {
+        if !self.reported {
+            return AnaState::Optimized;
+        }
+        let Some(&(_, group)) = self.groups.iter().find(|(n, _)| *n == nsid) else {
+            return AnaState::Optimized;
+        };
+        self.states
+            .iter()
+            .find(|(g, _)| *g == group)
+            .map_or(AnaState::Optimized, |&(_, st)| st)
+    }
+
+    fn set(&mut self, group: u32, state: AnaState) {
+        match self.states.iter_mut().find(|(g, _)| *g == group) {
+            Some(e) => e.1 = state,
+            None => self.states.push((group, state)),
+        }
+    }
 }
 
 impl CtrlShared {
@@ -283,6 +340,17 @@ impl CtrlShared {
             aborts: ArrayQueue::new(1024),
             reconnects: AtomicU64::new(0),
             aborts_sent: AtomicU64::new(0),
+            ana: Mutex::new(AnaView::default()),
+            ana_gen: AtomicU64::new(0),
+            ana_stale: AtomicBool::new(false),
+        }
+    }
+
+    fn set_ana(&self, view: AnaView) {
+        let mut a = self.ana.lock().unwrap_or_else(|e| e.into_inner());
+        if *a != view {
+            *a = view;
+            self.ana_gen.fetch_add(1, Ordering::AcqRel);
         }
     }
 }
@@ -312,6 +380,8 @@ struct Attached {
     vs: spec::Vs,
     info: ControllerInfo,
     io_queues_allowed: u16,
+    /// The ANA groups and states read at bring-up.
+    ana: AnaView,
 }
 
 /// Connects the admin queue and brings the controller up: ICReq, Fabrics Connect, CAP/VS, CC.EN and CSTS.RDY,
@@ -352,8 +422,7 @@ fn bring_up(opts: &ConnectOptions, pool: &DmaPool) -> Result<Attached, Error> {
         max_transfer = max_transfer.min(limit.min(u64::from(u32::MAX)) as u32);
     }
     // A discovery controller has no I/O queues and no namespaces: it only serves the discovery log.
-    let (io_queues_allowed, namespaces) = if id.cntrltype == IdentifyController::CNTRLTYPE_DISCOVERY
-    {
+    let (io_queues_allowed, scanned) = if id.cntrltype == IdentifyController::CNTRLTYPE_DISCOVERY {
         (0, Vec::new())
     } else {
         (
@@ -361,6 +430,24 @@ fn bring_up(opts: &ConnectOptions, pool: &DmaPool) -> Result<Attached, Error> {
             scan_namespaces(&mut admin, pool, t)?,
         )
     };
+    let mut ana = AnaView {
+        reported: id.cmic & IdentifyController::CMIC_ANA != 0,
+        groups: scanned.iter().map(|(n, g)| (n.nsid, *g)).collect(),
+        states: Vec::new(),
+    };
+    if ana.reported {
+        let (cqe, buf) = admin.run(
+            ana_log_sqe(),
+            DataDir::FromController,
+            Some(alloc_page(pool)?),
+            4096,
+            t,
+        )?;
+        HostQueue::check("Get Log Page (ANA)", &cqe)?;
+        let buf = buf.expect("Get Log Page hands its buffer back");
+        ana.states = parse_ana_states(buf.as_slice())?;
+    }
+    let namespaces = scanned.into_iter().map(|(n, _)| n).collect();
     Ok(Attached {
         admin,
         cntlid,
@@ -372,7 +459,30 @@ fn bring_up(opts: &ConnectOptions, pool: &DmaPool) -> Result<Attached, Error> {
             max_transfer,
         },
         io_queues_allowed,
+        ana,
     })
+}
+
+/// Get Log Page for the ANA log, groups only (RGO): the namespaces' groups come from Identify Namespace.
+fn ana_log_sqe() -> Sqe {
+    let mut sqe = Sqe::get_log_page(spec::log_page::ANA, 0, 4096, 0);
+    sqe.cdw10 |= u32::from(spec::ANA_LSP_RGO) << 8;
+    sqe
+}
+
+fn alloc_page(pool: &DmaPool) -> Result<DmaBuf, Error> {
+    let mut buf = pool
+        .alloc(4096)
+        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    buf.set_len(4096)
+        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    Ok(buf)
+}
+
+/// The group states of an ANA log page.
+fn parse_ana_states(page: &[u8]) -> Result<Vec<(u32, AnaState)>, Error> {
+    let log = spec::AnaLog::parse(page).map_err(|e| Error::Protocol(e.to_string()))?;
+    Ok(log.groups.iter().map(|g| (g.grpid, g.state)).collect())
 }
 
 fn set_number_of_queues(admin: &mut HostQueue, t: Duration, want: u16) -> Result<u16, Error> {
@@ -385,11 +495,12 @@ fn set_number_of_queues(admin: &mut HostQueue, t: Duration, want: u16) -> Result
     Ok(nsq.min(ncq).min(want))
 }
 
+/// Every active namespace, with its ANA group ID (0 when it reports none).
 fn scan_namespaces(
     admin: &mut HostQueue,
     pool: &DmaPool,
     t: Duration,
-) -> Result<Vec<Namespace>, Error> {
+) -> Result<Vec<(Namespace, u32)>, Error> {
     let list = identify(admin, pool, spec::cns::ACTIVE_NS_LIST, 0, t)?;
     let nsids = spec::decode_ns_list(list.as_slice());
     drop(list);
@@ -399,7 +510,8 @@ fn scan_namespaces(
         if let Some(ns) =
             Namespace::from_identify(nsid, page.as_slice()).map_err(Error::Protocol)?
         {
-            out.push(ns);
+            let group = spec::IdentifyNamespace::parse(page.as_slice()).map_or(0, |id| id.anagrpid);
+            out.push((ns, group));
         }
     }
     Ok(out)
@@ -411,6 +523,7 @@ impl TcpController {
     pub fn connect(opts: ConnectOptions, pool: DmaPool) -> Result<TcpController, Error> {
         let a = bring_up(&opts, &pool)?;
         let shared = Arc::new(CtrlShared::new(a.cntlid));
+        shared.set_ana(a.ana.clone());
         Ok(TcpController {
             att: a,
             pool,
@@ -420,6 +533,9 @@ impl TcpController {
             opts,
             shared,
             state: CtrlState::Live,
+            connecting: None,
+            ana_outstanding: false,
+            last_ana: Instant::now(),
         })
     }
 
@@ -452,8 +568,10 @@ impl TcpController {
     /// Keep Alive every KATO/2, sends the Aborts that queue pairs request for timed-out commands, and notices a
     /// lost controller: the admin connection failing, a Keep Alive unanswered for a whole KATO (a target that
     /// stopped answering), or a queue pair that lost its connection. It then reconnects with bounded back-off
-    /// (`reconnect_delay`, for up to `ctrl_loss_tmo`), which may block this call for up to the step timeout per
-    /// attempt; queue pairs follow on their own reactors. Returns an error only once the controller is given up.
+    /// (`reconnect_delay`, for up to `ctrl_loss_tmo`); each attempt runs on a thread of its own, so this call
+    /// never waits on the network; queue pairs follow on their own reactors. With ANA reporting it reads the
+    /// ANA log every `ana_refresh` and whenever a queue pair saw a path status. Returns an error only once the
+    /// controller is given up.
     pub fn poll_admin(&mut self) -> Result<(), Error> {
         match self.state {
             CtrlState::Dead => {
@@ -462,7 +580,7 @@ impl TcpController {
                 ))
             }
             CtrlState::Reconnecting { since, next } => {
-                if Instant::now() >= next {
+                if self.connecting.is_some() || Instant::now() >= next {
                     self.try_reconnect(since);
                 }
                 return Ok(());
@@ -485,6 +603,14 @@ impl TcpController {
                 self.keep_alive_outstanding = false;
                 let cqe = d.result?;
                 HostQueue::check("Keep Alive", &cqe)?;
+            } else if d.tag == ANA_TAG {
+                self.ana_outstanding = false;
+                let cqe = d.result?;
+                HostQueue::check("Get Log Page (ANA)", &cqe)?;
+                let buf = d.buf.expect("Get Log Page hands its buffer back");
+                let states = parse_ana_states(buf.as_slice())?;
+                self.att.ana.states = states;
+                self.shared.set_ana(self.att.ana.clone());
             }
             // Abort completions need no action: an aborted command completes on its own queue.
         }
@@ -502,6 +628,25 @@ impl TcpController {
                     .map_err(|(e, _)| e)?;
                 self.keep_alive_outstanding = true;
                 self.last_keep_alive = Instant::now();
+            }
+        }
+        if self.att.ana.reported && !self.ana_outstanding {
+            let stale = self.shared.ana_stale.swap(false, Ordering::AcqRel);
+            let due = !self.opts.ana_refresh.is_zero()
+                && self.last_ana.elapsed() >= self.opts.ana_refresh;
+            if stale || due {
+                self.att
+                    .admin
+                    .submit(
+                        ana_log_sqe(),
+                        DataDir::FromController,
+                        Some(alloc_page(&self.pool)?),
+                        4096,
+                        ANA_TAG,
+                    )
+                    .map_err(|(e, _)| e)?;
+                self.ana_outstanding = true;
+                self.last_ana = Instant::now();
             }
         }
         while self.att.admin.outstanding() + 1 < self.att.admin.depth() {
@@ -529,10 +674,43 @@ impl TcpController {
         };
     }
 
+    /// One reconnect attempt, on its own thread: bring-up waits on the network (a connect to a host that
+    /// stopped answering takes the whole step timeout), and this is called from a reactor's poller. The
+    /// result is taken by a later call.
     fn try_reconnect(&mut self, since: Instant) {
-        match bring_up(&self.opts, &self.pool) {
+        let result = match &self.connecting {
+            None => {
+                let (tx, rx) = mpsc::sync_channel(1);
+                let (opts, pool) = (self.opts.clone(), self.pool.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("nvpoll-reconnect".into())
+                    .spawn(move || {
+                        // The receiver may be gone (the controller dropped): nothing to tell then.
+                        let _ = tx.send(bring_up(&opts, &pool));
+                    });
+                match spawned {
+                    Ok(_) => {
+                        self.connecting = Some(rx);
+                        return;
+                    }
+                    Err(e) => Err(Error::io("start the reconnect thread", e)),
+                }
+            }
+            Some(rx) => match rx.try_recv() {
+                Ok(r) => r,
+                Err(mpsc::TryRecvError::Empty) => return,
+                Err(mpsc::TryRecvError::Disconnected) => Err(Error::Protocol(
+                    "the reconnect thread ended without a result".into(),
+                )),
+            },
+        };
+        self.connecting = None;
+        match result {
             Ok(a) => {
                 self.att = a;
+                self.shared.set_ana(self.att.ana.clone());
+                self.ana_outstanding = false;
+                self.last_ana = Instant::now();
                 self.last_keep_alive = Instant::now();
                 self.keep_alive_outstanding = false;
                 // Aborts for commands of the old connections are moot.
@@ -554,6 +732,21 @@ impl TcpController {
                 };
             }
         }
+    }
+
+    /// What this controller reports of ANA, as last read.
+    pub fn ana(&self) -> AnaView {
+        self.att.ana.clone()
+    }
+
+    /// The Command Quiesce Time it reports (NVMe 2.1), zero if none.
+    pub fn cqt(&self) -> Duration {
+        Duration::from_millis(u64::from(self.att.info.identify.cqt))
+    }
+
+    /// The options it was attached with.
+    pub fn options(&self) -> &ConnectOptions {
+        &self.opts
     }
 
     /// Whether the admin connection is up (not reconnecting, not given up).
@@ -702,6 +895,7 @@ impl TcpController {
             depth,
             max_transfer: self.att.info.max_transfer,
             incapsule_max: (self.att.info.identify.ioccsz.max(4) * 16).saturating_sub(64),
+            cqt: self.cqt(),
         };
         let q = link.connect(self.att.cntlid)?;
         self.next_qid += 1;
@@ -725,6 +919,8 @@ struct QueueLink {
     depth: u16,
     max_transfer: u32,
     incapsule_max: u32,
+    /// The controller's Command Quiesce Time.
+    cqt: Duration,
 }
 
 impl QueueLink {
@@ -787,6 +983,11 @@ pub struct TcpQueuePair {
     next_attempt: Instant,
     next_timeout_check: Instant,
     recovery: RecoveryStats,
+    /// A reconnect running on its own thread, for the controller generation given, if any.
+    connecting: Option<(mpsc::Receiver<Result<HostQueue, Error>>, u64)>,
+    /// The path's ANA states as this queue pair saw them last, and their generation.
+    ana: AnaView,
+    ana_gen: u64,
 }
 
 /// How often outstanding commands are checked against the command timeout.
@@ -810,7 +1011,72 @@ impl TcpQueuePair {
             next_attempt: Instant::now(),
             next_timeout_check: Instant::now() + TIMEOUT_CHECK_PERIOD,
             recovery: RecoveryStats::default(),
+            connecting: None,
+            ana: AnaView::default(),
+            ana_gen: u64::MAX,
         }
+    }
+
+    /// The ANA state of namespace `nsid` on this queue pair's path, as of its last poll (optimized for a
+    /// controller that reports no ANA).
+    pub fn ana_state(&self, nsid: u32) -> AnaState {
+        if self.ana_gen == u64::MAX {
+            return self.shared_ana().state_of(nsid);
+        }
+        self.ana.state_of(nsid)
+    }
+
+    fn shared_ana(&self) -> AnaView {
+        self.shared
+            .ana
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Takes the path's ANA states if they changed (one atomic load when they did not).
+    fn refresh_ana(&mut self) {
+        let gen = self.shared.ana_gen.load(Ordering::Acquire);
+        if gen != self.ana_gen {
+            self.ana = self.shared_ana();
+            self.ana_gen = gen;
+        }
+    }
+
+    /// A command on namespace `nsid` failed with `status`, a path status: if it names an ANA state (the
+    /// group is inaccessible, lost or changing on this path), every queue pair of the controller takes that
+    /// state at once, and the controller reads the ANA log again at its next admin poll.
+    pub fn note_path_status(&mut self, nsid: u32, status: spec::Status) {
+        let state = if status.sct() != spec::sct::PATH {
+            return;
+        } else if status.sc() == spec::Status::ANA_INACCESSIBLE.sc() {
+            AnaState::Inaccessible
+        } else if status.sc() == spec::Status::ANA_PERSISTENT_LOSS.sc() {
+            AnaState::PersistentLoss
+        } else if status.sc() == spec::Status::ANA_TRANSITION.sc() {
+            AnaState::Change
+        } else {
+            return;
+        };
+        {
+            let mut a = self.shared.ana.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(&(_, group)) = a.groups.iter().find(|(n, _)| *n == nsid) {
+                if a.state_of(nsid) != state {
+                    a.set(group, state);
+                    self.shared.ana_gen.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+        }
+        self.shared.ana_stale.store(true, Ordering::Release);
+        self.refresh_ana();
+    }
+
+    /// How long after this path was lost its controller may still run what it had: the keep-alive timeout
+    /// (the target tears a silent controller down after it) plus the Command Quiesce Time it reports. A
+    /// command whose fate the loss left unknown may run elsewhere only after that, or a late copy of it could
+    /// overwrite newer data (spdk#3593).
+    pub fn quiesce_time(&self) -> Duration {
+        self.link.opts.kato + self.link.cqt
     }
 
     /// The live connection, if any.
@@ -897,13 +1163,43 @@ impl TcpQueuePair {
             return Err(Error::Lost(GIVEN_UP));
         }
         let gen = self.shared.generation.load(Ordering::Acquire);
-        if gen == self.gen || Instant::now() < self.next_attempt {
-            return Ok(());
-        }
-        match self
-            .link
-            .connect(self.shared.cntlid.load(Ordering::Acquire))
-        {
+        let result = match &self.connecting {
+            None => {
+                if gen == self.gen || Instant::now() < self.next_attempt {
+                    return Ok(());
+                }
+                // The connect waits on the network: on a thread of its own, never on the reactor.
+                let (tx, rx) = mpsc::sync_channel(1);
+                let link = self.link.clone();
+                let cntlid = self.shared.cntlid.load(Ordering::Acquire);
+                let spawned = std::thread::Builder::new()
+                    .name("nvpoll-reconnect".into())
+                    .spawn(move || {
+                        // The receiver may be gone (the queue pair dropped): nothing to tell then.
+                        let _ = tx.send(link.connect(cntlid));
+                    });
+                match spawned {
+                    Ok(_) => {
+                        self.connecting = Some((rx, gen));
+                        return Ok(());
+                    }
+                    Err(e) => Err(Error::io("start the reconnect thread", e)),
+                }
+            }
+            Some((rx, for_gen)) => match rx.try_recv() {
+                Err(mpsc::TryRecvError::Empty) => return Ok(()),
+                // Connected to an incarnation of the controller that is gone by now: try again.
+                Ok(Ok(_)) if *for_gen != gen => Err(Error::Protocol(
+                    "the controller reconnected meanwhile".into(),
+                )),
+                Ok(r) => r,
+                Err(mpsc::TryRecvError::Disconnected) => Err(Error::Protocol(
+                    "the reconnect thread ended without a result".into(),
+                )),
+            },
+        };
+        self.connecting = None;
+        match result {
             Ok(mut q) => {
                 q.set_send_mode(self.mode);
                 let state = std::mem::replace(&mut self.state, QueueState::Connected(q));
@@ -1032,6 +1328,7 @@ impl QueuePair for TcpQueuePair {
 
     fn poll(&mut self, max: usize) -> nvpoll::Result<usize> {
         let before = self.done_len();
+        self.refresh_ana();
         self.check_timeouts();
         if let QueueState::Connected(q) = &mut self.state {
             if self.shared.generation.load(Ordering::Acquire) != self.gen {

@@ -5,6 +5,7 @@
 pub mod conn;
 mod error;
 pub mod host;
+pub mod multipath;
 pub mod pdu;
 pub mod queue;
 pub mod tls;
