@@ -92,7 +92,10 @@ fn identify_reports_ana_and_the_groups() {
     assert_eq!(id.nanagrpid, nvpoll_target::ANA_GROUP_MAX);
     assert!(id.anatt > 0);
     assert!(id.cqt > 0, "the Command Quiesce Time is reported");
-    assert!(id.mnan > 0 && id.mnan <= id.nn, "Linux sizes its ANA log by MNAN");
+    assert!(
+        id.mnan > 0 && id.mnan <= id.nn,
+        "Linux sizes its ANA log by MNAN"
+    );
     for (nsid, group) in [(1, 1), (2, 2)] {
         let (cqe, page) = h.run(Sqe::identify(cns::NAMESPACE, nsid), &[], 4096, &[]);
         assert!(cqe.status().is_success());
