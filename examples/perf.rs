@@ -15,6 +15,7 @@ use nvpoll::send::SendMode;
 use nvpoll::trid::TransportId;
 use nvpoll_pcie::PcieOptions;
 use nvpoll_tcp::host::{ConnectOptions, Recovery};
+use nvpoll_tcp::multipath::{MultipathController, PathPolicy};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 use nvpoll_tools::loadgen::{self, LoadGen, Phase, Row, RunSpec};
 
@@ -150,6 +151,18 @@ struct Args {
     /// and exit 0 as long as nothing was lost or corrupted, even if I/O failed (for fault injection).
     #[arg(long)]
     faults: bool,
+    /// NVMe/TCP: the --trid transport IDs that name one subsystem NQN are paths to one multipath controller
+    /// (in the order given), and every job's queue pair spans all its paths. A request goes to an optimized
+    /// path before a non-optimized one (by ANA state); a path status sends it at once to another path; a
+    /// lost connection holds its requests for the path's KATO plus its Command Quiesce Time, then sends them
+    /// on a live path. Paths fail fast (--recovery does not apply to them); retried counts the resends.
+    #[arg(long)]
+    multipath: bool,
+    /// With --multipath: among paths of the same ANA state, send each request to the one with the fewest
+    /// commands outstanding (queue-depth: follows each path's speed) or to the next one in turn
+    /// (round-robin: a slow path collects the commands).
+    #[arg(long, default_value = "queue-depth", value_parser = ["queue-depth", "round-robin"])]
+    path_policy: String,
     /// Size of the embedded target's RAM namespace.
     #[arg(long, default_value = "256m", value_parser = loadgen::parse_size)]
     ram: u64,
@@ -260,7 +273,7 @@ where
                     if m.faults {
                         println!(
                             "faults: {label} {mode}: submitted {}, ok {}, failed {}, refused {}, retried {}, lost {}, \
-                             mismatches {}, longest stall {:.3} s",
+                             mismatches {}, longest stall {:.3} s, failover {:.3} s",
                             r.submitted,
                             r.completed_ok,
                             r.errors,
@@ -268,7 +281,8 @@ where
                             r.retried,
                             r.lost,
                             r.mismatches,
-                            r.max_stall.as_secs_f64()
+                            r.max_stall.as_secs_f64(),
+                            r.failover.as_secs_f64()
                         );
                     }
                     for f in &r.failures {
@@ -459,9 +473,12 @@ fn run(args: Args) -> Result<(), String> {
         }
         run_matrix(ctrls, &reactors, &pool, &matrix, "", None, &mut rows)?;
     }
+    if args.multipath && (embedded || !pcie.is_empty()) {
+        return Err("--multipath: give the paths as NVMe/TCP --trid transport IDs".into());
+    }
     for &tls in tls_settings.iter().filter(|_| pcie.is_empty()) {
         // One set of controllers (and queue pairs, kept across runs) per TLS setting.
-        let mut ctrls = Vec::new();
+        let mut opts = Vec::new();
         for o in &targets {
             let mut o = o.clone();
             if tls {
@@ -483,18 +500,35 @@ fn run(args: Args) -> Result<(), String> {
             } else {
                 Recovery::Retry
             };
-            ctrls.push(common::connect_tcp(o, &pool)?);
+            opts.push(o);
         }
         let target = embedded_target.as_ref().map(|(t, _)| t);
-        run_matrix(
-            ctrls,
-            &reactors,
-            &pool,
-            &matrix,
-            if tls { " tls" } else { "" },
-            target,
-            &mut rows,
-        )?;
+        let suffix = if tls { " tls" } else { "" };
+        if args.multipath {
+            let policy: PathPolicy = args.path_policy.parse()?;
+            let mut groups: Vec<Vec<ConnectOptions>> = Vec::new();
+            for o in opts {
+                match groups.iter_mut().find(|g| g[0].subnqn == o.subnqn) {
+                    Some(g) => g.push(o),
+                    None => groups.push(vec![o]),
+                }
+            }
+            let mut ctrls = Vec::new();
+            for g in groups {
+                let (nqn, n) = (g[0].subnqn.clone(), g.len());
+                let c = MultipathController::connect(g, pool.clone(), policy)
+                    .map_err(|e| format!("--multipath {nqn}: {e}"))?;
+                eprintln!("perf: {nqn}: {n} path(s), policy {policy}");
+                ctrls.push(c);
+            }
+            run_matrix(ctrls, &reactors, &pool, &matrix, suffix, target, &mut rows)?;
+        } else {
+            let mut ctrls = Vec::new();
+            for o in opts {
+                ctrls.push(common::connect_tcp(o, &pool)?);
+            }
+            run_matrix(ctrls, &reactors, &pool, &matrix, suffix, target, &mut rows)?;
+        }
     }
     let stats = reactors.stop().map_err(|e| e.to_string())?;
     let total_errors: u64 = rows

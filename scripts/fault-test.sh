@@ -17,6 +17,13 @@
 #   lossy link          netem delay 5ms loss 2% on the namespace's veth for the whole run (without netem in the
 #                       kernel: 2% random loss with nft/iptables and a 40 Mbit/s tbf instead, said loudly)
 #   kill -9 + restart, TLS   as the first, with a TLS PSK: the reconnects redo the handshake
+# and, with `perf --multipath` over two paths (two target processes on ports 4420 and 4421 in the namespace,
+# exporting one subsystem from the same file, with disjoint controller IDs):
+#   multipath kill -9   the first target is killed mid-run and restarted 1 s later: its commands wait KATO
+#                       plus CQT and go to the other path, which carries the I/O meanwhile; none fails
+#   multipath ANA       the first target's path turns inaccessible (ana_state_set over its control socket)
+#                       for 3 s, then optimized again: refused commands go to the other path at once
+#   multipath blackhole the first path's port is dropped for 4 s (KATO 2 s): its commands go to the other path
 # Then it prints one table and exits non-zero if any run lost an I/O, found a verify mismatch, failed I/O
 # under the retry policy, or did not see its fault. Traffic goes only to the namespace this script creates;
 # the namespace, the veth pair, the processes and the temporary files go away on any exit.
@@ -26,7 +33,8 @@
 #   NVPOLL_FAULT_PROFILE     debug | release: the profile to build when NVPOLL_EXAMPLES_DIR is unset (debug)
 #   NVPOLL_FAULT_KEEP=0      1: keep the work folder (perf and target logs)
 #   NVPOLL_FAULT_SCENARIOS   comma-separated subset of: kill, kill-fail-fast, gone, reset, blackhole, lossy,
-#                            kill-tls, lossy-tls (default: all but lossy-tls, in that order)
+#                            kill-tls, lossy-tls, mp-kill, mp-ana, mp-blackhole (default: all but lossy-tls,
+#                            in that order)
 #   NVPOLL_FAULT_NETEM=any   require: a missing sch_netem is an error instead of the nft + tbf substitute
 # Needs: root, ip (iproute2, with network namespace and veth support), tc, nft (nftables) or iptables.
 set -euo pipefail
@@ -64,12 +72,12 @@ else
         *) die "NVPOLL_FAULT_PROFILE must be debug or release, not '$profile'" ;;
     esac
     say "building the perf and target examples ($profile)"
-    (cd "$ROOT" && cargo build -q "${flags[@]}" --example perf --example target) || die "the build failed"
+    (cd "$ROOT" && cargo build -q "${flags[@]}" --example perf --example target --example rpc) || die "the build failed"
     meta=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps)
     [[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"
     BIN=${BASH_REMATCH[1]}/$profile/examples
 fi
-if [ ! -x "$BIN/perf" ] || [ ! -x "$BIN/target" ]; then die "no perf and target examples in $BIN"; fi
+for b in perf target rpc; do [ -x "$BIN/$b" ] || die "no $b example in $BIN"; done
 
 # ---------------------------------------------------------------------------------------------------------------
 # namespace, veth pair, cleanup
@@ -78,7 +86,8 @@ NS=nvpoll-fault-$$
 VETH_OUT=nvpf$$o    # stays here
 VETH_IN=nvpf$$i     # moves into the namespace
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/nvpoll-fault.XXXXXX")
-TARGET_PID='' PERF_PID=''
+TARGET_PID='' TARGET2_PID='' PERF_PID=''
+PORT2=$((PORT + 1))
 
 # shellcheck disable=SC2317  # invoked by the traps
 cleanup() {
@@ -90,6 +99,7 @@ cleanup() {
         { wait "$PERF_PID"; } 2>/dev/null || true
     fi
     [ -z "$TARGET_PID" ] || kill -9 "$TARGET_PID" 2>/dev/null || true
+    [ -z "$TARGET2_PID" ] || kill -9 "$TARGET2_PID" 2>/dev/null || true
     if [ -e "/run/netns/$NS" ]; then
         # anything still running in our namespace was started by this script
         local p
@@ -134,19 +144,56 @@ say "namespace $NS: target at $TARGET_IP:$PORT (veth $VETH_IN), initiator at $HO
 # target, firewall rules, link faults
 # ---------------------------------------------------------------------------------------------------------------
 TLS_ARGS=()
-start_target() {   # starts the target in the namespace and waits until it listens
-    # not through in_ns: a backgrounded function is a subshell, and $! must be the target itself
-    ip netns exec "$NS" "$BIN/target" --listen "$TARGET_IP:$PORT" --nqn "$NQN" --file "$IMG" --cores 1 "${TLS_ARGS[@]}" \
-        >> "$WORK/target.log" 2>&1 &
-    TARGET_PID=$!
+MP=0   # 1: multipath scenarios, two targets from configuration files (mp_config)
+mp_config() {   # PORT CNTLID_MIN: one subsystem on one listener, the shared file, its own controller IDs
+    cat <<EOF
+{ "listeners": [ {"address": "$TARGET_IP:$1"} ],
+  "subsystems": [ { "nqn": "$NQN", "allow_any_host": true, "cntlid_min": $2, "cntlid_max": $(($2 + 998)),
+                    "namespaces": [ {"file": "$IMG"} ] } ] }
+EOF
+}
+wait_listening() {   # PORT PID LOG
     local i
     for i in $(seq 100); do
-        if [ -n "$(in_ns ss -Hltn "sport = :$PORT" 2>/dev/null)" ]; then return 0; fi
-        kill -0 "$TARGET_PID" 2>/dev/null || break
+        if [ -n "$(in_ns ss -Hltn "sport = :$1" 2>/dev/null)" ]; then return 0; fi
+        kill -0 "$2" 2>/dev/null || break
         sleep 0.05
     done
-    echo "---- target log ----" >&2; tail -n 20 "$WORK/target.log" >&2
-    die "the target did not start listening on $TARGET_IP:$PORT"
+    echo "---- target log ----" >&2; tail -n 20 "$3" >&2
+    die "the target did not start listening on $TARGET_IP:$1"
+}
+start_target() {   # starts the target (with MP=1: the first of the two) in the namespace; waits until it listens
+    # not through in_ns: a backgrounded function is a subshell, and $! must be the target itself
+    if [ "$MP" = 1 ]; then
+        mp_config "$PORT" 1 > "$WORK/target1.json"
+        rm -f "$WORK/rpc1.sock"
+        ip netns exec "$NS" "$BIN/target" --config "$WORK/target1.json" --rpc-socket "$WORK/rpc1.sock" --cores 1 \
+            >> "$WORK/target.log" 2>&1 &
+    else
+        ip netns exec "$NS" "$BIN/target" --listen "$TARGET_IP:$PORT" --nqn "$NQN" --file "$IMG" --cores 1 "${TLS_ARGS[@]}" \
+            >> "$WORK/target.log" 2>&1 &
+    fi
+    TARGET_PID=$!
+    wait_listening "$PORT" "$TARGET_PID" "$WORK/target.log"
+}
+start_target2() {   # the second multipath target, on PORT2
+    mp_config "$PORT2" 1000 > "$WORK/target2.json"
+    ip netns exec "$NS" "$BIN/target" --config "$WORK/target2.json" --cores 1 >> "$WORK/target2.log" 2>&1 &
+    TARGET2_PID=$!
+    wait_listening "$PORT2" "$TARGET2_PID" "$WORK/target2.log"
+}
+stop_target2() {
+    [ -n "$TARGET2_PID" ] || return 0
+    kill -TERM "$TARGET2_PID" 2>/dev/null || true
+    local i
+    for i in $(seq 100); do kill -0 "$TARGET2_PID" 2>/dev/null || break; sleep 0.05; done
+    kill -9 "$TARGET2_PID" 2>/dev/null || true
+    { wait "$TARGET2_PID"; } 2>/dev/null || true
+    TARGET2_PID=''
+}
+ana() {   # STATE: the first target's path, ANA group 1
+    "$BIN/rpc" -s "$WORK/rpc1.sock" ana_state_set nqn="$NQN" listener="$TARGET_IP:$PORT" group=1 state="$1" \
+        > /dev/null || die "ana_state_set $1 failed"
 }
 stop_target() {   # SIGNAL
     [ -n "$TARGET_PID" ] || return 0
@@ -158,8 +205,8 @@ stop_target() {   # SIGNAL
     TARGET_PID=''
 }
 
-fw() {   # reset | blackhole | loss | clear: rules in the namespace for the target's port
-    local what=$1
+fw() {   # reset | blackhole | loss | clear [PORT]: rules in the namespace for the target's port
+    local what=$1 PORT=${2:-$PORT}
     if [ "$FW" = nft ]; then
         in_ns nft delete table inet nvpoll_fault 2>/dev/null || true
         local in='' out=''
@@ -221,7 +268,7 @@ lossy_off() {
 # one scenario: perf in the background, the fault from here, then checks
 # ---------------------------------------------------------------------------------------------------------------
 ROWS=() FAILS=0 RUNS=0
-row() { ROWS+=("$(printf '| %-42s | %9s | %9s | %6s | %7s | %4s | %10s | %9s | %19s | %-6s |' "$@")"); }
+row() { ROWS+=("$(printf '| %-42s | %9s | %9s | %6s | %7s | %4s | %10s | %9s | %19s | %12s | %-6s |' "$@")"); }
 FAULT_T0='' FAULT_SECS=''
 fault_begin() { FAULT_T0=$EPOCHREALTIME; }
 fault_end() { FAULT_SECS=$(awk -v a="$FAULT_T0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }'); }
@@ -243,8 +290,10 @@ run_scenario() {   # LABEL POLICY EXPECT SECONDS INJECT [perf args...]
     echo "---- $label ($policy)" >> "$WORK/target.log"
     local log_from
     log_from=$(wc -l < "$WORK/target.log")
+    local trids=(--trid "trtype:tcp traddr:$TARGET_IP trsvcid:$PORT subnqn:$NQN")
+    [ "$MP" = 0 ] || trids+=(--trid "trtype:tcp traddr:$TARGET_IP trsvcid:$PORT2 subnqn:$NQN" --multipath)
     timeout -k 5 $((secs + 60)) "$BIN/perf" \
-        --trid "trtype:tcp traddr:$TARGET_IP trsvcid:$PORT subnqn:$NQN" --hostnqn "$HOSTNQN" \
+        "${trids[@]}" --hostnqn "$HOSTNQN" \
         --verify --faults --quiet --qd 16 --time "${secs}s" --warmup 0s --runs 1 --workload randrw \
         --send-mode deferred --cores 0 --reconnect-delay 200ms --drain-timeout 30s \
         --recovery "$policy" "$@" > "$log" 2>&1 &
@@ -259,13 +308,15 @@ run_scenario() {   # LABEL POLICY EXPECT SECONDS INJECT [perf args...]
     local why=()
     if [ -z "$line" ]; then
         why+=("perf printed no faults line (exit status $rc)")
-        row "$label ($policy)" - - - - - - - - FAIL
+        row "$label ($policy)" - - - - - - - - - FAIL
     else
         echo "  $line"
         local re='submitted ([0-9]+), ok ([0-9]+), failed ([0-9]+), refused ([0-9]+), retried ([0-9]+), lost ([0-9]+), mismatches ([0-9]+), longest stall ([0-9.]+) s'
         [[ "$line" =~ $re ]] || die "cannot parse: $line"
         local sub=${BASH_REMATCH[1]} ok=${BASH_REMATCH[2]} failed=${BASH_REMATCH[3]} refused=${BASH_REMATCH[4]}
         local retried=${BASH_REMATCH[5]} lost=${BASH_REMATCH[6]} mism=${BASH_REMATCH[7]} stall=${BASH_REMATCH[8]}
+        local failover=-
+        if [ "$MP" = 1 ] && [[ "$line" =~ failover\ ([0-9.]+)\ s ]]; then failover=${BASH_REMATCH[1]}; fi
         [ "$rc" = 0 ] || why+=("perf exit status $rc")
         [ "$lost" = 0 ] || why+=("$lost I/Os lost")
         [ "$mism" = 0 ] || why+=("$mism verify mismatches")
@@ -285,7 +336,7 @@ run_scenario() {   # LABEL POLICY EXPECT SECONDS INJECT [perf args...]
         esac
         local verdict=ok
         [ ${#why[@]} = 0 ] || verdict=FAIL
-        row "$label ($policy)" "$sub" "$ok" "$failed" "$retried" "$lost" "$mism" "$FAULT_SECS" "$stall" "$verdict"
+        row "$label ($policy)" "$sub" "$ok" "$failed" "$retried" "$lost" "$mism" "$FAULT_SECS" "$stall" "$failover" "$verdict"
     fi
     if [ ${#why[@]} -gt 0 ]; then
         FAILS=$((FAILS + 1))
@@ -297,6 +348,7 @@ run_scenario() {   # LABEL POLICY EXPECT SECONDS INJECT [perf args...]
     # the next scenario starts a clean target (the fault may have left this one stopped or stuck)
     fw clear
     stop_target TERM
+    stop_target2
 }
 
 # The injections (run in the foreground while perf runs in the background).
@@ -347,15 +399,33 @@ inject_blackhole() {
     fault_end
 }
 inject_none() { :; }
+inject_ana() {
+    sleep 3
+    say "  ANA group 1 inaccessible on $TARGET_IP:$PORT for 3 s"
+    fault_begin
+    ana inaccessible
+    sleep 3
+    ana optimized
+    fault_end
+}
+inject_blackhole_path() {
+    sleep 3
+    say "  blackhole on port $PORT for 4 s (KATO 2 s); port $PORT2 stays up"
+    fault_begin
+    fw blackhole "$PORT"
+    sleep 4
+    fw clear
+    fault_end
+}
 
 # ---------------------------------------------------------------------------------------------------------------
 # the scenarios
 # ---------------------------------------------------------------------------------------------------------------
-SCENARIOS=${NVPOLL_FAULT_SCENARIOS:-kill,kill-fail-fast,gone,reset,blackhole,lossy,kill-tls}
+SCENARIOS=${NVPOLL_FAULT_SCENARIOS:-kill,kill-fail-fast,gone,reset,blackhole,lossy,kill-tls,mp-kill,mp-ana,mp-blackhole}
 for sc in ${SCENARIOS//,/ }; do
     case "$sc" in
-        kill | kill-fail-fast | gone | reset | blackhole | lossy | kill-tls | lossy-tls) ;;
-        *) die "NVPOLL_FAULT_SCENARIOS: unknown scenario '$sc' (kill, kill-fail-fast, gone, reset, blackhole, lossy, kill-tls, lossy-tls)" ;;
+        kill | kill-fail-fast | gone | reset | blackhole | lossy | kill-tls | lossy-tls | mp-kill | mp-ana | mp-blackhole) ;;
+        *) die "NVPOLL_FAULT_SCENARIOS: unknown scenario '$sc' (kill, kill-fail-fast, gone, reset, blackhole, lossy, kill-tls, lossy-tls, mp-kill, mp-ana, mp-blackhole)" ;;
     esac
 done
 T0=$SECONDS
@@ -364,7 +434,9 @@ for sc in ${SCENARIOS//,/ }; do
         *-tls) TLS_ARGS=(--psk "$HOSTNQN=$PSK" --tls required); PERF_TLS=(--psk "$PSK") ;;
         *) TLS_ARGS=(); PERF_TLS=() ;;
     esac
+    case "$sc" in mp-*) MP=1 ;; *) MP=0 ;; esac
     start_target
+    [ "$MP" = 0 ] || start_target2
     case "$sc" in
         kill) run_scenario "kill -9 + restart" retry retried 10 inject_kill_restart ;;
         kill-fail-fast) run_scenario "kill -9 + restart" fail-fast failed 10 inject_kill_restart ;;
@@ -372,6 +444,9 @@ for sc in ${SCENARIOS//,/ }; do
         reset) run_scenario "tcp resets" retry reconnected 10 inject_reset ;;
         blackhole) run_scenario "blackhole 4 s, KATO 2 s" retry stall 12 inject_blackhole --kato 2s --io-timeout 15s ;;
         kill-tls) run_scenario "kill -9 + restart, TLS" retry retried 10 inject_kill_restart "${PERF_TLS[@]}" ;;
+        mp-kill) run_scenario "multipath: kill -9 one of two targets" retry retried 10 inject_kill_restart --kato 2s ;;
+        mp-ana) run_scenario "multipath: ANA inaccessible 3 s, back" retry retried 10 inject_ana --kato 2s ;;
+        mp-blackhole) run_scenario "multipath: blackhole one path 4 s" retry retried 12 inject_blackhole_path --kato 2s --io-timeout 15s ;;
         lossy | lossy-tls)
             lossy_on
             label=$LOSSY_LABEL
@@ -380,15 +455,18 @@ for sc in ${SCENARIOS//,/ }; do
             lossy_off ;;
     esac
     stop_target TERM
+    stop_target2
 done
 
 echo
-echo "| fault                                      | submitted |        ok | failed | retried | lost | mismatches | fault (s) | time to recover (s) | result |"
-echo "|--------------------------------------------|-----------|-----------|--------|---------|------|------------|-----------|---------------------|--------|"
+echo "| fault                                      | submitted |        ok | failed | retried | lost | mismatches | fault (s) | time to recover (s) | failover (s) | result |"
+echo "|--------------------------------------------|-----------|-----------|--------|---------|------|------------|-----------|---------------------|--------------|--------|"
 printf '%s\n' "${ROWS[@]}"
 echo
 echo "fault-test: $((SECONDS - T0)) s; fault = how long the fault lasted (kill to listening again, reset or blackhole"
 echo "fault-test: rule on to off; '-': the whole run); time to recover = perf's longest stall (no completion while"
-echo "fault-test: I/O was outstanding), which includes the fault itself"
+echo "fault-test: I/O was outstanding), which includes the fault itself; failover (multipath) = the longest a command"
+echo "fault-test: waited between the failure that took it off a path and its send on the other (KATO + CQT after a"
+echo "fault-test: lost connection, ~0 after an ANA refusal)"
 echo "fault-test: $((RUNS - FAILS)) passed, $FAILS failed"
 [ "$FAILS" = 0 ]

@@ -225,6 +225,9 @@ pub struct QueueStats {
     pub flushes: u64,
     /// Commands submitted again after the transport recovered from a lost connection.
     pub retried: u64,
+    /// Over the queue pair's life: the longest a command waited between the failure that took it off a path
+    /// and its send on another (multipath's time to fail over; zero for a single path).
+    pub longest_failover: std::time::Duration,
 }
 
 impl QueueStats {
@@ -240,6 +243,8 @@ impl QueueStats {
             record_bytes: self.record_bytes.saturating_sub(earlier.record_bytes),
             flushes: self.flushes.saturating_sub(earlier.flushes),
             retried: self.retried.saturating_sub(earlier.retried),
+            // A maximum, not a count: the later sample's.
+            longest_failover: self.longest_failover,
         }
     }
 }

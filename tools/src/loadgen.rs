@@ -82,6 +82,7 @@ struct JobResult<Q> {
     lost: u64,
     retried: u64,
     max_stall: Duration,
+    failover: Duration,
     ios: u64,
     bytes: u64,
     errors: u64,
@@ -140,6 +141,8 @@ pub struct RunResult {
     pub lost: u64,
     /// The longest time without a completion while commands were outstanding.
     pub max_stall: Duration,
+    /// The longest a command waited to change paths (multipath; zero otherwise).
+    pub failover: Duration,
     /// Why jobs ended early, if any did.
     pub failures: Vec<String>,
 }
@@ -337,6 +340,10 @@ impl<Q: QueuePair> Job<Q> {
                 .qp
                 .as_ref()
                 .map_or(0, |q| q.stats().retried.saturating_sub(self.retried_base));
+            let failover = self
+                .qp
+                .as_ref()
+                .map_or(Duration::ZERO, |q| q.stats().longest_failover);
             let hist = std::mem::replace(&mut self.hist, Histogram::new(1).expect("histogram"));
             self.bufs.clear();
             let qp = if failure.is_none() {
@@ -353,6 +360,7 @@ impl<Q: QueuePair> Job<Q> {
                 lost,
                 retried,
                 max_stall: self.max_stall,
+                failover,
                 ios: self.ios,
                 bytes: self.ios * self.spec.io_size,
                 errors: self.errors,
@@ -701,6 +709,7 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
         let mut failures = Vec::new();
         let (mut submitted, mut completed_ok, mut rejected, mut lost) = (0, 0, 0, 0);
         let mut max_stall = Duration::ZERO;
+        let mut failover = Duration::ZERO;
         for r in &mut results {
             if self.gens.len() <= r.job {
                 self.gens.resize(r.job + 1, Vec::new());
@@ -722,6 +731,7 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
             rejected += r.rejected;
             lost += r.lost;
             max_stall = max_stall.max(r.max_stall);
+            failover = failover.max(r.failover);
             qs.retried += r.retried;
             qs.writes += r.stats.writes;
             qs.pdus += r.stats.pdus;
@@ -766,6 +776,7 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
             retried: qs.retried,
             lost,
             max_stall,
+            failover,
             failures,
         })
     }
@@ -857,6 +868,7 @@ struct JsonRun {
     retried: u64,
     lost: u64,
     max_stall_s: f64,
+    failover_s: f64,
 }
 
 impl From<&RunResult> for JsonRun {
@@ -883,6 +895,7 @@ impl From<&RunResult> for JsonRun {
             retried: x.retried,
             lost: x.lost,
             max_stall_s: x.max_stall.as_secs_f64(),
+            failover_s: x.failover.as_secs_f64(),
         }
     }
 }

@@ -627,6 +627,7 @@ impl<D: Device> QueuePair for PcieQueuePair<D> {
             record_bytes: 0,
             flushes: s.sq_doorbells,
             retried: self.rstats.retried,
+            longest_failover: std::time::Duration::ZERO,
         }
     }
 }

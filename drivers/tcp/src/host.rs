@@ -280,6 +280,9 @@ struct CtrlShared {
     dead: AtomicBool,
     /// A queue pair lost its connection: the controller must be reset (reconnected).
     reset_requested: AtomicBool,
+    /// The admin connection is lost (until the next reconnect): the queue pairs drop their connections too,
+    /// at once, instead of waiting for their own sockets to fail (a blackholed path never tells them).
+    admin_lost: AtomicBool,
     /// Aborts requested by queue pairs: (SQID, CID).
     aborts: ArrayQueue<(u16, u16)>,
     /// Counters.
@@ -337,6 +340,7 @@ impl CtrlShared {
             cntlid: AtomicU16::new(cntlid),
             dead: AtomicBool::new(false),
             reset_requested: AtomicBool::new(false),
+            admin_lost: AtomicBool::new(false),
             aborts: ArrayQueue::new(1024),
             reconnects: AtomicU64::new(0),
             aborts_sent: AtomicU64::new(0),
@@ -667,6 +671,7 @@ impl TcpController {
     /// every queue pair will reconnect after the admin queue does.
     fn lose(&mut self, _why: &str) {
         self.att.admin.close();
+        self.shared.admin_lost.store(true, Ordering::Release);
         let now = Instant::now();
         self.state = CtrlState::Reconnecting {
             since: now,
@@ -716,6 +721,7 @@ impl TcpController {
                 // Aborts for commands of the old connections are moot.
                 while self.shared.aborts.pop().is_some() {}
                 self.shared.reset_requested.store(false, Ordering::Release);
+                self.shared.admin_lost.store(false, Ordering::Release);
                 self.shared.cntlid.store(self.att.cntlid, Ordering::Release);
                 self.shared.generation.fetch_add(1, Ordering::AcqRel);
                 self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -1336,6 +1342,11 @@ impl QueuePair for TcpQueuePair {
                 // target): move to the new one now instead of waiting for the old connection to fail.
                 q.fail("the controller reconnected");
                 self.drop_connection();
+            } else if self.shared.admin_lost.load(Ordering::Acquire) {
+                // The controller is lost (its admin connection failed, or keep-alive went unanswered): this
+                // connection goes with it, now.
+                q.fail("the controller's admin connection was lost");
+                self.drop_connection();
             }
         }
         match &mut self.state {
@@ -1411,6 +1422,7 @@ impl QueuePair for TcpQueuePair {
             record_bytes: c.record_bytes,
             flushes: c.flushes,
             retried: self.recovery.retried,
+            longest_failover: Duration::ZERO,
         }
     }
 }

@@ -6,8 +6,8 @@
 //! [`MultipathQueuePair`] holds one [`TcpQueuePair`] per path and sends each request down one of them:
 //!
 //! - **Path selection** ([`PathPolicy`]): only a connected path whose ANA state for the namespace's group is
-//!   accessible is used; optimized paths come before non-optimized ones; among paths of the same state, round
-//!   robin or the one with the fewest commands outstanding.
+//!   accessible is used; optimized paths come before non-optimized ones; among paths of the same state, the
+//!   one with the fewest commands outstanding (the default), or round robin.
 //! - **A path status** (the controller answered: ANA inaccessible, persistent loss or transition, or another
 //!   path-related or transient transport status) means the command did not run: it is sent again at once on
 //!   another path, and the path's ANA state for that group is updated on every queue pair of its controller
@@ -42,10 +42,13 @@ use crate::Error;
 /// How a multipath queue pair chooses among paths of the same ANA state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PathPolicy {
-    /// Each request to the next usable path in turn.
-    #[default]
+    /// Each request to the next usable path in turn. A slow path collects the commands (the fast one
+    /// returns its share sooner, and half of every resubmission goes to the slow one), and with it whatever
+    /// a loss there holds for the quiesce time.
     RoundRobin,
-    /// Each request to the usable path with the fewest commands outstanding (ties: the first).
+    /// Each request to the usable path with the fewest commands outstanding (ties: the first). The default:
+    /// it follows each path's speed, so a slow or dying path holds few commands.
+    #[default]
     QueueDepth,
 }
 
@@ -613,6 +616,7 @@ impl QueuePair for MultipathQueuePair {
             s.retried += q.retried;
         }
         s.retried += self.stats.retried;
+        s.longest_failover = self.stats.longest_failover;
         s
     }
 }
