@@ -60,7 +60,7 @@ impl Writer {
         ctrl: &mut MultipathController,
         qp: &mut MultipathQueuePair,
         qd: usize,
-        until: impl Fn(&MultipathQueuePair) -> bool,
+        mut until: impl FnMut(&MultipathQueuePair) -> bool,
         limit: Duration,
     ) {
         let deadline = Instant::now() + limit;
@@ -324,6 +324,97 @@ fn a_dead_target_process_hands_its_io_to_the_other_after_the_quiesce_time() {
     let s = qp.multipath_stats();
     assert_eq!(s.failed, 0, "{s:?}");
     assert_eq!(s.submitted, s.ok, "nothing lost: {s:?}");
+    drop(tb);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_reconnect_that_hangs_never_stalls_the_other_path() {
+    // Path A's target dies and a silent listener takes its port: it accepts the reconnect's TCP connection
+    // and never answers ICReq, so each attempt waits the whole step timeout. That wait must happen off the
+    // caller's thread: I/O on path B goes on while an attempt hangs.
+    let dir = std::env::temp_dir().join(format!("nvpoll-mp-silent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let image = dir.join("shared.img");
+    std::fs::write(&image, vec![0u8; BLOCKS as usize * BS]).unwrap();
+    let start = |range: CntlidRange| {
+        let mut subsys = SubsystemConfig::new(NQN).namespace(Backing::File(image.clone()), 512);
+        subsys.cntlids = range;
+        TestTarget::start_with(TargetConfig::new(free_addr()).subsystem(subsys))
+    };
+    let ta = start(CntlidRange { min: 1, max: 99 });
+    let tb = start(CntlidRange { min: 100, max: 199 });
+    let a = ta.addr;
+    let mut pa = path(a);
+    pa.timeout = Duration::from_secs(3);
+    let pool = pool();
+    let mut ctrl = MultipathController::connect(
+        vec![pa, path(tb.addr)],
+        pool.clone(),
+        PathPolicy::QueueDepth,
+    )
+    .expect("attach both paths");
+    let mut qp = ctrl.connect_io_queue(32).unwrap();
+    let mut w = Writer::new(pool);
+    w.run(
+        &mut ctrl,
+        &mut qp,
+        16,
+        |q| per_path(q).iter().all(|&n| n >= 100),
+        Duration::from_secs(20),
+    );
+
+    drop(ta);
+    let silent = std::net::TcpListener::bind(a).expect("take over path A's port");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // Hand each accepted connection over, unanswered.
+        for s in silent.incoming() {
+            let Ok(s) = s else { break };
+            if tx.send(s).is_err() {
+                break;
+            }
+        }
+    });
+    // Run until a reconnect attempt is hanging on the silent port...
+    let mut hung = None;
+    w.run(
+        &mut ctrl,
+        &mut qp,
+        16,
+        |_| {
+            if hung.is_none() {
+                hung = rx.try_recv().ok();
+            }
+            hung.is_some()
+        },
+        Duration::from_secs(20),
+    );
+    let mut stream = hung.expect("a reconnect attempt reached the silent port");
+    stream.set_nonblocking(true).unwrap();
+    // ...and while it hangs (the host closes it only after its 3 s step timeout), path B completes I/O.
+    let ok_before = qp.multipath_stats().ok;
+    let attempt_open = |s: &mut std::net::TcpStream| {
+        let mut b = [0u8; 256];
+        match std::io::Read::read(s, &mut b) {
+            Ok(0) => false,
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+        }
+    };
+    w.run(
+        &mut ctrl,
+        &mut qp,
+        16,
+        |q| q.multipath_stats().ok >= ok_before + 1000 || !attempt_open(&mut stream),
+        Duration::from_secs(20),
+    );
+    assert!(
+        attempt_open(&mut stream),
+        "the hanging reconnect attempt ended before path B completed 1000 writes: it blocked the caller"
+    );
+    w.drain_and_verify(&mut ctrl, &mut qp);
+    assert_eq!(qp.multipath_stats().failed, 0);
     drop(tb);
     let _ = std::fs::remove_dir_all(&dir);
 }
