@@ -444,8 +444,8 @@ for sc in ${SCENARIOS//,/ }; do
         reset) run_scenario "tcp resets" retry reconnected 10 inject_reset ;;
         blackhole) run_scenario "blackhole 4 s, KATO 2 s" retry stall 12 inject_blackhole --kato 2s --io-timeout 15s ;;
         kill-tls) run_scenario "kill -9 + restart, TLS" retry retried 10 inject_kill_restart "${PERF_TLS[@]}" ;;
-        mp-kill) run_scenario "multipath: kill -9 one of two targets" retry retried 10 inject_kill_restart --kato 2s ;;
-        mp-ana) run_scenario "multipath: ANA inaccessible 3 s, back" retry retried 10 inject_ana --kato 2s ;;
+        mp-kill) run_scenario "multipath: kill -9 one target" retry retried 10 inject_kill_restart --kato 2s ;;
+        mp-ana) run_scenario "multipath: ANA inaccessible 3 s" retry retried 10 inject_ana --kato 2s ;;
         mp-blackhole) run_scenario "multipath: blackhole one path 4 s" retry retried 12 inject_blackhole_path --kato 2s --io-timeout 15s ;;
         lossy | lossy-tls)
             lossy_on
