@@ -723,8 +723,12 @@ impl Conn {
         }
     }
 
-    /// Closes both directions (best effort; the socket is closed on drop anyway).
+    /// Ends the connection for good: with a zero linger time, so that closing the socket (on drop) resets
+    /// it and drops whatever the kernel still holds unsent, then shuts both directions (best effort). A
+    /// failed queue must not have old commands delivered later: after a blackhole lifts, a graceful close
+    /// would still retransmit them, possibly after the host sent them again on another path.
     pub fn shutdown(&mut self) {
+        let _ = socket2::SockRef::from(&self.stream).set_linger(Some(Duration::ZERO));
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
         self.closed = true;
     }
