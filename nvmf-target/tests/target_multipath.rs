@@ -159,6 +159,23 @@ impl Writer {
     }
 }
 
+/// Two targets (as two target processes would be) exporting `NQN` from one file, with disjoint controller
+/// IDs; returns the folder of the file (the caller removes it) and both.
+fn two_targets_sharing_a_file(name: &str) -> (std::path::PathBuf, TestTarget, TestTarget) {
+    let dir = std::env::temp_dir().join(format!("nvpoll-mp-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let image = dir.join("shared.img");
+    std::fs::write(&image, vec![0u8; BLOCKS as usize * BS]).unwrap();
+    let start = |range: CntlidRange| {
+        let mut subsys = SubsystemConfig::new(NQN).namespace(Backing::File(image.clone()), 512);
+        subsys.cntlids = range;
+        TestTarget::start_with(TargetConfig::new(free_addr()).subsystem(subsys))
+    };
+    let ta = start(CntlidRange { min: 1, max: 99 });
+    let tb = start(CntlidRange { min: 100, max: 199 });
+    (dir, ta, tb)
+}
+
 fn per_path(qp: &MultipathQueuePair) -> Vec<u64> {
     qp.multipath_stats().per_path
 }
@@ -189,55 +206,33 @@ fn ana_inaccessible_moves_io_off_a_path_and_optimized_brings_it_back() {
         Duration::from_secs(20),
     );
 
-    t.handle
-        .set_ana_state(NQN, a, 1, AnaState::Inaccessible)
-        .unwrap();
-    // Within the ANA refresh (or at the first refused command) path A stops taking I/O.
-    w.run(
-        &mut ctrl,
-        &mut qp,
-        16,
-        |q| q.paths()[0].ana_state(1) == AnaState::Inaccessible,
-        Duration::from_secs(10),
-    );
-    let settled = per_path(&qp);
-    w.run(
-        &mut ctrl,
-        &mut qp,
-        16,
-        |q| per_path(q)[1] >= settled[1] + 500,
-        Duration::from_secs(20),
-    );
-    assert_eq!(
-        per_path(&qp)[0],
-        settled[0],
-        "no command went to the inaccessible path"
-    );
-
-    // Non-optimized beats nothing, but optimized beats it: with A non-optimized, B (optimized) takes all.
-    t.handle
-        .set_ana_state(NQN, a, 1, AnaState::NonOptimized)
-        .unwrap();
-    w.run(
-        &mut ctrl,
-        &mut qp,
-        16,
-        |q| q.paths()[0].ana_state(1) == AnaState::NonOptimized,
-        Duration::from_secs(10),
-    );
-    let settled = per_path(&qp);
-    w.run(
-        &mut ctrl,
-        &mut qp,
-        16,
-        |q| per_path(q)[1] >= settled[1] + 500,
-        Duration::from_secs(20),
-    );
-    assert_eq!(
-        per_path(&qp)[0],
-        settled[0],
-        "the optimized path is preferred"
-    );
+    // Inaccessible: path A takes nothing. Non-optimized: it works, but optimized B is preferred.
+    for (state, why) in [
+        (
+            AnaState::Inaccessible,
+            "no command went to the inaccessible path",
+        ),
+        (AnaState::NonOptimized, "the optimized path is preferred"),
+    ] {
+        t.handle.set_ana_state(NQN, a, 1, state).unwrap();
+        // Within the ANA refresh (or at the first refused command) path A sees it.
+        w.run(
+            &mut ctrl,
+            &mut qp,
+            16,
+            |q| q.paths()[0].ana_state(1) == state,
+            Duration::from_secs(10),
+        );
+        let settled = per_path(&qp);
+        w.run(
+            &mut ctrl,
+            &mut qp,
+            16,
+            |q| per_path(q)[1] >= settled[1] + 500,
+            Duration::from_secs(20),
+        );
+        assert_eq!(per_path(&qp)[0], settled[0], "{why}");
+    }
 
     // Failback: A optimized again takes its share.
     t.handle
@@ -263,17 +258,7 @@ fn ana_inaccessible_moves_io_off_a_path_and_optimized_brings_it_back() {
 
 #[test]
 fn a_dead_target_process_hands_its_io_to_the_other_after_the_quiesce_time() {
-    let dir = std::env::temp_dir().join(format!("nvpoll-mp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let image = dir.join("shared.img");
-    std::fs::write(&image, vec![0u8; BLOCKS as usize * BS]).unwrap();
-    let start = |range: CntlidRange| {
-        let mut subsys = SubsystemConfig::new(NQN).namespace(Backing::File(image.clone()), 512);
-        subsys.cntlids = range;
-        TestTarget::start_with(TargetConfig::new(free_addr()).subsystem(subsys))
-    };
-    let ta = start(CntlidRange { min: 1, max: 99 });
-    let tb = start(CntlidRange { min: 100, max: 199 });
+    let (dir, ta, tb) = two_targets_sharing_a_file("dead");
     let pool = pool();
     let mut ctrl = MultipathController::connect(
         vec![path(ta.addr), path(tb.addr)],
@@ -333,17 +318,7 @@ fn a_reconnect_that_hangs_never_stalls_the_other_path() {
     // Path A's target dies and a silent listener takes its port: it accepts the reconnect's TCP connection
     // and never answers ICReq, so each attempt waits the whole step timeout. That wait must happen off the
     // caller's thread: I/O on path B goes on while an attempt hangs.
-    let dir = std::env::temp_dir().join(format!("nvpoll-mp-silent-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let image = dir.join("shared.img");
-    std::fs::write(&image, vec![0u8; BLOCKS as usize * BS]).unwrap();
-    let start = |range: CntlidRange| {
-        let mut subsys = SubsystemConfig::new(NQN).namespace(Backing::File(image.clone()), 512);
-        subsys.cntlids = range;
-        TestTarget::start_with(TargetConfig::new(free_addr()).subsystem(subsys))
-    };
-    let ta = start(CntlidRange { min: 1, max: 99 });
-    let tb = start(CntlidRange { min: 100, max: 199 });
+    let (dir, ta, tb) = two_targets_sharing_a_file("silent");
     let a = ta.addr;
     let mut pa = path(a);
     pa.timeout = Duration::from_secs(3);

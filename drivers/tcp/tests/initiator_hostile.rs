@@ -314,6 +314,19 @@ fn term_req_from_controller() {
     assert!(matches!(e, Error::TermReq { fes: 1, fei: 2 }), "{e:?}");
 }
 
+/// Flushes what was submitted and polls (unwrapping every poll) until the first completion, for 10 s at most.
+fn submitted_completion(q: &mut HostQueue) -> nvpoll_tcp::queue::Done {
+    q.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        q.poll().unwrap();
+        if let Some(d) = q.pop_done() {
+            return d;
+        }
+        assert!(Instant::now() < deadline, "no completion in 10 s");
+    }
+}
+
 #[test]
 fn error_status_is_an_error_not_a_success() {
     // A CapsuleResp with LBA Out of Range completes the command with that status; the queue stays usable.
@@ -330,15 +343,7 @@ fn error_status_is_an_error_not_a_success() {
     )
     .map_err(|(e, _)| e)
     .unwrap();
-    q.flush().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let d = loop {
-        q.poll().unwrap();
-        if let Some(d) = q.pop_done() {
-            break d;
-        }
-        assert!(Instant::now() < deadline, "no completion in 10 s");
-    };
+    let d = submitted_completion(&mut q);
     let cqe = d.result.unwrap();
     assert_eq!(cqe.status().sc(), 0x80);
     assert!(!cqe.status().is_success());
@@ -551,15 +556,7 @@ fn response_right_behind_its_r2t_still_gets_the_data_first() {
     )
     .map_err(|(e, _)| e)
     .unwrap();
-    q.flush().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let d = loop {
-        q.poll().unwrap();
-        if let Some(d) = q.pop_done() {
-            break d;
-        }
-        assert!(Instant::now() < deadline, "no completion in 10 s");
-    };
+    let d = submitted_completion(&mut q);
     assert_eq!(d.tag, 9);
     assert!(d.result.unwrap().status().is_success());
     assert_eq!(
