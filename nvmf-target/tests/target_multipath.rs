@@ -113,6 +113,17 @@ impl Writer {
         }
     }
 
+    /// Drains and verifies ([`Writer::drain_and_verify`]); every request must have come back successful.
+    fn finish_clean(&mut self, ctrl: &mut MultipathController, qp: &mut MultipathQueuePair) {
+        self.drain_and_verify(ctrl, qp);
+        let s = qp.multipath_stats();
+        assert_eq!(s.failed, 0, "{s:?}");
+        assert_eq!(
+            s.submitted, s.ok,
+            "every request came back successful: {s:?}"
+        );
+    }
+
     /// Waits for what is in flight, then reads every written block back through the multipath queue pair.
     fn drain_and_verify(&mut self, ctrl: &mut MultipathController, qp: &mut MultipathQueuePair) {
         self.run(
@@ -247,13 +258,7 @@ fn ana_inaccessible_moves_io_off_a_path_and_optimized_brings_it_back() {
         Duration::from_secs(20),
     );
 
-    w.drain_and_verify(&mut ctrl, &mut qp);
-    let s = qp.multipath_stats();
-    assert_eq!(s.failed, 0, "{s:?}");
-    assert_eq!(
-        s.submitted, s.ok,
-        "every request came back successful: {s:?}"
-    );
+    w.finish_clean(&mut ctrl, &mut qp);
 }
 
 #[test]
@@ -305,10 +310,7 @@ fn a_dead_target_process_hands_its_io_to_the_other_after_the_quiesce_time() {
         |q| per_path(q)[1] >= settled[1] + 500,
         Duration::from_secs(20),
     );
-    w.drain_and_verify(&mut ctrl, &mut qp);
-    let s = qp.multipath_stats();
-    assert_eq!(s.failed, 0, "{s:?}");
-    assert_eq!(s.submitted, s.ok, "nothing lost: {s:?}");
+    w.finish_clean(&mut ctrl, &mut qp);
     drop(tb);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -388,8 +390,7 @@ fn a_reconnect_that_hangs_never_stalls_the_other_path() {
         attempt_open(&mut stream),
         "the hanging reconnect attempt ended before path B completed 1000 writes: it blocked the caller"
     );
-    w.drain_and_verify(&mut ctrl, &mut qp);
-    assert_eq!(qp.multipath_stats().failed, 0);
+    w.finish_clean(&mut ctrl, &mut qp);
     drop(tb);
     let _ = std::fs::remove_dir_all(&dir);
 }
