@@ -130,6 +130,24 @@ impl SendPolicy {
             SendMode::Adaptive => waiting == 0 && in_flight <= self.idle_depth,
         }
     }
+
+    /// As [`SendPolicy::kick_now`], for a command with `solicited` bytes of data that leave only when the
+    /// controller asks for them (NVMe/TCP writes beyond the in-capsule size, sent on R2T): adaptive also
+    /// kicks inline, with nothing waiting, such a command of [`SendPolicy::LARGE_IO`] or more. It costs tens
+    /// of microseconds of copying, so the write it saves by waiting for the flush is noise, while the wait
+    /// delays its R2T, and so all its data, by the rest of the poll. Measured with 128 KiB at qd16 against
+    /// SPDK's target (2-vCPU VM, six paired 3 s rounds): deferred writes gave 0.82-1.02 of SPDK's host,
+    /// kicked ones 0.96-1.08; reads kicked the same way lost 3-4% (their extra writes cost the core that
+    /// receives the data), so reads are not counted here.
+    #[inline]
+    pub fn kick_now_solicited(&self, waiting: usize, in_flight: usize, solicited: u64) -> bool {
+        self.kick_now(waiting, in_flight)
+            || (self.mode == SendMode::Adaptive && waiting == 0 && solicited >= Self::LARGE_IO)
+    }
+
+    /// The smallest solicited transfer adaptive sends at once whatever the load
+    /// ([`SendPolicy::kick_now_solicited`]).
+    pub const LARGE_IO: u64 = 32 * 1024;
 }
 
 #[cfg(test)]
@@ -156,5 +174,22 @@ mod tests {
         assert!(adaptive.kick_now(0, 1));
         assert!(!adaptive.kick_now(0, 2), "work in flight: defer");
         assert!(!adaptive.kick_now(1, 0), "a batch is building: defer");
+        assert!(
+            adaptive.kick_now_solicited(0, 100, 128 * 1024),
+            "a large command leaves at once"
+        );
+        assert!(
+            !adaptive.kick_now_solicited(0, 100, 4096),
+            "a small one waits for the batch"
+        );
+        assert!(
+            !adaptive.kick_now_solicited(1, 100, 128 * 1024),
+            "unless a batch is building"
+        );
+        assert!(
+            !deferred.kick_now_solicited(0, 0, 1 << 20),
+            "deferred stays deferred"
+        );
+        assert!(inline.kick_now_solicited(0, 100, 4096));
     }
 }

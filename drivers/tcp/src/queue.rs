@@ -517,7 +517,15 @@ impl HostQueue {
             pdu::encode_capsule_cmd(self.conn.tx_buf(), &sqe, data, digests, self.neg.cpda);
         }
         self.conn.pdu_queued();
-        let kick = self.policy.kick_now(waiting, self.outstanding);
+        // Write data beyond the capsule leaves on R2T: the sooner the capsule, the sooner the R2T.
+        let solicited = if dir == DataDir::ToController && !in_capsule {
+            u64::from(len)
+        } else {
+            0
+        };
+        let kick = self
+            .policy
+            .kick_now_solicited(waiting, self.outstanding, solicited);
         let slot = &mut self.slots[usize::from(cid)];
         *slot = Slot {
             busy: true,
