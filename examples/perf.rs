@@ -55,8 +55,8 @@ struct Args {
     #[arg(long = "trid")]
     trids: Vec<String>,
     /// When queue pairs send what they posted: inline (from submit), deferred (at the reactor's end-of-poll
-    /// flush), adaptive (inline while idle, deferred under load), or all three side by side. The embedded
-    /// target answers in the same mode.
+    /// flush), adaptive (inline while idle, deferred under load, except writes whose 32 KiB or more wait for an
+    /// R2T), or all three side by side. The embedded target answers in the same mode.
     #[arg(long, default_value = "all", value_parser = ["inline", "deferred", "adaptive", "all"])]
     send_mode: String,
     /// Queue depth per job. May be given several times (the embedded default runs 1 and 128).
