@@ -49,13 +49,13 @@ fn gnutls_serv(identity: &str, psk: &Psk, groups: &str) -> (Peer, u16, PasswdFil
         format!("{identity}:{}\n", hex(psk.dangerous_as_bytes())),
     )
     .unwrap();
-    let port = free_port();
-    let mut cmd = Command::new("gnutls-serv");
-    cmd.args(["-p", &port.to_string(), "--echo"])
-        .arg(format!("--pskpasswd={}", file.0.display()))
-        .arg(format!("--priority={GNUTLS_SERV_PRIORITY}{groups}"));
-    let mut peer = Peer::spawn(&mut cmd, false);
-    peer.wait_listening(port);
+    let (peer, port) = spawn_listening(|port| {
+        let mut cmd = Command::new("gnutls-serv");
+        cmd.args(["-p", &port.to_string(), "--echo"])
+            .arg(format!("--pskpasswd={}", file.0.display()))
+            .arg(format!("--priority={GNUTLS_SERV_PRIORITY}{groups}"));
+        cmd
+    });
     (peer, port, file)
 }
 

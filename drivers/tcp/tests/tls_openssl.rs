@@ -126,15 +126,15 @@ fn psk_args(identity: &str, psk: &Psk) -> PskArgs {
 
 /// `openssl s_server -rev` (echoes each line reversed) for one connection.
 fn s_server(identity: &str, psk: &Psk, extra: &[&str]) -> (Peer, u16, PskArgs) {
-    let port = free_port();
     let pa = psk_args(identity, psk);
-    let mut cmd = Command::new("openssl");
-    cmd.args(["s_server", "-accept", &format!("127.0.0.1:{port}")])
-        .args(["-tls1_3", "-nocert", "-naccept", "1", "-rev"])
-        .args(&pa.args)
-        .args(extra);
-    let mut peer = Peer::spawn(&mut cmd, false);
-    peer.wait_listening(port);
+    let (peer, port) = spawn_listening(|port| {
+        let mut cmd = Command::new("openssl");
+        cmd.args(["s_server", "-accept", &format!("127.0.0.1:{port}")])
+            .args(["-tls1_3", "-nocert", "-naccept", "1", "-rev"])
+            .args(&pa.args)
+            .args(extra);
+        cmd
+    });
     (peer, port, pa)
 }
 

@@ -33,6 +33,22 @@ pub fn have(bin: &str, package: &str) -> bool {
     found
 }
 
+/// Spawns a server that listens on the port it is given, on a free port: `make` builds its command for a
+/// port. If the server exits before it listens (the port was taken meanwhile by another test's peer or
+/// socket), it is tried again on another port, up to five times.
+pub fn spawn_listening(mut make: impl FnMut(u16) -> Command) -> (Peer, u16) {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let port = free_port();
+        let mut peer = Peer::spawn(&mut make(port), false);
+        if peer.listening(port) {
+            return (peer, port);
+        }
+        last = peer.output();
+    }
+    panic!("the peer never listened (five ports tried); its last output:\n{last}");
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -113,9 +129,11 @@ impl Peer {
         false
     }
 
-    /// Polls /proc/net/tcp until something listens on 127.0.0.1:`port` (without connecting, which would
-    /// use up a `-naccept 1` server), or panics with the peer's output once it exits or time runs out.
-    pub fn wait_listening(&mut self, port: u16) {
+    /// Polls /proc/net/tcp until the peer itself listens on 127.0.0.1:`port` (without connecting, which would
+    /// use up a `-naccept 1` server): a listening socket on that port that is one of the peer's own
+    /// descriptors. Returns `false` if the peer exited first (typically it could not bind: another process
+    /// took the port `free_port` handed out, so the caller tries another); panics once time runs out.
+    pub fn listening(&mut self, port: u16) -> bool {
         let end = Instant::now() + STEP;
         // IPv4 only: the tests connect to 127.0.0.1 (gnutls-serv also listens on ::, possibly first).
         let want = [
@@ -126,18 +144,32 @@ impl Peer {
             let t = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
             for line in t.lines().skip(1) {
                 let f: Vec<&str> = line.split_whitespace().collect();
-                if f.len() > 3 && f[3] == "0A" && want.iter().any(|w| w == f[1]) {
-                    return;
+                if f.len() > 9
+                    && f[3] == "0A"
+                    && want.iter().any(|w| w == f[1])
+                    && self.owns_socket(f[9])
+                {
+                    return true;
                 }
             }
-            if let Some(s) = self.child.try_wait().unwrap() {
-                panic!("peer exited ({s}) before listening:\n{}", self.output());
+            if self.child.try_wait().unwrap().is_some() {
+                return false;
             }
             if Instant::now() > end {
                 panic!("peer not listening on {port} in time:\n{}", self.output());
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// Whether socket inode `inode` is one of the peer's open descriptors.
+    fn owns_socket(&self, inode: &str) -> bool {
+        let want = format!("socket:[{inode}]");
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{}/fd", self.child.id())) else {
+            return false;
+        };
+        fds.flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == want.as_str()))
     }
 }
 
