@@ -338,34 +338,36 @@ impl MultipathQueuePair {
         &self.paths
     }
 
-    /// The path a request to `nsid` would take now, if any is usable.
+    /// The path a request to `nsid` would take now, if any is usable. One pass over the paths, no allocation:
+    /// this runs for every request.
     pub fn choose(&mut self, nsid: u32) -> Option<usize> {
-        let rank = |st: AnaState| match st {
-            AnaState::Optimized => Some(0),
-            AnaState::NonOptimized => Some(1),
-            _ => None,
-        };
-        let ranks: Vec<Option<u8>> = self
-            .paths
-            .iter()
-            .map(|p| {
-                if p.is_connected() {
-                    rank(p.ana_state(nsid))
-                } else {
-                    None
-                }
-            })
-            .collect();
-        let best = ranks.iter().flatten().min().copied()?;
         let n = self.paths.len();
-        let pick = match self.policy {
-            PathPolicy::RoundRobin => (0..n)
-                .map(|k| (self.next + k) % n)
-                .find(|&i| ranks[i] == Some(best)),
-            PathPolicy::QueueDepth => (0..n)
-                .filter(|&i| ranks[i] == Some(best))
-                .min_by_key(|&i| self.paths[i].outstanding()),
-        }?;
+        // (rank, tie-break key, path): the lowest wins. Rank 0 optimized, 1 non-optimized; the key is the
+        // distance from the round-robin cursor, or the commands outstanding.
+        let mut best: Option<(u8, usize, usize)> = None;
+        for k in 0..n {
+            let i = match self.policy {
+                PathPolicy::RoundRobin => (self.next + k) % n,
+                PathPolicy::QueueDepth => k,
+            };
+            let p = &self.paths[i];
+            if !p.is_connected() {
+                continue;
+            }
+            let rank = match p.ana_state(nsid) {
+                AnaState::Optimized => 0,
+                AnaState::NonOptimized => 1,
+                _ => continue,
+            };
+            let key = match self.policy {
+                PathPolicy::RoundRobin => k,
+                PathPolicy::QueueDepth => p.outstanding(),
+            };
+            if best.is_none_or(|(r, kk, _)| (rank, key) < (r, kk)) {
+                best = Some((rank, key, i));
+            }
+        }
+        let (_, _, pick) = best?;
         self.next = (pick + 1) % n;
         Some(pick)
     }
