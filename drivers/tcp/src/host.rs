@@ -204,7 +204,7 @@ pub struct TcpController {
     shared: Arc<CtrlShared>,
     state: CtrlState,
     /// A reconnect running on its own thread (so that no reactor waits on a connect), if any.
-    connecting: Option<mpsc::Receiver<Result<Attached, Error>>>,
+    connecting: Option<Background<Attached>>,
     /// A read of the ANA log is outstanding on the admin queue.
     ana_outstanding: bool,
     /// When the ANA log was last asked for.
@@ -266,6 +266,38 @@ fn fabrics_connect(
     )?;
     HostQueue::check(crate::error::FABRICS_CONNECT, &cqe)?;
     Ok((cqe.dw0 & 0xffff) as u16)
+}
+
+/// A step that waits on the network (a reconnect), run on a thread of its own; a poller takes its result
+/// later and never waits for it.
+#[derive(Debug)]
+struct Background<T>(mpsc::Receiver<Result<T, Error>>);
+
+impl<T: Send + 'static> Background<T> {
+    fn spawn(
+        f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+    ) -> Result<Background<T>, Error> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("nvpoll-reconnect".into())
+            .spawn(move || {
+                // The receiver may be gone (its owner dropped): nothing to tell then.
+                let _ = tx.send(f());
+            })
+            .map_err(|e| Error::io("start the reconnect thread", e))?;
+        Ok(Background(rx))
+    }
+
+    /// The result once the step is done; `None` while it runs.
+    fn poll(&self) -> Option<Result<T, Error>> {
+        match self.0.try_recv() {
+            Ok(r) => Some(r),
+            Err(mpsc::TryRecvError::Empty) => None,
+            Err(mpsc::TryRecvError::Disconnected) => Some(Err(Error::Protocol(
+                "the reconnect thread ended without a result".into(),
+            ))),
+        }
+    }
 }
 
 /// What a controller and its queue pairs (on other reactors) share: the connection generation, and requests
@@ -685,28 +717,18 @@ impl TcpController {
     fn try_reconnect(&mut self, since: Instant) {
         let result = match &self.connecting {
             None => {
-                let (tx, rx) = mpsc::sync_channel(1);
                 let (opts, pool) = (self.opts.clone(), self.pool.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("nvpoll-reconnect".into())
-                    .spawn(move || {
-                        // The receiver may be gone (the controller dropped): nothing to tell then.
-                        let _ = tx.send(bring_up(&opts, &pool));
-                    });
-                match spawned {
-                    Ok(_) => {
-                        self.connecting = Some(rx);
+                match Background::spawn(move || bring_up(&opts, &pool)) {
+                    Ok(b) => {
+                        self.connecting = Some(b);
                         return;
                     }
-                    Err(e) => Err(Error::io("start the reconnect thread", e)),
+                    Err(e) => Err(e),
                 }
             }
-            Some(rx) => match rx.try_recv() {
-                Ok(r) => r,
-                Err(mpsc::TryRecvError::Empty) => return,
-                Err(mpsc::TryRecvError::Disconnected) => Err(Error::Protocol(
-                    "the reconnect thread ended without a result".into(),
-                )),
+            Some(b) => match b.poll() {
+                Some(r) => r,
+                None => return,
             },
         };
         self.connecting = None;
@@ -990,7 +1012,7 @@ pub struct TcpQueuePair {
     next_timeout_check: Instant,
     recovery: RecoveryStats,
     /// A reconnect running on its own thread, for the controller generation given, if any.
-    connecting: Option<(mpsc::Receiver<Result<HostQueue, Error>>, u64)>,
+    connecting: Option<(Background<HostQueue>, u64)>,
     /// The path's ANA states as this queue pair saw them last, and their generation.
     ana: AnaView,
     ana_gen: u64,
@@ -1175,33 +1197,23 @@ impl TcpQueuePair {
                     return Ok(());
                 }
                 // The connect waits on the network: on a thread of its own, never on the reactor.
-                let (tx, rx) = mpsc::sync_channel(1);
                 let link = self.link.clone();
                 let cntlid = self.shared.cntlid.load(Ordering::Acquire);
-                let spawned = std::thread::Builder::new()
-                    .name("nvpoll-reconnect".into())
-                    .spawn(move || {
-                        // The receiver may be gone (the queue pair dropped): nothing to tell then.
-                        let _ = tx.send(link.connect(cntlid));
-                    });
-                match spawned {
-                    Ok(_) => {
-                        self.connecting = Some((rx, gen));
+                match Background::spawn(move || link.connect(cntlid)) {
+                    Ok(b) => {
+                        self.connecting = Some((b, gen));
                         return Ok(());
                     }
-                    Err(e) => Err(Error::io("start the reconnect thread", e)),
+                    Err(e) => Err(e),
                 }
             }
-            Some((rx, for_gen)) => match rx.try_recv() {
-                Err(mpsc::TryRecvError::Empty) => return Ok(()),
+            Some((b, for_gen)) => match b.poll() {
+                None => return Ok(()),
                 // Connected to an incarnation of the controller that is gone by now: try again.
-                Ok(Ok(_)) if *for_gen != gen => Err(Error::Protocol(
+                Some(Ok(_)) if *for_gen != gen => Err(Error::Protocol(
                     "the controller reconnected meanwhile".into(),
                 )),
-                Ok(r) => r,
-                Err(mpsc::TryRecvError::Disconnected) => Err(Error::Protocol(
-                    "the reconnect thread ended without a result".into(),
-                )),
+                Some(r) => r,
             },
         };
         self.connecting = None;
