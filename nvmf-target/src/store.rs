@@ -18,6 +18,14 @@ use std::time::Duration;
 /// Size of one independently locked piece of a RAM store.
 const RAM_SEGMENT: usize = 64 * 1024;
 
+/// RAM stores of this size or more take writes with streaming stores ([`nvpoll::mem::copy_nontemporal`]): a
+/// block written at random into them has left the cache before it is read again, so caching it on the way in
+/// only costs the read of each line before it is overwritten. On the 2-vCPU development VM, random 4 KiB copies
+/// took 152-239 ns cached and 366-375 ns streaming into 16-64 MiB, and 409-477 ns cached against 366 ns
+/// streaming into 128-256 MiB; 4 KiB TLS randwrite at qd128 into a 256 MiB RAM namespace went from about 630K
+/// to 750K IOPS (plain: 785K to 1.01M).
+const STREAMING_MIN_STORE: u64 = 128 << 20;
+
 /// The longest range [`Store::with_ram_slices`] lends out at once.
 pub(crate) const DIRECT_READ_MAX: usize = 128 * 1024;
 
@@ -165,9 +173,15 @@ impl Store {
     pub(crate) fn write(&self, off: u64, data: &[u8]) -> io::Result<()> {
         match self {
             Store::Ram(r) => {
+                let streaming = r.len >= STREAMING_MIN_STORE;
                 r.for_each_segment(off, data.len(), |seg, range, at| {
-                    let s = seg.get_or_insert_with(|| vec![0u8; RAM_SEGMENT].into_boxed_slice());
-                    s[range.clone()].copy_from_slice(&data[at..at + range.len()]);
+                    let s = seg.get_or_insert_with(SegmentBytes::zeroed);
+                    let (to, from) = (&mut s[range.clone()], &data[at..at + range.len()]);
+                    if streaming {
+                        nvpoll::mem::copy_nontemporal(to, from);
+                    } else {
+                        to.copy_from_slice(from);
+                    }
                 });
                 Ok(())
             }
@@ -236,10 +250,43 @@ impl Store {
 }
 
 /// One piece of a RAM store: `None` until first written (it reads as zeroes).
-type Segment = Mutex<Option<Box<[u8]>>>;
+type Segment = Mutex<Option<SegmentBytes>>;
 
 /// A locked segment.
-type SegmentGuard<'a> = std::sync::MutexGuard<'a, Option<Box<[u8]>>>;
+type SegmentGuard<'a> = std::sync::MutexGuard<'a, Option<SegmentBytes>>;
+
+/// One 4 KiB page of a segment, aligned as a page is.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(4096))]
+struct Page([u8; PAGE]);
+
+/// The alignment (and size) of a [`Page`].
+const PAGE: usize = 4096;
+
+/// The bytes of a segment, page-aligned. From the allocator, a plain `Box<[u8]>` starts 16 bytes into a page,
+/// so every 4 KiB block a host writes or reads straddled two pages: two TLB misses (costly in a VM, where a
+/// miss walks two page tables) instead of one. Random 4 KiB copies into a 256 MiB store took 560 ns against
+/// 480 ns aligned on the 2-vCPU development VM.
+struct SegmentBytes(Box<[Page]>);
+
+impl SegmentBytes {
+    fn zeroed() -> SegmentBytes {
+        SegmentBytes(bytemuck::allocation::zeroed_slice_box(RAM_SEGMENT / PAGE))
+    }
+}
+
+impl std::ops::Deref for SegmentBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
+impl std::ops::DerefMut for SegmentBytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        bytemuck::cast_slice_mut(&mut self.0)
+    }
+}
 
 /// Memory in segments of [`RAM_SEGMENT`] bytes, each behind its own lock so that connections on different
 /// reactors only meet when they touch the same 64 KiB at the same moment (a copy of at most 64 KiB).
@@ -263,7 +310,7 @@ impl RamStore {
         &self,
         off: u64,
         len: usize,
-        mut f: impl FnMut(&mut Option<Box<[u8]>>, std::ops::Range<usize>, usize),
+        mut f: impl FnMut(&mut Option<SegmentBytes>, std::ops::Range<usize>, usize),
     ) {
         let mut at = 0usize;
         while at < len {
