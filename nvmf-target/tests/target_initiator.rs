@@ -141,6 +141,60 @@ fn write_read_verify(header_digest: bool, data_digest: bool) {
     ctrl.shutdown().unwrap();
 }
 
+/// A write whose R2T the host answers in many H2CData PDUs (MAXH2CDATA small against the write): the host
+/// gathers up to eight into one send, and sends a short one (below the direct-send size) through its send
+/// buffer after what it gathered. Every byte must land where it belongs, with data digests checked on the way.
+#[test]
+fn writes_answered_in_many_h2cdata_pdus_land_whole() {
+    for maxh2cdata in [4096u32, 16 << 10, 20 << 10, 128 << 10] {
+        let t = TestTarget::start(|mut c| {
+            c.maxh2cdata = maxh2cdata;
+            c
+        });
+        for data_digest in [false, true] {
+            let mut ctrl = attach(&t, NQN, data_digest, data_digest, pool());
+            let mut qp = ctrl.create_queue_pair(8).expect("I/O queue");
+            let p = ctrl.pool().clone();
+            // 1 MiB: whole PDUs only; 1 MiB - 512 and 136 KiB: a last PDU of another size.
+            for (k, len) in [1usize << 20, (1 << 20) - 512, 136 << 10]
+                .into_iter()
+                .enumerate()
+            {
+                let blocks = (len / 512) as u32;
+                let lba = 4096 * k as u64 + 7;
+                let mut w = p.alloc(len).unwrap();
+                fill_pattern(w.as_mut_slice(), u64::from(maxh2cdata) << 8 ^ len as u64);
+                let expect = w.as_slice().to_vec();
+                let c = run_one(&mut qp, io(IoOp::Write, 1, lba, blocks, Some(w)));
+                c.result.unwrap_or_else(|e| {
+                    panic!("MAXH2CDATA {maxh2cdata}, digest {data_digest}: write of {len}: {e}")
+                });
+                let c = run_one(
+                    &mut qp,
+                    io(IoOp::Read, 1, lba, blocks, Some(p.alloc(len).unwrap())),
+                );
+                c.result.unwrap_or_else(|e| panic!("read of {len}: {e}"));
+                assert!(
+                    c.buf.unwrap().as_slice() == &expect[..],
+                    "MAXH2CDATA {maxh2cdata}, digest {data_digest}: {len} bytes read back differ"
+                );
+            }
+            drop(qp);
+            ctrl.shutdown().unwrap();
+        }
+        let counters = t.counters();
+        assert_eq!(
+            (
+                counters.term_reqs,
+                counters.internal_errors,
+                counters.errors
+            ),
+            (0, 0, 0),
+            "MAXH2CDATA {maxh2cdata}: {counters}"
+        );
+    }
+}
+
 #[test]
 fn write_read_verify_no_digests() {
     write_read_verify(false, false);

@@ -82,8 +82,9 @@ const TLS_READ: usize = 64 * 1024;
 /// The smallest payload worth sending with [`Conn::send_parts`] instead of through the send buffer.
 pub const DIRECT_SEND_MIN: usize = 16 * 1024;
 
-/// The most slices one [`Conn::send_parts`] call writes (the queued bytes count as one).
-const MAX_PARTS: usize = 8;
+/// The most slices one [`Conn::send_parts`] call writes (the queued bytes count as one): eight H2CData PDUs
+/// with data digests, three slices each, and the queue.
+const MAX_PARTS: usize = 32;
 
 /// A connected, non-blocking TCP socket with its buffers.
 #[derive(Debug)]
