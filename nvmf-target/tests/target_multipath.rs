@@ -34,6 +34,28 @@ fn path(addr: SocketAddr) -> ConnectOptions {
     o
 }
 
+/// Attaches the subsystem over `paths`, opens an I/O queue pair, and writes until every path has completed
+/// `per_path_min` commands.
+fn attach_and_spread(
+    paths: Vec<ConnectOptions>,
+    policy: PathPolicy,
+    per_path_min: u64,
+) -> (MultipathController, MultipathQueuePair, Writer) {
+    let pool = pool();
+    let mut ctrl =
+        MultipathController::connect(paths, pool.clone(), policy).expect("attach both paths");
+    let mut qp = ctrl.connect_io_queue(32).unwrap();
+    let mut w = Writer::new(pool);
+    w.run(
+        &mut ctrl,
+        &mut qp,
+        16,
+        |q| per_path(q).iter().all(|&n| n >= per_path_min),
+        Duration::from_secs(20),
+    );
+    (ctrl, qp, w)
+}
+
 /// Keeps `qd` writes of one block outstanding, each to a random block with a fresh stamp, for `time`,
 /// polling the controller's admin side too; remembers what each block holds. Panics on any failure.
 struct Writer {
@@ -201,21 +223,9 @@ fn ana_inaccessible_moves_io_off_a_path_and_optimized_brings_it_back() {
             .listener(b, TlsMode::Off)
             .subsystem(subsys),
     );
-    let pool = pool();
-    let mut ctrl =
-        MultipathController::connect(vec![path(a), path(b)], pool.clone(), PathPolicy::RoundRobin)
-            .expect("attach both paths");
-    let mut qp = ctrl.connect_io_queue(32).unwrap();
-    let mut w = Writer::new(pool);
-
     // Both paths carry I/O.
-    w.run(
-        &mut ctrl,
-        &mut qp,
-        16,
-        |q| per_path(q).iter().all(|&n| n >= 200),
-        Duration::from_secs(20),
-    );
+    let (mut ctrl, mut qp, mut w) =
+        attach_and_spread(vec![path(a), path(b)], PathPolicy::RoundRobin, 200);
 
     // Inaccessible: path A takes nothing. Non-optimized: it works, but optimized B is preferred.
     for (state, why) in [
@@ -264,26 +274,15 @@ fn ana_inaccessible_moves_io_off_a_path_and_optimized_brings_it_back() {
 #[test]
 fn a_dead_target_process_hands_its_io_to_the_other_after_the_quiesce_time() {
     let (dir, ta, tb) = two_targets_sharing_a_file("dead");
-    let pool = pool();
-    let mut ctrl = MultipathController::connect(
+    let (mut ctrl, mut qp, mut w) = attach_and_spread(
         vec![path(ta.addr), path(tb.addr)],
-        pool.clone(),
         PathPolicy::QueueDepth,
-    )
-    .expect("attach both paths");
+        200,
+    );
     let quiesce = ctrl.paths()[0].options().kato + ctrl.paths()[0].cqt();
     assert!(
         ctrl.paths()[0].cqt() > Duration::ZERO,
         "our target reports CQT"
-    );
-    let mut qp = ctrl.connect_io_queue(32).unwrap();
-    let mut w = Writer::new(pool);
-    w.run(
-        &mut ctrl,
-        &mut qp,
-        16,
-        |q| per_path(q).iter().all(|&n| n >= 200),
-        Duration::from_secs(20),
     );
 
     // Path A's target goes away with commands outstanding on it.
@@ -324,22 +323,8 @@ fn a_reconnect_that_hangs_never_stalls_the_other_path() {
     let a = ta.addr;
     let mut pa = path(a);
     pa.timeout = Duration::from_secs(3);
-    let pool = pool();
-    let mut ctrl = MultipathController::connect(
-        vec![pa, path(tb.addr)],
-        pool.clone(),
-        PathPolicy::QueueDepth,
-    )
-    .expect("attach both paths");
-    let mut qp = ctrl.connect_io_queue(32).unwrap();
-    let mut w = Writer::new(pool);
-    w.run(
-        &mut ctrl,
-        &mut qp,
-        16,
-        |q| per_path(q).iter().all(|&n| n >= 100),
-        Duration::from_secs(20),
-    );
+    let (mut ctrl, mut qp, mut w) =
+        attach_and_spread(vec![pa, path(tb.addr)], PathPolicy::QueueDepth, 100);
 
     drop(ta);
     let silent = std::net::TcpListener::bind(a).expect("take over path A's port");
