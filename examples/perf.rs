@@ -78,9 +78,16 @@ struct Args {
     /// Warm-up before each run, not measured.
     #[arg(long, default_value = "250ms", value_parser = loadgen::parse_duration)]
     warmup: Duration,
-    /// Number of jobs (queue pairs), spread round-robin over the initiator reactors. Default: 2 per reactor.
+    /// Number of jobs (queue pairs), spread round-robin over the initiator reactors and over the controllers
+    /// (--trid). Default: 2 per reactor. Each job is one I/O queue of its controller: past what a controller
+    /// granted, perf stops before the run and says so (give the same --trid again to open one more controller
+    /// of that subsystem). The embedded target grants as many as the jobs need.
     #[arg(long)]
     jobs: Option<usize>,
+    /// NVMe/TCP: I/O queues to ask each controller for (Set Features, Number of Queues); it may grant fewer.
+    #[arg(long, default_value_t = nvpoll_tcp::host::DEFAULT_IO_QUEUES,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    io_queues: u16,
     /// Cores for the initiator reactors: a list (0,1 or 0-3) or a mask (0x3). Default: core 0.
     #[arg(long, default_value = "0")]
     cores: String,
@@ -208,6 +215,7 @@ where
     C: Controller,
     C::QueuePair: Send + 'static,
 {
+    check_queue_grants(&ctrls, m.jobs)?;
     let ctrls = std::cell::RefCell::new(ctrls);
     // With --faults, a controller whose health check failed for good (removed, or lost) is reported once and
     // the run goes on: its queue pairs fail their I/O, which the fault accounting counts.
@@ -311,6 +319,28 @@ where
     Ok(())
 }
 
+/// Fails before any run if a controller granted fewer I/O queues than the jobs spread round-robin onto it need.
+fn check_queue_grants<C: Controller>(ctrls: &[C], jobs: usize) -> Result<(), String> {
+    let n = ctrls.len();
+    for (i, c) in ctrls.iter().enumerate() {
+        let need = jobs / n + usize::from(i < jobs % n);
+        let Some(granted) = c.io_queues_granted() else {
+            continue;
+        };
+        if need > usize::from(granted) {
+            let same = n.max(1) * usize::from(granted.max(1));
+            return Err(format!(
+                "--jobs {jobs}: controller {} ({}) would carry {need} jobs, one I/O queue each, but it granted \
+                 {granted} I/O queues; run at most {same} jobs over these {n} controller(s), or give a --trid \
+                 more than once to open more controllers of a subsystem (jobs are spread round-robin over them)",
+                i + 1,
+                c.identify().subnqn,
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The embedded target's PSK when perf makes its own (TLS on, no --psk): fixed, for the demo only.
 const DEMO_KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
 
@@ -353,7 +383,9 @@ fn run(args: Args) -> Result<(), String> {
             ConnectOptions::from_trid(&trid, args.hostnqn.as_deref()).map_err(|e| e.to_string())?;
         let demo_key = ConfiguredKey::parse(DEMO_KEY).expect("the demo key parses");
         let target_key = key.clone().unwrap_or(demo_key);
-        let t = embedded_target::start(&tcores, args.idle, args.ram, &o.hostnqn, &target_key)?;
+        let jobs = args.jobs.unwrap_or(2 * cores.len());
+        let t =
+            embedded_target::start(&tcores, args.idle, args.ram, jobs, &o.hostnqn, &target_key)?;
         eprintln!(
             "perf: embedded NVMe/TCP target {} on {} (cores {tcores}), RAM namespace of {} MiB, TLS optional",
             t.nqn,
@@ -490,6 +522,7 @@ fn run(args: Args) -> Result<(), String> {
                 o = o.with_tls_key(k, version);
             }
             o.kato = args.kato;
+            o.io_queues = args.io_queues;
             o.header_digest = args.header_digest;
             o.data_digest = args.data_digest;
             o.reconnect_delay = args.reconnect_delay;
@@ -591,13 +624,16 @@ mod embedded_target {
         cores: &CoreList,
         idle: IdlePolicy,
         ram: u64,
+        jobs: usize,
         hostnqn: &str,
         key: &ConfiguredKey,
     ) -> Result<Embedded, String> {
         let nqn = NQN.to_string();
         let listen: SocketAddr = "127.0.0.1:0".parse().expect("address literal");
-        let mut config = TargetConfig::new(listen)
-            .subsystem(SubsystemConfig::new(nqn.clone()).namespace(Backing::Ram(ram), 4096));
+        // As many I/O queues as the jobs need: the target's default (128) at least, its limit (1024) at most.
+        let mut subsystem = SubsystemConfig::new(nqn.clone()).namespace(Backing::Ram(ram), 4096);
+        subsystem.limits.max_io_queues = Some(jobs.clamp(128, 1024) as u16);
+        let mut config = TargetConfig::new(listen).subsystem(subsystem);
         config.tls = Some(TargetTls::with_host_keys(
             false,
             &[(hostnqn.to_string(), key.clone())],

@@ -334,6 +334,12 @@ pub trait Controller {
     /// Runs one admin command to completion. Meant for setup and tools, not for a reactor's hot path.
     fn admin(&mut self, cmd: Sqe, buf: Option<DmaBuf>) -> Result<(Cqe, Option<DmaBuf>), Error>;
 
+    /// How many I/O queue pairs the controller granted (Set Features, Number of Queues), if it is known:
+    /// [`Controller::create_queue_pair`] fails once that many are connected.
+    fn io_queues_granted(&self) -> Option<u16> {
+        None
+    }
+
     /// Creates one I/O queue pair with the given depth. The caller moves it to the reactor that will own it.
     fn create_queue_pair(&mut self, depth: u16) -> Result<Self::QueuePair, Error>;
 

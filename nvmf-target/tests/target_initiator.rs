@@ -518,3 +518,56 @@ fn poll_moves_at_most_max_completions() {
     }
     assert_eq!(qp.outstanding(), 0);
 }
+
+/// The host asks for the I/O queues its options name and takes what the controller grants: by default every
+/// queue our target allows (128 here, as the seed's 128-job shape needs), with `io_queues` fewer; past the
+/// grant, connecting one more queue fails and says so, and the queues already connected still work.
+#[test]
+fn io_queues_asked_for_and_granted() {
+    let t = TestTarget::start(|c| c);
+    let mut ctrl = attach(&t, NQN, false, false, pool());
+    assert_eq!(
+        ctrl.io_queues_allowed(),
+        128,
+        "the default asks for more than our target's 128"
+    );
+    assert_eq!(Controller::io_queues_granted(&ctrl), Some(128));
+    let mut qps: Vec<TcpQueuePair> = (0..128)
+        .map(|i| {
+            ctrl.create_queue_pair(2)
+                .unwrap_or_else(|e| panic!("I/O queue {}: {e}", i + 1))
+        })
+        .collect();
+    let err = ctrl.create_queue_pair(2).expect_err("a 129th queue");
+    assert!(err.to_string().contains("granted 128 I/O queues"), "{err}");
+    let p = ctrl.pool().clone();
+    for qp in [0, 127] {
+        run_one(
+            &mut qps[qp],
+            io(IoOp::Read, 1, 0, 8, Some(p.alloc(4096).unwrap())),
+        )
+        .result
+        .expect("read on a granted queue");
+    }
+    drop(qps);
+    ctrl.shutdown().unwrap();
+
+    let mut o = ConnectOptions::new(t.addr, NQN, HOSTNQN);
+    o.io_queues = 3;
+    let mut ctrl = TcpController::connect(o, pool()).expect("attach");
+    assert_eq!(ctrl.io_queues_allowed(), 3, "never more than asked for");
+    let qps: Vec<TcpQueuePair> = (0..3).map(|_| ctrl.create_queue_pair(2).unwrap()).collect();
+    let err = ctrl.create_queue_pair(2).expect_err("a 4th queue");
+    assert!(
+        err.to_string()
+            .contains("granted 3 I/O queues (of 3 asked for)"),
+        "{err}"
+    );
+    drop(qps);
+    ctrl.shutdown().unwrap();
+
+    let mut o = ConnectOptions::new(t.addr, NQN, HOSTNQN);
+    o.io_queues = 0;
+    let err = TcpController::connect(o, pool()).expect_err("zero queues");
+    assert!(err.to_string().contains("io_queues 0"), "{err}");
+}

@@ -868,6 +868,10 @@ impl<D: Device> Controller for PcieController<D> {
         Ok(self.admin_raw(cmd, buf, len)?)
     }
 
+    fn io_queues_granted(&self) -> Option<u16> {
+        Some(self.io_queues_granted)
+    }
+
     fn create_queue_pair(&mut self, depth: u16) -> nvpoll::Result<PcieQueuePair<D>> {
         Ok(self.create_queue_pair_with(QueueOptions::new(depth))?)
     }

@@ -26,6 +26,9 @@ use crate::Error;
 /// Largest transfer we issue in one command when the controller sets no limit (MDTS 0).
 pub const DEFAULT_MAX_TRANSFER: u32 = 1024 * 1024;
 
+/// The I/O queues a host asks a controller for unless told otherwise ([`ConnectOptions::io_queues`]).
+pub const DEFAULT_IO_QUEUES: u16 = 1024;
+
 /// How to reach and attach a controller.
 #[derive(Clone, Debug)]
 pub struct ConnectOptions {
@@ -47,6 +50,11 @@ pub struct ConnectOptions {
     pub timeout: Duration,
     /// Admin queue depth.
     pub admin_depth: u16,
+    /// I/O queues to ask for in Set Features (Number of Queues), 1 to 65535; the controller may grant fewer
+    /// ([`TcpController::io_queues_allowed`]). Default [`DEFAULT_IO_QUEUES`] (as SPDK's host): enough for any
+    /// controller we know of (SPDK's nvmf_tgt and Linux nvmet grant 127-128 by default, ours 128), and queues
+    /// are connected only when asked for, so asking for many costs nothing.
+    pub io_queues: u16,
     /// Largest transfer per command we are willing to issue (further limited by MDTS).
     pub max_transfer: u32,
     /// TLS 1.3 with an external PSK on every queue (admin and I/O), before ICReq; see
@@ -115,7 +123,8 @@ impl ConnectOptions {
         Ok(o)
     }
 
-    /// Options with defaults: no digests, KATO 10 s, 5 s per step, admin depth 32, 1 MiB transfers, reconnect
+    /// Options with defaults: no digests, KATO 10 s, 5 s per step, admin depth 32, 1024 I/O queues asked for
+    /// (the controller grants what it has), 1 MiB transfers, reconnect
     /// every 2 s for up to 60 s, 30 s command timeout, outstanding commands retried after a reconnect, the ANA
     /// log read every second.
     pub fn new(addr: SocketAddr, subnqn: impl Into<String>, hostnqn: impl Into<String>) -> Self {
@@ -129,6 +138,7 @@ impl ConnectOptions {
             kato: Duration::from_secs(10),
             timeout: Duration::from_secs(5),
             admin_depth: 32,
+            io_queues: DEFAULT_IO_QUEUES,
             max_transfer: DEFAULT_MAX_TRANSFER,
             tls: None,
             reconnect_delay: Duration::from_secs(2),
@@ -462,7 +472,7 @@ fn bring_up(opts: &ConnectOptions, pool: &DmaPool) -> Result<Attached, Error> {
         (0, Vec::new())
     } else {
         (
-            set_number_of_queues(&mut admin, t, 64)?,
+            set_number_of_queues(&mut admin, t, opts.io_queues)?,
             scan_namespaces(&mut admin, pool, t)?,
         )
     };
@@ -521,14 +531,20 @@ fn parse_ana_states(page: &[u8]) -> Result<Vec<(u32, AnaState)>, Error> {
     Ok(log.groups.iter().map(|g| (g.grpid, g.state)).collect())
 }
 
+/// Asks for `want` I/O queues and returns how many the controller granted (never more than asked for).
 fn set_number_of_queues(admin: &mut HostQueue, t: Duration, want: u16) -> Result<u16, Error> {
-    let n = u32::from(want - 1);
-    let sqe = Sqe::set_features(spec::feature::NUMBER_OF_QUEUES, n | (n << 16));
+    use spec::feature;
+    // 65535 is the most a host may ask for: the 0's based value FFFFh is reserved.
+    if want == 0 {
+        return Err(Error::InvalidArgument(
+            "io_queues 0: ask for 1 to 65535 I/O queues".into(),
+        ));
+    }
+    let sqe = Sqe::set_features(feature::NUMBER_OF_QUEUES, feature::num_queues(want, want));
     let (cqe, _) = admin.run(sqe, DataDir::None, None, 0, t)?;
     HostQueue::check("Set Features (Number of Queues)", &cqe)?;
-    let nsq = (cqe.dw0 & 0xffff) as u16 + 1;
-    let ncq = (cqe.dw0 >> 16) as u16 + 1;
-    Ok(nsq.min(ncq).min(want))
+    let (nsq, ncq) = feature::num_queues_granted(cqe.dw0);
+    Ok(nsq.min(ncq).min(u32::from(want)) as u16)
 }
 
 /// Every active namespace, with its ANA group ID (0 when it reports none).
@@ -882,6 +898,10 @@ impl nvpoll::api::Controller for TcpController {
         Ok(self.att.admin.run(cmd, dir, buf, len, self.opts.timeout)?)
     }
 
+    fn io_queues_granted(&self) -> Option<u16> {
+        Some(self.att.io_queues_allowed)
+    }
+
     fn create_queue_pair(&mut self, depth: u16) -> nvpoll::Result<TcpQueuePair> {
         Ok(self.connect_io_queue(depth)?)
     }
@@ -900,8 +920,9 @@ impl TcpController {
     pub fn connect_io_queue(&mut self, depth: u16) -> Result<TcpQueuePair, Error> {
         if self.next_qid > self.att.io_queues_allowed {
             return Err(Error::InvalidArgument(format!(
-                "the controller granted {} I/O queues; all are in use",
-                self.att.io_queues_allowed
+                "the controller granted {} I/O queues (of {} asked for) and all are connected; connect another \
+                 controller of the subsystem for more",
+                self.att.io_queues_allowed, self.opts.io_queues
             )));
         }
         let mqes = u32::from(self.att.cap.mqes()) + 1;

@@ -200,6 +200,11 @@ impl Controller for MultipathController {
         }
     }
 
+    /// The fewest any path granted: a queue pair has one queue on every path.
+    fn io_queues_granted(&self) -> Option<u16> {
+        self.paths.iter().map(|c| c.io_queues_allowed()).min()
+    }
+
     fn create_queue_pair(&mut self, depth: u16) -> nvpoll::Result<MultipathQueuePair> {
         Ok(self.connect_io_queue(depth)?)
     }
