@@ -395,7 +395,7 @@ fn identify(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
 }
 
 /// The namespace `nsid` names: `Ok(None)` for a valid but inactive ID, an error reply for an invalid one.
-fn active_ns(q: &Queue, nsid: u32) -> Result<Option<&Arc<crate::subsystem::Namespace>>, Reply> {
+fn active_ns(q: &Queue, nsid: u32) -> Result<Option<&crate::handler::NsRef>, Reply> {
     if nsid == 0 || nsid > MAX_NAMESPACES {
         return Err(Reply::status(Status::INVALID_NAMESPACE.with_dnr()));
     }
@@ -704,18 +704,17 @@ fn get_log_page(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
 }
 
 fn smart_log(target: &TargetShared) -> [u8; nvpoll::spec::SMART_LOG_SIZE] {
-    use std::sync::atomic::Ordering::Relaxed;
-    let s = &target.stats;
+    let s = target.counters();
     // Data units are thousands of 512-byte units, rounded up.
     let units = |bytes: u64| u128::from(bytes.div_ceil(512_000));
     let log = SmartLog {
         temperature: TEMPERATURE_K,
         available_spare: 100,
         available_spare_threshold: 10,
-        data_units_read: units(s.bytes_read.load(Relaxed)),
-        data_units_written: units(s.bytes_written.load(Relaxed)),
-        host_read_commands: u128::from(s.reads.load(Relaxed)),
-        host_write_commands: u128::from(s.writes.load(Relaxed)),
+        data_units_read: units(s.bytes_read),
+        data_units_written: units(s.bytes_written),
+        host_read_commands: u128::from(s.reads),
+        host_write_commands: u128::from(s.writes),
         power_cycles: 1,
         power_on_hours: u128::from(target.now_ms() / 3_600_000),
         ..Default::default()

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
@@ -25,10 +25,30 @@ macro_rules! counters {
     ) => {
         /// Running totals of a target, updated by the sessions (each publishes its counters when it is idle
         /// or closes) and by the acceptors.
-        #[derive(Debug, Default)]
+        ///
+        /// The sessions' counters are kept in shards, one per reactor thread ([`shard_index`]), each on cache
+        /// lines of its own: a session publishes whenever it is idle, which under load is most polls, and
+        /// totals written by every reactor would bounce their line between the cores on each of them.
+        #[derive(Debug)]
         pub(crate) struct TargetStats {
-            $( pub $sname: AtomicU64, )*
+            shards: Box<[SessionShard]>,
             $( pub $tname: AtomicU64, )*
+        }
+
+        /// The session counters published from one reactor thread.
+        #[derive(Debug, Default)]
+        #[repr(align(128))]
+        struct SessionShard {
+            $( $sname: AtomicU64, )*
+        }
+
+        impl Default for TargetStats {
+            fn default() -> Self {
+                TargetStats {
+                    shards: (0..STAT_SHARDS).map(|_| SessionShard::default()).collect(),
+                    $( $tname: AtomicU64::new(0), )*
+                }
+            }
         }
 
         /// A snapshot of a target's counters.
@@ -49,19 +69,32 @@ macro_rules! counters {
             /// The totals now.
             pub(crate) fn snapshot(&self) -> TargetCounters {
                 TargetCounters {
-                    $( $sname: self.$sname.load(Ordering::Relaxed), )*
+                    $( $sname: self.shards.iter().map(|s| s.$sname.load(Ordering::Relaxed)).sum(), )*
                     $( $tname: self.$tname.load(Ordering::Relaxed), )*
                 }
             }
         }
 
         impl SessionStats {
-            /// Adds what was counted since `published` to the totals.
+            /// Adds what was counted since `published` to the totals, in the calling thread's shard.
             pub(crate) fn publish(&self, published: &SessionStats, totals: &TargetStats) {
-                $( totals.$sname.fetch_add(self.$sname - published.$sname, Ordering::Relaxed); )*
+                let shard = &totals.shards[shard_index()];
+                $( shard.$sname.fetch_add(self.$sname - published.$sname, Ordering::Relaxed); )*
             }
         }
     };
+}
+
+/// Shards of the session counters: threads beyond this many share shards (correct, only slower).
+const STAT_SHARDS: usize = 64;
+
+/// This thread's shard of the session counters: threads take the next shard the first time they publish.
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STAT_SHARDS;
+    }
+    SHARD.with(|s| *s)
 }
 
 counters! {
