@@ -13,6 +13,37 @@ use crate::shared::{Listener, TargetShared};
 use crate::store::FlushTicket;
 use crate::subsystem::{AnaView, Namespace, NsTable, Subsystem};
 
+/// A namespace as one queue holds it. A command in flight keeps its namespace alive through a clone of this,
+/// which counts in the queue's own reference count: cloning the shared `Arc<Namespace>` for every command
+/// made every reactor write the namespace's count (one cache line) twice per I/O.
+#[derive(Clone, Debug)]
+pub(crate) struct NsRef(Arc<Held>);
+
+/// The queue's own reference count sits beside the shared one it holds.
+#[derive(Debug)]
+struct Held(Arc<Namespace>);
+
+impl std::ops::Deref for NsRef {
+    type Target = Namespace;
+
+    fn deref(&self) -> &Namespace {
+        &self.0 .0
+    }
+}
+
+/// This queue's references to the namespaces of one table of its subsystem, by NSID - 1.
+fn queue_refs(table: &NsTable) -> Vec<Option<NsRef>> {
+    let mut refs = Vec::new();
+    for ns in table.iter() {
+        let index = ns.nsid as usize - 1;
+        if refs.len() <= index {
+            refs.resize(index + 1, None);
+        }
+        refs[index] = Some(NsRef(Arc::new(Held(Arc::clone(ns)))));
+    }
+    refs
+}
+
 /// What a handler decided for a command.
 #[derive(Debug)]
 pub(crate) enum Reply {
@@ -30,7 +61,7 @@ pub(crate) enum Reply {
     /// Send `len` bytes read from the namespace at byte offset `off`, then complete.
     Read {
         /// The namespace.
-        ns: Arc<Namespace>,
+        ns: NsRef,
         /// Byte offset.
         off: u64,
         /// Byte count.
@@ -39,7 +70,7 @@ pub(crate) enum Reply {
     /// Keep the command outstanding without completing it (Asynchronous Event Request).
     Hold,
     /// Complete with `status` once these flushes are done.
-    Flush(Vec<(Arc<Namespace>, FlushTicket)>),
+    Flush(Vec<(NsRef, FlushTicket)>),
     /// Complete successfully, then close the connection (Disconnect).
     CompleteAndClose,
 }
@@ -79,7 +110,7 @@ pub(crate) struct Queue {
     /// The registers and features, on the admin queue only.
     pub admin: Option<AdminState>,
     /// The subsystem's namespaces as this queue sees them, refreshed when the subsystem's generation moves.
-    ns: Arc<NsTable>,
+    ns: Vec<Option<NsRef>>,
     ns_gen: u64,
     /// The ANA states of the controller's path as this queue saw them last, refreshed when the subsystem's
     /// ANA change count moves.
@@ -97,7 +128,8 @@ impl Queue {
     ) -> Queue {
         let admin = (qid == 0).then(|| AdminState::new(subsys.kind));
         let sqflow_disabled = cattr & fabrics::CATTR_DISABLE_SQFLOW != 0;
-        let (ns, ns_gen) = subsys.ns_table();
+        let (table, ns_gen) = subsys.ns_table();
+        let ns = queue_refs(&table);
         let (ana, ana_gen) = subsys.ana_view(ctrl.listener);
         Queue {
             qid,
@@ -122,20 +154,22 @@ impl Queue {
     }
 
     /// The active namespace `nsid` (no lock: the queue's copy of the table).
-    pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
-        self.ns.get(nsid)
+    pub fn namespace(&self, nsid: u32) -> Option<&NsRef> {
+        let index = nsid.checked_sub(1)? as usize;
+        self.ns.get(index)?.as_ref()
     }
 
-    /// Every active namespace.
-    pub fn namespaces(&self) -> impl Iterator<Item = &Arc<Namespace>> {
-        self.ns.iter()
+    /// Every active namespace, by ascending ID.
+    pub fn namespaces(&self) -> impl Iterator<Item = &NsRef> {
+        self.ns.iter().flatten()
     }
 
     /// Takes the subsystem's namespace table if it changed (one atomic load when it did not).
     /// Also takes the path's ANA states if they changed.
     pub fn refresh_namespaces(&mut self) {
         if self.subsys.ns_gen() != self.ns_gen {
-            (self.ns, self.ns_gen) = self.subsys.ns_table();
+            let (table, gen) = self.subsys.ns_table();
+            (self.ns, self.ns_gen) = (queue_refs(&table), gen);
         }
         if self.subsys.ana_gen() != self.ana_gen {
             (self.ana, self.ana_gen) = self.subsys.ana_view(self.ctrl.listener);

@@ -4,20 +4,17 @@
 //! from the receive buffer into the namespace, whether the data came in the capsule or in H2CData PDUs. Flushes
 //! of a file wait for its flusher thread ([`Reply::Flush`]).
 
-use std::sync::Arc;
-
 use nvpoll::spec::{io as op, Sqe, Status};
 
-use crate::handler::{Queue, Reply};
+use crate::handler::{NsRef, Queue, Reply};
 use crate::shared::SessionStats;
-use crate::subsystem::Namespace;
 
 /// Namespace ID meaning "every namespace" (Flush).
 const ALL_NAMESPACES: u32 = 0xffff_ffff;
 
 /// Checks a read or write: the namespace, the block range, and that the data pointer covers exactly the blocks.
 /// Returns the namespace and the byte offset and length.
-fn check_rw(q: &Queue, sqe: &Sqe, xfer_len: u32) -> Result<(Arc<Namespace>, u64, u32), Status> {
+fn check_rw(q: &Queue, sqe: &Sqe, xfer_len: u32) -> Result<(NsRef, u64, u32), Status> {
     let Some(ns) = q.namespace(sqe.nsid) else {
         return Err(Status::INVALID_NAMESPACE.with_dnr());
     };
@@ -34,15 +31,11 @@ fn check_rw(q: &Queue, sqe: &Sqe, xfer_len: u32) -> Result<(Arc<Namespace>, u64,
     if u64::from(xfer_len) != len {
         return Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
     }
-    Ok((Arc::clone(ns), off, len as u32))
+    Ok((ns.clone(), off, len as u32))
 }
 
 /// A write whose data will come with R2T/H2CData: where it goes.
-pub(crate) fn prepare_write(
-    q: &Queue,
-    sqe: &Sqe,
-    xfer_len: u32,
-) -> Result<(Arc<Namespace>, u64), Status> {
+pub(crate) fn prepare_write(q: &Queue, sqe: &Sqe, xfer_len: u32) -> Result<(NsRef, u64), Status> {
     check_rw(q, sqe, xfer_len).map(|(ns, off, _)| (ns, off))
 }
 
@@ -88,14 +81,14 @@ pub(crate) fn execute(q: &Queue, sqe: &Sqe) -> Reply {
                 let all = q
                     .namespaces()
                     .filter(|ns| q.ana_refusal(ns).is_none())
-                    .map(|ns| (Arc::clone(ns), ns.store.start_flush()))
+                    .map(|ns| (ns.clone(), ns.store.start_flush()))
                     .collect();
                 return Reply::Flush(all);
             }
             match q.namespace(sqe.nsid) {
                 Some(ns) => match q.ana_refusal(ns) {
                     Some(status) => Reply::status(status),
-                    None => Reply::Flush(vec![(Arc::clone(ns), ns.store.start_flush())]),
+                    None => Reply::Flush(vec![(ns.clone(), ns.store.start_flush())]),
                 },
                 None => Reply::status(Status::INVALID_NAMESPACE.with_dnr()),
             }
@@ -115,7 +108,7 @@ pub(crate) fn execute(q: &Queue, sqe: &Sqe) -> Reply {
                 return Reply::status(Status::WRITE_FAULT);
             }
             if sqe.cdw12 & Sqe::FUA != 0 {
-                return Reply::Flush(vec![(Arc::clone(ns), ns.store.start_flush())]);
+                return Reply::Flush(vec![(ns.clone(), ns.store.start_flush())]);
             }
             Reply::ok(0)
         }

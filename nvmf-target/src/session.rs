@@ -26,13 +26,12 @@ use nvpoll::spec::{fabrics, io as io_op, Cqe, SglType, Sqe, Status};
 
 use crate::admin;
 use crate::events::TargetEvent;
-use crate::handler::{Ctx, Queue, Reply};
+use crate::handler::{Ctx, NsRef, Queue, Reply};
 use crate::io;
 use crate::options::TlsMode;
 use crate::shared::SessionStats;
 use crate::shared::{Listener, TargetShared};
 use crate::store::{FlushStatus, FlushTicket};
-use crate::subsystem::Namespace;
 use nvpoll_tcp::conn::{Conn, DIRECT_SEND_MIN};
 use nvpoll_tcp::pdu::{self, Decoded, Digests, Fes, Pdu, PduError};
 use nvpoll_tcp::Error;
@@ -50,11 +49,7 @@ const MAX_ADMIN_DATA: u32 = 4096;
 #[derive(Debug)]
 enum Sink {
     /// Straight into a namespace, at this byte offset (an NVM write).
-    Namespace {
-        ns: Arc<Namespace>,
-        off: u64,
-        fua: bool,
-    },
+    Namespace { ns: NsRef, off: u64, fua: bool },
     /// Into a buffer, then the command runs with it.
     Buffer(Vec<u8>),
 }
@@ -74,7 +69,7 @@ enum SlotState {
     Held,
     /// Waiting for flushes, then completes with `status`.
     Flushing {
-        tickets: Vec<(Arc<Namespace>, FlushTicket)>,
+        tickets: Vec<(NsRef, FlushTicket)>,
         status: Status,
     },
 }
