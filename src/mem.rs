@@ -442,6 +442,16 @@ impl Mapping {
     }
 }
 
+/// Moves the elements of `v` into a new allocation of the same capacity, made by the calling thread.
+///
+/// For state built on one thread and then owned by a reactor on another: the allocator places consecutive
+/// allocations side by side, so buffers that two reactors write could otherwise share a cache line.
+pub fn rehome_vec<T>(v: &mut Vec<T>) {
+    let mut fresh = Vec::with_capacity(v.capacity());
+    fresh.append(v);
+    *v = fresh;
+}
+
 static HUGEPAGE_WARNED: AtomicBool = AtomicBool::new(false);
 static MLOCK_WARNED: AtomicBool = AtomicBool::new(false);
 

@@ -107,6 +107,18 @@ pub struct Conn {
 const TX_INITIAL: usize = 256 * 1024;
 
 impl Conn {
+    /// Moves the buffers into new allocations of the calling thread (see `HostQueue::rehome`).
+    pub(crate) fn rehome(&mut self) {
+        nvpoll::mem::rehome_vec(&mut self.tx);
+        nvpoll::mem::rehome_vec(&mut self.rx);
+        if let Some(old) = self.tls.take() {
+            let mut t = Box::new(*old);
+            nvpoll::mem::rehome_vec(&mut t.out);
+            nvpoll::mem::rehome_vec(&mut t.inb);
+            self.tls = Some(t);
+        }
+    }
+
     /// Connects to `addr` without blocking the thread in `connect(2)`: the connect is started non-blocking and
     /// polled until it completes, fails, or `timeout` passes.
     pub fn connect(addr: SocketAddr, timeout: Duration, rx_capacity: usize) -> Result<Conn, Error> {

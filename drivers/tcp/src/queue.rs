@@ -329,6 +329,8 @@ pub struct HostQueue {
     direct: Option<DirectRx>,
     /// The headers of the H2CData PDUs [`HostQueue::send_h2c`] gathers (kept for its capacity).
     h2c_headers: Vec<u8>,
+    /// The buffers were moved into memory of the thread that polls the queue ([`HostQueue::rehome`]).
+    homed: bool,
 }
 
 impl HostQueue {
@@ -438,7 +440,25 @@ impl HostQueue {
             direct: None,
             // A header with its digest and padding takes at most 128 bytes.
             h2c_headers: Vec::with_capacity(H2C_GATHER * 128),
+            homed: false,
         })
+    }
+
+    /// Moves every buffer this queue writes per command into new allocations made by the calling thread.
+    ///
+    /// A queue is connected on one thread (the application's, or a reconnect thread) and then polled by a
+    /// reactor on another. The allocator hands consecutive queues' buffers out side by side, so without this
+    /// the slots, free list or TLS state of a queue owned by one reactor can share cache lines with another
+    /// reactor's queue, and both write them for every I/O. Done once, at the first poll.
+    fn rehome(&mut self) {
+        nvpoll::mem::rehome_vec(&mut self.slots);
+        nvpoll::mem::rehome_vec(&mut self.free);
+        nvpoll::mem::rehome_vec(&mut self.h2c_headers);
+        self.lists.done = self.lists.done.drain(..).collect::<Vec<_>>().into();
+        self.lists.done.reserve(self.slots.len());
+        self.lists.orphans = self.lists.orphans.drain(..).collect::<Vec<_>>().into();
+        self.conn.rehome();
+        self.homed = true;
     }
 
     /// Queue ID.
@@ -634,6 +654,9 @@ impl HostQueue {
     /// As [`HostQueue::poll`], but stops handling PDUs once `max` commands have completed in this call; the
     /// PDUs left in the receive buffer are handled by the next poll.
     pub fn poll_max(&mut self, max: usize) -> Result<usize, Error> {
+        if !self.homed {
+            self.rehome();
+        }
         self.now = Instant::now();
         if let Some(why) = &self.failed {
             return Err(Error::Protocol(format!("queue {} failed: {why}", self.qid)));
