@@ -26,6 +26,10 @@ scripts/fault-test.sh
 # (performance belongs to benchmarks; a brief run on a shared CI machine is a rough look).
 step "hostile hosts (cargo bench --bench hostile, brief)"
 NVPOLL_BENCH_TIME=1s NVPOLL_BENCH_WARMUP=250ms NVPOLL_BENCH_RUNS=3 cargo bench --bench hostile
+# The scaling bench at one reactor a side (this machine's half), briefly, to show it works: the curve and the
+# seed's shapes (qd1 x 128, qd128 x 8, plain and TLS, every send mode) against one controller.
+step "scaling (cargo bench --bench scale, one reactor a side, brief)"
+NVPOLL_BENCH_TIME=300ms NVPOLL_BENCH_WARMUP=100ms NVPOLL_BENCH_RUNS=1 NVPOLL_SCALE_MAX=1 cargo bench --bench scale
 step "VM tests"
 scripts/vm-test.sh
 # SPDK is not packaged: this runs against a build SPDK_DIR points at, and says it skips without one.
