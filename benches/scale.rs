@@ -347,7 +347,7 @@ impl SpdkTarget {
         let mut nvmf = vec![
             serde_json::json!({"method": "nvmf_create_transport", "params": {
             "trtype": "TCP", "max_io_size": 1048576, "in_capsule_data_size": 8192,
-            "max_qpairs_per_ctrlr": 1024, "max_queue_depth": 128}}),
+            "max_io_qpairs_per_ctrlr": 1024, "max_queue_depth": 128}}),
         ];
         nvmf.extend(sub(SPDK_NQN, "Malloc0", SPDK_PORT, false));
         nvmf.extend(sub(SPDK_NQN_TLS, "Malloc1", SPDK_PORT_TLS, true));

@@ -101,7 +101,8 @@ struct Args {
     /// outstanding.
     #[arg(long, default_value = "poll", value_name = "poll|hybrid[:QUIET]")]
     idle: IdlePolicy,
-    /// Runs per table row; the median run is reported.
+    /// Runs per table row; the median run is reported. With several send modes the runs alternate between
+    /// them (inline, deferred, adaptive, inline, ...), so that a drift of the machine weighs on each alike.
     #[arg(long, default_value_t = 3)]
     runs: usize,
     /// Print the results as JSON on stdout (progress and tables go to stderr).
@@ -223,25 +224,27 @@ where
     let mut gen: LoadGen<C::QueuePair> = LoadGen::new(pool.clone(), m.max_qd, m.quiet);
     for &workload in m.workloads {
         for &qd in m.qds {
-            for &mode in m.modes {
-                let spec = RunSpec {
-                    send_mode: mode,
-                    qd,
-                    jobs: m.jobs,
-                    io_size: m.io_size,
-                    workload,
-                    rwmix: m.rwmix,
-                    verify: m.verify,
-                    warmup: m.warmup,
-                    time: m.time,
-                    drain_timeout: m.drain_timeout,
-                };
-                if let Some(t) = target {
-                    t.set_send_mode(mode);
-                }
-                let label = format!("qd{qd} x {} {}{suffix}", m.jobs, workload.name());
-                let mut runs = Vec::new();
-                for i in 0..m.runs {
+            // Runs alternate between the send modes (inline, deferred, adaptive, inline, ...) so that a drift of
+            // the machine over the session weighs on every mode alike instead of on the last one.
+            let label = format!("qd{qd} x {} {}{suffix}", m.jobs, workload.name());
+            let mut by_mode: Vec<Vec<loadgen::RunResult>> = vec![Vec::new(); m.modes.len()];
+            for i in 0..m.runs {
+                for (k, &mode) in m.modes.iter().enumerate() {
+                    let spec = RunSpec {
+                        send_mode: mode,
+                        qd,
+                        jobs: m.jobs,
+                        io_size: m.io_size,
+                        workload,
+                        rwmix: m.rwmix,
+                        verify: m.verify,
+                        warmup: m.warmup,
+                        time: m.time,
+                        drain_timeout: m.drain_timeout,
+                    };
+                    if let Some(t) = target {
+                        t.set_send_mode(mode);
+                    }
                     if !m.quiet {
                         eprintln!("run {}/{}: {label} {mode}", i + 1, m.runs);
                     }
@@ -296,10 +299,12 @@ where
                     for f in &r.failures {
                         eprintln!("perf: {label} {mode}: {f}");
                     }
-                    runs.push(r);
+                    by_mode[k].push(r);
                 }
+            }
+            for (&mode, runs) in m.modes.iter().zip(by_mode) {
                 rows.push(Row {
-                    workload: label,
+                    workload: label.clone(),
                     mode: mode.name(),
                     result: loadgen::median(runs.clone()),
                     runs,
