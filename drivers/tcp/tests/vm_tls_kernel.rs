@@ -242,3 +242,47 @@ fn vm_tls_our_initiator_against_nvmet() {
     drop(qp);
     ctrl.shutdown().expect("shutdown");
 }
+
+/// The seed's two shapes with TLS: our perf (NVPOLL_EXAMPLES_DIR) writes 4 KiB blocks at qd1 x 128 jobs and at
+/// qd128 x 8 jobs over ONE controller of nvmet-tcp on a port that requires TLS, in every send mode; perf exits
+/// non-zero on any I/O error or lost command.
+#[test]
+fn vm_tls_seed_shapes_against_nvmet() {
+    if !tls_guest() {
+        return;
+    }
+    let hostnqn = env("VM_HOSTNQN");
+    let subnqn = env("VM_NVMET_NQN");
+    insert_psk(KEY, &hostnqn, &subnqn);
+    let _port = TlsPort::add(&subnqn);
+    let perf = format!("{}/perf", env("NVPOLL_EXAMPLES_DIR"));
+    let trid = format!("trtype:tcp traddr:127.0.0.1 trsvcid:4421 subnqn:{subnqn}");
+    for (qd, jobs) in [("1", "128"), ("128", "8")] {
+        let out = Command::new(&perf)
+            .args(["--trid", &trid, "--hostnqn", &hostnqn, "--psk", KEY])
+            .args(["--psk-identity-version", "0", "--qd", qd, "--jobs", jobs])
+            .args([
+                "--workload",
+                "randwrite",
+                "--time",
+                "1s",
+                "--warmup",
+                "200ms",
+            ])
+            .args(["--runs", "1", "--send-mode", "all", "--quiet"])
+            .output()
+            .expect("running perf");
+        let text = String::from_utf8_lossy(&out.stdout);
+        eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "perf qd{qd} x {jobs} with TLS against nvmet failed"
+        );
+        assert_eq!(
+            text.matches(&format!("qd{qd} x {jobs} randwrite tls"))
+                .count(),
+            3,
+            "one row per send mode"
+        );
+    }
+}
