@@ -171,6 +171,10 @@ struct Args {
     /// (round-robin: a slow path collects the commands).
     #[arg(long, default_value = "queue-depth", value_parser = ["queue-depth", "round-robin"])]
     path_policy: String,
+    /// NVMe/TCP: the TCP congestion control of our connections (e.g. cubic), and of the embedded target's
+    /// listener. Default: the system's (net.ipv4.tcp_congestion_control).
+    #[arg(long, value_name = "NAME")]
+    tcp_congestion: Option<String>,
     /// Size of the embedded target's RAM namespace.
     #[arg(long, default_value = "256m", value_parser = loadgen::parse_size)]
     ram: u64,
@@ -389,8 +393,15 @@ fn run(args: Args) -> Result<(), String> {
         let demo_key = ConfiguredKey::parse(DEMO_KEY).expect("the demo key parses");
         let target_key = key.clone().unwrap_or(demo_key);
         let jobs = args.jobs.unwrap_or(2 * cores.len());
-        let t =
-            embedded_target::start(&tcores, args.idle, args.ram, jobs, &o.hostnqn, &target_key)?;
+        let t = embedded_target::start(
+            &tcores,
+            args.idle,
+            args.ram,
+            jobs,
+            args.tcp_congestion.clone(),
+            &o.hostnqn,
+            &target_key,
+        )?;
         eprintln!(
             "perf: embedded NVMe/TCP target {} on {} (cores {tcores}), RAM namespace of {} MiB, TLS optional",
             t.nqn,
@@ -528,6 +539,7 @@ fn run(args: Args) -> Result<(), String> {
             }
             o.kato = args.kato;
             o.io_queues = args.io_queues;
+            o.tcp_congestion.clone_from(&args.tcp_congestion);
             o.header_digest = args.header_digest;
             o.data_digest = args.data_digest;
             o.reconnect_delay = args.reconnect_delay;
@@ -630,6 +642,7 @@ mod embedded_target {
         idle: IdlePolicy,
         ram: u64,
         jobs: usize,
+        tcp_congestion: Option<String>,
         hostnqn: &str,
         key: &ConfiguredKey,
     ) -> Result<Embedded, String> {
@@ -639,6 +652,7 @@ mod embedded_target {
         let mut subsystem = SubsystemConfig::new(nqn.clone()).namespace(Backing::Ram(ram), 4096);
         subsystem.limits.max_io_queues = Some(jobs.clamp(128, 1024) as u16);
         let mut config = TargetConfig::new(listen).subsystem(subsystem);
+        config.tcp_congestion = tcp_congestion;
         config.tls = Some(TargetTls::with_host_keys(
             false,
             &[(hostnqn.to_string(), key.clone())],

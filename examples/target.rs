@@ -54,6 +54,13 @@ struct Args {
     #[arg(long)]
     send_mode: Option<nvpoll::send::SendMode>,
 
+    /// The TCP congestion control of every listener and so of every connection (e.g. cubic); the target sends
+    /// the data of reads, so this paces them. Default: the system's (net.ipv4.tcp_congestion_control), or the
+    /// configuration file's tcp_congestion. Under BBR on loopback (a minimum RTT of about a microsecond) BBR
+    /// keeps a window of a few segments and large reads run at about half the speed they reach under cubic.
+    #[arg(long, value_name = "NAME")]
+    tcp_congestion: Option<String>,
+
     /// A host's TLS PSK, as HOSTNQN=KEY with KEY in the NVMe interchange format (NVMeTLSkey-1:01:...:). May be
     /// given once per host. The host may present the v0 or v1 identity derived from it.
     #[arg(long = "psk", value_name = "HOSTNQN=KEY", conflicts_with = "config")]
@@ -284,6 +291,9 @@ fn run(args: Args) -> Result<(), String> {
     }
     if let Some(mode) = args.send_mode {
         config.send_mode = mode;
+    }
+    if let Some(cc) = &args.tcp_congestion {
+        config.tcp_congestion = Some(cc.clone());
     }
     let verbose = args.verbose > 0;
     let config = config.on_event(move |e| match e {

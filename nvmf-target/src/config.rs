@@ -4,7 +4,7 @@
 //! {
 //!   "listeners": [ {"address": "127.0.0.1:4420", "tls": "off"}, {"address": "127.0.0.1:4421", "tls": "required"} ],
 //!   "max_io_queues": 128, "queue_size": 128, "mdts": 8,
-//!   "send_mode": "deferred",
+//!   "send_mode": "deferred", "tcp_congestion": "cubic",
 //!   "subsystems": [ {
 //!       "nqn": "nqn.2024-01.io.nvpoll:a", "serial": "A0001", "model": "nvpoll",
 //!       "allow_any_host": false,
@@ -24,7 +24,8 @@
 //! - `listeners` (at least one): `address` (IP and port) and `tls` (`off`, the default, `optional` or
 //!   `required`). The first is [`TargetConfig::listen`].
 //! - `max_io_queues`, `queue_size`, `mdts`, `send_mode` (`inline`, `deferred` or `adaptive`): optional
-//!   target-wide defaults.
+//!   target-wide defaults; `tcp_congestion`: the TCP congestion control of every listener (default: the
+//!   system's), see [`crate::TargetConfig::tcp_congestion`].
 //! - `subsystems`: `nqn`; optional `serial` and `model`; `allow_any_host` (default `false`: only `hosts` may
 //!   connect; with `true`, `hosts` only give keys); `hosts`, each with `nqn` and optionally `psk_file`, a file
 //!   holding the host's `NVMeTLSkey-1:...:` interchange key, readable by its owner only (mode 0600, as SPDK's
@@ -270,6 +271,7 @@ struct TargetDoc {
     queue_size: Option<u16>,
     mdts: Option<u8>,
     send_mode: Option<Parsed<nvpoll::send::SendMode>>,
+    tcp_congestion: Option<String>,
     #[serde(default)]
     subsystems: Vec<SubsystemDoc>,
 }
@@ -607,6 +609,7 @@ fn target(doc: &TargetDoc, ctx: &Ctx<'_>) -> Result<TargetConfig, Problem> {
     if let Some(m) = &doc.send_mode {
         cfg.send_mode = m.0;
     }
+    cfg.tcp_congestion.clone_from(&doc.tcp_congestion);
     let ctx = Ctx {
         listeners: &addresses,
         ..*ctx

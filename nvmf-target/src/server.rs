@@ -76,6 +76,7 @@ impl Target {
             send_mode: AtomicU8::new(mode_to_u8(config.send_mode)),
             tls_server: nvpoll_tcp::tls::ServerConfig::new(move |id| lookup.psk_for(id)),
             wakers: std::sync::OnceLock::new(),
+            tcp_congestion: config.tcp_congestion,
         });
         let first = ListenerConfig {
             address: config.listen,

@@ -246,6 +246,8 @@ pub(crate) struct TargetShared {
     pub(crate) events: Option<EventHook>,
     /// The send mode every session applies, switchable while the target runs.
     pub(crate) send_mode: AtomicU8,
+    /// The congestion control set on every listener (accepted connections inherit it); `None`: the system's.
+    pub(crate) tcp_congestion: Option<String>,
     /// The TLS server settings (the PSK lookup reads the registry).
     pub tls_server: nvpoll_tcp::tls::ServerConfig,
     /// Wakes the reactors the target runs on (set when it starts): after any change that sessions or the
@@ -306,6 +308,9 @@ impl TargetShared {
     ) -> Result<(Arc<Listener>, TcpListener), Error> {
         let socket = TcpListener::bind(cfg.address)
             .map_err(|e| Error::io(format!("listen on {}", cfg.address), e))?;
+        if let Some(cc) = &self.tcp_congestion {
+            nvpoll_tcp::conn::set_congestion(&socket, cc)?;
+        }
         socket
             .set_nonblocking(true)
             .map_err(|e| Error::io("set O_NONBLOCK on the listener", e))?;

@@ -83,7 +83,7 @@ fn a_good_file_becomes_its_target_config_and_serves_our_initiator() {
         r#"{{
   "listeners": [ {{"address": "127.0.0.1:0"}}, {{"address": "{tls_addr}", "tls": "required"}} ],
   "max_io_queues": 64, "queue_size": 256, "mdts": 7,
-  "send_mode": "adaptive",
+  "send_mode": "adaptive", "tcp_congestion": "reno",
   "subsystems": [
     {{
       "nqn": "{A}", "serial": "A0001", "model": "config test",
@@ -117,6 +117,7 @@ fn a_good_file_becomes_its_target_config_and_serves_our_initiator() {
         (64, 256, 7)
     );
     assert_eq!(cfg.send_mode, SendMode::Adaptive);
+    assert_eq!(cfg.tcp_congestion.as_deref(), Some("reno"));
     assert_eq!(cfg.subsystems.len(), 2);
     let a = &cfg.subsystems[0];
     assert_eq!(
@@ -528,4 +529,15 @@ fn ana_groups_states_and_controller_ids_are_read_and_checked() {
         line_of(bad_ids, "\"cntlid_min\""),
     );
     assert!(e.message().contains("controller IDs 300-200"), "{e}");
+}
+
+/// A congestion control the system lacks stops the target at bind, naming it.
+#[test]
+fn an_unknown_tcp_congestion_is_refused_at_bind() {
+    let mut cfg = TargetConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.tcp_congestion = Some("no-such-cc".into());
+    let Err(e) = nvpoll_target::Target::bind(cfg) else {
+        panic!("an unknown algorithm was accepted");
+    };
+    assert!(e.to_string().contains("'no-such-cc'"), "{e}");
 }

@@ -103,10 +103,32 @@ pub struct Conn {
     pub stats: ConnStats,
 }
 
+/// Sets the TCP congestion control of a socket (`setsockopt(TCP_CONGESTION)`), e.g. `cubic`; a listening
+/// socket hands it to the connections it accepts. Fails with a message naming the algorithm and where the
+/// system lists those it has.
+pub fn set_congestion(sock: &impl std::os::fd::AsFd, name: &str) -> Result<(), Error> {
+    socket2::SockRef::from(sock)
+        .set_tcp_congestion(name.as_bytes())
+        .map_err(|e| {
+            Error::io(
+                format!(
+                    "TCP congestion control '{name}' (available: /proc/sys/net/ipv4/tcp_available_congestion_control; \
+                     unprivileged processes may use tcp_allowed_congestion_control)"
+                ),
+                e,
+            )
+        })
+}
+
 /// Initial size of the send buffer.
 const TX_INITIAL: usize = 256 * 1024;
 
 impl Conn {
+    /// Sets this connection's TCP congestion control (see [`set_congestion`]).
+    pub fn set_congestion(&self, name: &str) -> Result<(), Error> {
+        set_congestion(&self.stream, name)
+    }
+
     /// Moves the buffers into new allocations of the calling thread (see `HostQueue::rehome`).
     pub(crate) fn rehome(&mut self) {
         nvpoll::mem::rehome_vec(&mut self.tx);
@@ -804,6 +826,28 @@ fn ensure_len(v: &mut Vec<u8>, len: usize) {
 mod tests {
     use super::*;
     use std::net::TcpListener;
+
+    /// A listener's congestion control is what was set (reno: every Linux has it, and anyone may set it), and
+    /// an algorithm the system lacks is refused with its name.
+    #[test]
+    fn congestion_control_is_set_or_refused_by_name() {
+        // The kernel answers with the name NUL-padded to 16 bytes.
+        let cc = |s: socket2::SockRef<'_>| {
+            let v = s.tcp_congestion().unwrap();
+            v.split(|&b| b == 0).next().unwrap_or_default().to_vec()
+        };
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        set_congestion(&l, "reno").expect("reno");
+        assert_eq!(cc(socket2::SockRef::from(&l)), b"reno");
+        // Accepted connections inherit it.
+        let c = Conn::connect(l.local_addr().unwrap(), Duration::from_secs(5), 4096).unwrap();
+        let (accepted, _) = l.accept().unwrap();
+        assert_eq!(cc(socket2::SockRef::from(&accepted)), b"reno");
+        c.set_congestion("reno").expect("on a connection");
+        assert_eq!(cc(socket2::SockRef::from(&c.stream)), b"reno");
+        let e = set_congestion(&l, "no-such-cc").expect_err("an unknown algorithm");
+        assert!(e.to_string().contains("'no-such-cc'"), "{e}");
+    }
 
     fn pair() -> (Conn, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();

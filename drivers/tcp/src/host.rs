@@ -73,6 +73,9 @@ pub struct ConnectOptions {
     /// With a controller that reports ANA: how often its ANA log is read again (also at once after a
     /// command failed with a path status). Zero: only then.
     pub ana_refresh: Duration,
+    /// The TCP congestion control of every queue's connection (`setsockopt(TCP_CONGESTION)`, e.g. `cubic`);
+    /// `None`: the system's. The host sends the data of writes, so this paces them.
+    pub tcp_congestion: Option<String>,
 }
 
 /// What happens to outstanding commands when their connection is lost.
@@ -126,7 +129,7 @@ impl ConnectOptions {
     /// Options with defaults: no digests, KATO 10 s, 5 s per step, admin depth 32, 1024 I/O queues asked for
     /// (the controller grants what it has), 1 MiB transfers, reconnect
     /// every 2 s for up to 60 s, 30 s command timeout, outstanding commands retried after a reconnect, the ANA
-    /// log read every second.
+    /// log read every second, the system's TCP congestion control.
     pub fn new(addr: SocketAddr, subnqn: impl Into<String>, hostnqn: impl Into<String>) -> Self {
         ConnectOptions {
             addr,
@@ -146,6 +149,7 @@ impl ConnectOptions {
             io_timeout: Duration::from_secs(30),
             recovery: Recovery::Retry,
             ana_refresh: Duration::from_secs(1),
+            tcp_congestion: None,
         }
     }
 
@@ -240,6 +244,7 @@ fn connect_queue(
         max_transfer,
         connect_timeout: opts.timeout,
         tls: opts.tls.clone(),
+        tcp_congestion: opts.tcp_congestion.clone(),
     })
 }
 

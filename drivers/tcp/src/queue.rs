@@ -47,6 +47,8 @@ pub struct QueueParams {
     pub connect_timeout: Duration,
     /// TLS 1.3 with a PSK before ICReq, when set.
     pub tls: Option<crate::tls::ClientConfig>,
+    /// The TCP congestion control of the connection; `None`: the system's.
+    pub tcp_congestion: Option<String>,
 }
 
 /// What a finished command hands back.
@@ -343,6 +345,9 @@ impl HostQueue {
         }
         let rx_cap = p.max_transfer as usize + 8192;
         let mut conn = Conn::connect(p.addr, p.connect_timeout, rx_cap)?;
+        if let Some(cc) = &p.tcp_congestion {
+            conn.set_congestion(cc)?;
+        }
         if let Some(cfg) = &p.tls {
             conn.tls_client_handshake(cfg.clone(), p.connect_timeout)?;
         }

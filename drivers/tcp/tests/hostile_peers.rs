@@ -270,6 +270,7 @@ fn outstanding_read_fails(addr: SocketAddr, what: &str) {
         max_transfer: 64 * 1024,
         connect_timeout: HOST_TIMEOUT,
         tls: Some(client_cfg),
+        tcp_congestion: None,
     })
     .expect("TLS and ICReq with the scripted target");
     let p = pool();

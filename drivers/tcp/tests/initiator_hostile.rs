@@ -116,6 +116,7 @@ fn queue_with(addr: std::net::SocketAddr, hdgst: bool, ddgst: bool) -> HostQueue
         max_transfer: 64 * 1024,
         connect_timeout: Duration::from_secs(5),
         tls: None,
+        tcp_congestion: None,
     })
     .expect("ICReq/ICResp with the scripted peer")
 }

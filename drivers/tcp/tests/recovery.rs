@@ -255,6 +255,7 @@ fn command_timeout_requests_abort_then_expires() {
         max_transfer: 4096,
         connect_timeout: Duration::from_secs(5),
         tls: None,
+        tcp_congestion: None,
     })
     .unwrap();
     q.submit(Sqe::flush(1), DataDir::None, None, 0, 7)

@@ -89,6 +89,7 @@ fn stream_survives_backpressure(mode: SendMode) {
         max_transfer: DATA as u32,
         connect_timeout: Duration::from_secs(5),
         tls: None,
+        tcp_congestion: None,
     })
     .unwrap();
     q.set_incapsule_max(DATA as u32);
@@ -267,6 +268,7 @@ fn reset_mid_flush(mode: SendMode) {
         max_transfer: DATA as u32,
         connect_timeout: Duration::from_secs(5),
         tls: None,
+        tcp_congestion: None,
     })
     .unwrap();
     q.set_incapsule_max(DATA as u32);

@@ -195,6 +195,7 @@ fn initiator_reads(chunk: usize, nagle: bool) -> (Duration, nvpoll_tcp::conn::Co
         max_transfer: XFER as u32,
         connect_timeout: Duration::from_secs(10),
         tls: Some(ClientConfig::new(ID, controller_psk())),
+        tcp_congestion: None,
     })
     .expect("TLS, ICReq and ICResp with the scripted controller");
     let pool = DmaPool::builder().class(XFER, 2).build().unwrap();
