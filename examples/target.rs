@@ -295,6 +295,9 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(cc) = &args.tcp_congestion {
         config.tcp_congestion = Some(cc.clone());
     }
+    if config.tcp_congestion.is_none() {
+        congestion_notice();
+    }
     let verbose = args.verbose > 0;
     let config = config.on_event(move |e| match e {
         TargetEvent::Accepted { .. } if !verbose => {}
@@ -370,5 +373,22 @@ fn redact(arg: &str) -> String {
     match arg.split_once('=') {
         Some((host, _)) => format!("{host}=<key>"),
         None => "<not shown>".into(),
+    }
+}
+
+/// Says, once at start, when the system's TCP congestion control is BBR: on paths of microseconds (loopback,
+/// one rack) its window holds a few segments, and this target's reads measured at half speed or less (see the
+/// README's Large I/O section). The choice stays the system's unless --tcp-congestion is given.
+fn congestion_notice() {
+    let path = "/proc/sys/net/ipv4/tcp_congestion_control";
+    if let Ok(cc) = std::fs::read_to_string(path) {
+        if cc.trim() == "bbr" {
+            println!(
+                "target: the system's TCP congestion control is bbr: on loopback and other microsecond paths it \
+                 keeps a window of a few segments, and reads ran at half speed or less in our measurements; \
+                 --tcp-congestion cubic (or tcp_congestion in the configuration) chooses another for this \
+                 target's connections alone"
+            );
+        }
     }
 }
