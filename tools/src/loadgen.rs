@@ -649,6 +649,8 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
                 bufs.push(self.pool.alloc(spec.io_size as usize)?);
             }
             let reactor = j % nreactors;
+            let tally = Arc::new(Tally::default());
+            progress.push(Arc::clone(&tally));
             let job = Job {
                 qp: Some(qp),
                 spec,
@@ -690,10 +692,7 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
                 reactor,
                 index: j,
                 done: Some(tx.clone()),
-                progress: {
-                    progress.push(Arc::default());
-                    Arc::clone(&progress[j])
-                },
+                progress: Arc::clone(&tally),
             };
             reactors.send(reactor, move |ctx| {
                 let mut job = job;
