@@ -441,8 +441,9 @@ fn identify_controller(
         aerl: AERL,
         // One firmware slot, read-only.
         frmw: 1 << 1 | 1,
-        // Extended data for Get Log Page (offsets, 32-bit NUMD).
-        lpa: 1 << 2,
+        // Extended data for Get Log Page (bit 2: offsets, 32-bit NUMD), and the Commands Supported and Effects
+        // page (bit 1).
+        lpa: 1 << 2 | 1 << 1,
         wctemp: WCTEMP_K,
         cctemp: CCTEMP_K,
         // Keep-alive granularity: 100 ms.
@@ -652,6 +653,39 @@ fn set_features(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
     Reply::ok(0)
 }
 
+/// Commands Supported and Effects: Command Supported (CSUPP).
+const EFFECT_CSUPP: u32 = 1 << 0;
+/// Logical Block Content Change (LBCC).
+const EFFECT_LBCC: u32 = 1 << 1;
+
+/// The Commands Supported and Effects log page (4 KiB): one dword per admin opcode (bytes 0-1023), then one per
+/// I/O opcode (1024-2047). Exactly the commands [`execute`] and `crate::io::execute` run; only the writes
+/// change logical block content (as nvmet reports them).
+fn effects_log() -> [u8; 4096] {
+    use nvpoll::spec::io as io_op;
+    let mut page = [0u8; 4096];
+    let mut set =
+        |at: usize, effects: u32| page[at..at + 4].copy_from_slice(&effects.to_le_bytes());
+    for admin in [
+        op::GET_LOG_PAGE,
+        op::IDENTIFY,
+        op::ABORT,
+        op::SET_FEATURES,
+        op::GET_FEATURES,
+        op::ASYNC_EVENT_REQUEST,
+        op::KEEP_ALIVE,
+    ] {
+        set(4 * usize::from(admin), EFFECT_CSUPP);
+    }
+    for plain in [io_op::READ, io_op::FLUSH] {
+        set(4 * usize::from(plain) + 1024, EFFECT_CSUPP);
+    }
+    for write in [io_op::WRITE, io_op::WRITE_ZEROES] {
+        set(4 * usize::from(write) + 1024, EFFECT_CSUPP | EFFECT_LBCC);
+    }
+    page
+}
+
 fn get_log_page(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
     let lid = sqe.cdw10 as u8;
     let numd = (u64::from(sqe.cdw10 >> 16) | u64::from(sqe.cdw11 & 0xffff) << 16) + 1;
@@ -678,6 +712,13 @@ fn get_log_page(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
         log_page::CHANGED_NS if !discovery => {
             let clear = sqe.cdw10 & 1 << 15 == 0;
             encode_ns_list(&ctx.queue.ctrl.changed_ns_log(clear)).to_vec()
+        }
+        // The commands this controller runs, and what each changes (for the NVM command set, CSI 0).
+        log_page::COMMANDS_SUPPORTED_AND_EFFECTS if !discovery => {
+            if sqe.cdw14 >> 24 != 0 {
+                return Reply::status(Status::INVALID_FIELD.with_dnr());
+            }
+            effects_log().to_vec()
         }
         // The states of this controller's path; LSP bit 0 (RGO) leaves the NSID lists out.
         log_page::ANA if !discovery => {

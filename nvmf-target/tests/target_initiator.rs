@@ -363,6 +363,40 @@ fn admin_log_pages_and_features() {
     let smart = spec::SmartLog::parse(buf.unwrap().as_slice()).unwrap();
     assert_eq!(smart.available_spare, 100);
     assert!(smart.temperature > 273);
+    // Commands Supported and Effects (blktests nvme/025 reads it with `nvme effects-log`), announced in LPA:
+    // every command the target runs is marked supported, only the writes change block content, and what it
+    // refuses (Format NVM, Dataset Management for now) is not.
+    assert_eq!(
+        ctrl.identify().lpa & 1 << 1,
+        1 << 1,
+        "LPA announces the page"
+    );
+    let (cqe, buf) = ctrl
+        .admin(
+            Sqe::get_log_page(log_page::COMMANDS_SUPPORTED_AND_EFFECTS, 0, 4096, 0),
+            Some(p.alloc(4096).unwrap()),
+        )
+        .unwrap();
+    assert!(cqe.status().is_success());
+    let page = buf.unwrap();
+    let effects = |at: usize| u32::from_le_bytes(page.as_slice()[at..at + 4].try_into().unwrap());
+    let admin = |op: u8| effects(4 * usize::from(op));
+    let io = |op: u8| effects(1024 + 4 * usize::from(op));
+    for op in [
+        spec::admin::GET_LOG_PAGE,
+        spec::admin::IDENTIFY,
+        spec::admin::ABORT,
+        spec::admin::SET_FEATURES,
+        spec::admin::GET_FEATURES,
+        spec::admin::ASYNC_EVENT_REQUEST,
+        spec::admin::KEEP_ALIVE,
+    ] {
+        assert_eq!(admin(op), 1, "admin opcode {op:#x}: supported, no effects");
+    }
+    assert_eq!(admin(spec::admin::FORMAT_NVM), 0);
+    assert_eq!((io(spec::io::READ), io(spec::io::FLUSH)), (1, 1));
+    assert_eq!((io(spec::io::WRITE), io(spec::io::WRITE_ZEROES)), (3, 3));
+    assert_eq!(io(spec::io::DSM), 0);
     let (cqe, _) = ctrl
         .admin(Sqe::get_features(spec::feature::NUMBER_OF_QUEUES), None)
         .unwrap();

@@ -182,15 +182,24 @@ impl Drop for TlsPort {
     }
 }
 
-#[test]
-fn vm_tls_our_initiator_against_nvmet() {
+/// In a guest with tlshd: the host NQN, the nvmet subsystem NQN, and nvmet's port 4421 requiring TLS (removed
+/// when dropped), with the test key in the kernel's keyring; `None`, having said why, elsewhere.
+fn nvmet_tls_port() -> Option<(String, String, TlsPort)> {
     if !tls_guest() {
-        return;
+        return None;
     }
     let hostnqn = env("VM_HOSTNQN");
     let subnqn = env("VM_NVMET_NQN");
     insert_psk(KEY, &hostnqn, &subnqn);
-    let _port = TlsPort::add(&subnqn);
+    let port = TlsPort::add(&subnqn);
+    Some((hostnqn, subnqn, port))
+}
+
+#[test]
+fn vm_tls_our_initiator_against_nvmet() {
+    let Some((hostnqn, subnqn, _port)) = nvmet_tls_port() else {
+        return;
+    };
     let key = ConfiguredKey::parse(KEY).unwrap();
     let o = ConnectOptions::new("127.0.0.1:4421".parse().unwrap(), &subnqn, &hostnqn)
         .with_tls_key(&key, IdentityVersion::V0);
@@ -248,13 +257,9 @@ fn vm_tls_our_initiator_against_nvmet() {
 /// non-zero on any I/O error or lost command.
 #[test]
 fn vm_tls_seed_shapes_against_nvmet() {
-    if !tls_guest() {
+    let Some((hostnqn, subnqn, _port)) = nvmet_tls_port() else {
         return;
-    }
-    let hostnqn = env("VM_HOSTNQN");
-    let subnqn = env("VM_NVMET_NQN");
-    insert_psk(KEY, &hostnqn, &subnqn);
-    let _port = TlsPort::add(&subnqn);
+    };
     let perf = format!("{}/perf", env("NVPOLL_EXAMPLES_DIR"));
     let trid = format!("trtype:tcp traddr:127.0.0.1 trsvcid:4421 subnqn:{subnqn}");
     for (qd, jobs) in [("1", "128"), ("128", "8")] {
