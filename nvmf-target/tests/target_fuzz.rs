@@ -249,3 +249,54 @@ fn random_pdus_after_connect() {
     let (cqe, _) = admin.run(Sqe::keep_alive(), &[], 0, &[]);
     assert!(cqe.status().is_success());
 }
+
+/// The command a command fuzzer reported unanswered (issue 33): a vendor-specific I/O opcode (DCh, no data
+/// direction), PSDT 10b, a reserved flag bit, a random NSID and dwords, and an SGL of every descriptor type in
+/// DPTR. Each gets exactly one completion, and the queue goes on.
+#[test]
+fn vendor_opcode_with_psdt_10b_and_any_sgl_is_answered_once() {
+    let t = TestTarget::start(|c| c);
+    let (_admin, cntlid) = RawHost::admin_queue(t.addr, NQN, 0);
+    let (mut io, cqe) = RawHost::io_queue(t.addr, cntlid, 1, 127, 0, Digests::NONE);
+    assert!(cqe.status().is_success());
+    let mut rng = Rng(0xe107_0b1c);
+    for (i, sgl_id) in (0..=255u8).enumerate() {
+        let mut sqe = Sqe {
+            opcode: 0xdc,
+            flags: 0x80 | 0x04,
+            cid: 100 + i as u16,
+            nsid: 0xe107_0b1c,
+            cdw2: rng.next() as u32,
+            cdw3: rng.next() as u32,
+            mptr: rng.next(),
+            cdw10: rng.next() as u32,
+            cdw11: rng.next() as u32,
+            cdw12: rng.next() as u32,
+            cdw13: rng.next() as u32,
+            cdw14: rng.next() as u32,
+            cdw15: rng.next() as u32,
+            ..Default::default()
+        };
+        let mut dptr = [0u8; 16];
+        dptr[..8].copy_from_slice(&rng.next().to_le_bytes());
+        dptr[8..12].copy_from_slice(&(rng.next() as u32).to_le_bytes());
+        dptr[15] = sgl_id;
+        sqe.set_dptr_bytes(&dptr);
+        let mut b = Vec::new();
+        pdu::encode_capsule_cmd(&mut b, &sqe, &[], io.digests, 0);
+        io.send(&b);
+        match io.recv() {
+            Some(Resp::Cqe(c)) => {
+                assert_eq!(c.cid, sqe.cid, "SGL identifier {sgl_id:#04x}");
+                assert!(!c.status().is_success(), "SGL identifier {sgl_id:#04x}");
+            }
+            other => panic!("SGL identifier {sgl_id:#04x}: {other:?} instead of a completion"),
+        }
+    }
+    assert!(
+        io.still_open_after(Duration::from_millis(100)),
+        "nothing more came"
+    );
+    let (cqe, _) = io.run(Sqe::flush(1), &[], 0, &[]);
+    assert!(cqe.status().is_success(), "the queue still works");
+}
