@@ -331,23 +331,33 @@ where
 /// Fails before any run if a controller granted fewer I/O queues than the jobs spread round-robin onto it need.
 fn check_queue_grants<C: Controller>(ctrls: &[C], jobs: usize) -> Result<(), String> {
     let n = ctrls.len();
-    for (i, c) in ctrls.iter().enumerate() {
-        let need = jobs / n + usize::from(i < jobs % n);
-        let Some(granted) = c.io_queues_granted() else {
-            continue;
-        };
-        if need > usize::from(granted) {
-            let same = n.max(1) * usize::from(granted.max(1));
-            return Err(format!(
-                "--jobs {jobs}: controller {} ({}) would carry {need} jobs, one I/O queue each, but it granted \
-                 {granted} I/O queues; run at most {same} jobs over these {n} controller(s), or give a --trid \
-                 more than once to open more controllers of a subsystem (jobs are spread round-robin over them)",
-                i + 1,
-                c.identify().subnqn,
-            ));
-        }
-    }
-    Ok(())
+    // Job j goes to controller j % n, so controller i carries the jobs below `jobs` that are i modulo n: at
+    // most its grant g while jobs <= g * n + i.
+    let most = ctrls
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| c.io_queues_granted().map(|g| usize::from(g) * n + i))
+        .min();
+    let Some(most) = most.filter(|&m| jobs > m) else {
+        return Ok(());
+    };
+    let (i, c) = ctrls
+        .iter()
+        .enumerate()
+        .find(|(i, c)| {
+            c.io_queues_granted()
+                .is_some_and(|g| usize::from(g) * n + i < jobs)
+        })
+        .expect("the controller that sets the limit");
+    let need = jobs / n + usize::from(i < jobs % n);
+    let granted = c.io_queues_granted().unwrap_or(0);
+    Err(format!(
+        "--jobs {jobs}: controller {} ({}) would carry {need} jobs, one I/O queue each, but it granted {granted} \
+         I/O queues; run at most {most} jobs over these {n} controller(s), or give a --trid more than once to \
+         open more controllers of a subsystem (jobs are spread round-robin over them)",
+        i + 1,
+        c.identify().subnqn,
+    ))
 }
 
 /// The embedded target's PSK when perf makes its own (TLS on, no --psk): fixed, for the demo only.
@@ -356,6 +366,10 @@ const DEMO_KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtd
 fn run(args: Args) -> Result<(), String> {
     let cores = CoreList::parse(&args.cores).map_err(|e| format!("--cores: {e}"))?;
     let embedded = args.trids.is_empty();
+    let jobs = args.jobs.unwrap_or(2 * cores.len());
+    if jobs == 0 {
+        return Err("--jobs must be at least 1".into());
+    }
     let version = if args.psk_identity_version == 0 {
         IdentityVersion::V0
     } else {
@@ -392,7 +406,6 @@ fn run(args: Args) -> Result<(), String> {
             ConnectOptions::from_trid(&trid, args.hostnqn.as_deref()).map_err(|e| e.to_string())?;
         let demo_key = ConfiguredKey::parse(DEMO_KEY).expect("the demo key parses");
         let target_key = key.clone().unwrap_or(demo_key);
-        let jobs = args.jobs.unwrap_or(2 * cores.len());
         let t = embedded_target::start(
             &tcores,
             args.idle,
@@ -444,10 +457,6 @@ fn run(args: Args) -> Result<(), String> {
     }
     if args.runs == 0 {
         return Err("--runs must be at least 1".into());
-    }
-    let jobs = args.jobs.unwrap_or(2 * cores.len());
-    if jobs == 0 {
-        return Err("--jobs must be at least 1".into());
     }
     let modes: Vec<SendMode> = match args.send_mode.as_str() {
         "all" => SendMode::ALL.to_vec(),
