@@ -44,6 +44,9 @@ TAB=$'\t'
 #   WORKDIR/counts       (output) label TAB expected TAB passed TAB failed TAB ignored
 # ===========================================================================
 record() { printf '%s\t%s\n' "$1" "$2" >> "$WORK/results"; }
+# An item (a test executable or a script) that an earlier guest of this run finished is not run again.
+done_before() { [ -f "$WORK/done" ] && grep -qxF -- "$1" "$WORK/done"; }
+mark_done() { printf '%s\n' "$1" >> "$WORK/done"; }
 
 run_test_executable() {   # exe pkgdir label
     local exe=$1 dir=$2 label=$3 list rc=0 log expected passed=0 failed=0 ignored=0 summaries=0 line
@@ -135,16 +138,22 @@ run_script() {   # path
 guest_main() {
     WORK=$1
     export NVPOLL_VM=1
-    : > "$WORK/results"; : > "$WORK/counts"
+    # (the host made results and counts empty before the first guest; a second guest adds to them)
     echo "vm-test: guest kernel ${VM_KERNEL_VERSION:-$(uname -r)}, vfio $VM_VFIO_BDF (group $VM_VFIO_GROUP), nvme ${VM_KNVME_DEV:-?}, nvmet ${VM_NVMET_NQN:-off}"
     local exe dir label f
     while IFS="$TAB" read -r exe dir label; do
         [ -n "$exe" ] || continue
+        done_before "$label" && continue
         run_test_executable "$exe" "$dir" "$label"
+        mark_done "$label"
     done < "$WORK/executables"
     shopt -s nullglob
     # shellcheck disable=SC2231  # the pattern is meant to glob
-    for f in "$ROOT"/scripts/vm-tests/$SCRIPTS*.sh; do run_script "$f"; done
+    for f in "$ROOT"/scripts/vm-tests/$SCRIPTS*.sh; do
+        done_before "$f" && continue
+        run_script "$f"
+        mark_done "$f"
+    done
     echo finished > "$WORK/finished"
     ! grep -q '^FAIL' "$WORK/results"
 }
@@ -209,10 +218,30 @@ scripts=("$ROOT"/scripts/vm-tests/$SCRIPTS*.sh)
 shopt -u nullglob
 echo "vm-test: built in $(since "$T0")s: $(wc -l < "$WORK/executables") test executable(s), ${#scripts[@]} script(s) in scripts/vm-tests"
 
-T1=$EPOCHREALTIME
-vmrc=0
-NVPOLL_VM_OUT=$WORK "$ROOT/scripts/vm.sh" -- bash "$ROOT/scripts/vm-test.sh" --in-guest "$WORK" || vmrc=$?
-echo "vm-test: guest run took $(since "$T1")s (vm.sh exit status $vmrc)"
+# A guest that stops answering (under TCG its kernel has been seen to stall for good, RCU stalls on every
+# vCPU, while a controller went back from vfio-pci to nvme) is killed by vm.sh's timeout. Then ONE fresh guest
+# runs the item it hung in and every item not yet run; the items finished before are not run again. A second
+# hang fails the run, and a hang is always named in the report below.
+hangs=()
+: > "$WORK/results"; : > "$WORK/counts"; rm -f "$WORK/done" "$WORK/finished"
+for attempt in 1 2; do
+    T1=$EPOCHREALTIME
+    vmrc=0
+    : > "$WORK/current"
+    NVPOLL_VM_OUT=$WORK "$ROOT/scripts/vm.sh" -- bash "$ROOT/scripts/vm-test.sh" --in-guest "$WORK" || vmrc=$?
+    echo "vm-test: guest run took $(since "$T1")s (vm.sh exit status $vmrc)"
+    [ ! -f "$WORK/finished" ] || break
+    # Only a guest that hung inside an item is given a second chance: one that never started is broken.
+    if [ "$attempt" = 1 ] && [ -s "$WORK/current" ] && [ "$vmrc" != 0 ]; then
+        hung=$(cat "$WORK/current")
+        hangs+=("$hung")
+        echo "vm-test: the guest stopped during $hung (vm.sh exit status $vmrc); running it and the items" \
+             "after it once more in a fresh guest"
+        # (an item records its results when it ends, so the hung one left none)
+        continue
+    fi
+    break
+done
 
 # ---- report ----------------------------------------------------------------
 passed=0 failed=0 ignored=0
@@ -237,6 +266,9 @@ if [ $((passed + failed)) = 0 ]; then
     problems=1
 fi
 [ "$ignored" = 0 ] || echo "vm-tests: $ignored ignored"
+for h in "${hangs[@]}"; do
+    echo "vm-tests: NOTE: a guest stopped answering during $h and was replaced; see its console above"
+done
 echo "vm-tests: total time $(since "$T0")s"
 echo "vm-tests: $passed passed, $failed failed"
 [ "$failed" = 0 ] && [ "$problems" = 0 ] && [ "$vmrc" = 0 ]

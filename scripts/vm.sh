@@ -40,6 +40,9 @@
 #                          cache (kernel, initramfs, per-run folders)
 #   NVPOLL_VM_MEM=2G  NVPOLL_VM_SMP=2      guest size
 #   NVPOLL_VM_TIMEOUT=900  seconds before the guest is killed
+#   NVPOLL_VM_STALL_KILL=120  kill the guest earlier once its kernel reports
+#                          RCU stalls and the command printed nothing for
+#                          this many seconds (0: off)
 #   NVPOLL_VM_NVMET=1      0: no nvmet-tcp target
 #   NVPOLL_VM_NVMET_SIZE=256M  size of the target's namespace (guest RAM)
 #   NVPOLL_VM_NVME_SIZE=1G size of each emulated controller's namespace
@@ -74,6 +77,7 @@ VM_DIR=${NVPOLL_VM_DIR:-$XDG_CACHE_HOME/nvpoll-vm}
 MEM=${NVPOLL_VM_MEM:-2G}
 SMP=${NVPOLL_VM_SMP:-2}
 TIMEOUT=${NVPOLL_VM_TIMEOUT:-900}
+STALL_KILL=${NVPOLL_VM_STALL_KILL:-120}
 NVMET=${NVPOLL_VM_NVMET:-1}
 NVMET_SIZE=${NVPOLL_VM_NVMET_SIZE:-256M}
 NVME_SIZE=${NVPOLL_VM_NVME_SIZE:-1G}
@@ -115,6 +119,7 @@ esac
 case "$ACCEL" in tcg|kvm) ;; *) die "NVPOLL_VM_ACCEL must be tcg or kvm, not '$ACCEL'" ;; esac
 [[ "$HUGEPAGES" =~ ^[0-9]+$ ]] || die "NVPOLL_VM_HUGEPAGES must be a number"
 [[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "NVPOLL_VM_TIMEOUT must be a number of seconds"
+[[ "$STALL_KILL" =~ ^[0-9]+$ ]] || die "NVPOLL_VM_STALL_KILL must be a number of seconds (0: off)"
 [ -z "$HOSTFWD" ] || [[ "$HOSTFWD" =~ ^[0-9]+$ ]] || die "NVPOLL_VM_HOSTFWD must be a port number"
 if [ -n "$TLSHD" ]; then
     [ -x "$TLSHD" ] || die "NVPOLL_VM_TLSHD=$TLSHD is not an executable (build tlshd from ktls-utils 1.4.0)"
@@ -597,17 +602,37 @@ tail --pid="$QPID" -n +1 -F "$RUN/ctl/stdout" 2>/dev/null &
 T1=$!
 tail --pid="$QPID" -n +1 -F "$RUN/ctl/stderr" >&2 2>/dev/null &
 T2=$!
+# A guest whose kernel reports RCU stalls and whose command has printed nothing for STALL_KILL seconds is
+# stuck for good (seen under TCG: a vCPU that never comes back while a controller leaves vfio-pci); it is
+# killed then rather than at the timeout.
+stall_watch() {
+    local last='' quiet=0 now
+    while kill -0 "$QPID" 2>/dev/null; do
+        sleep 5
+        now=$(cat "$RUN/ctl/stdout" "$RUN/ctl/stderr" 2>/dev/null | wc -c)
+        if [ "$now" = "$last" ]; then quiet=$((quiet + 5)); else quiet=0; last=$now; fi
+        if [ "$quiet" -ge "$STALL_KILL" ] && grep -q 'rcu: INFO: rcu_[a-z]* detected stalls' "$RUN/console.log" 2>/dev/null; then
+            echo "$PROG: the guest kernel reports RCU stalls and its command printed nothing for ${quiet}s: killing it" >&2
+            echo stalled > "$RUN/stalled"
+            kill "$QPID" 2>/dev/null || true
+            return
+        fi
+    done
+}
+W=
+if [ "$STALL_KILL" -gt 0 ]; then stall_watch & W=$!; fi
 qrc=0
 wait "$QPID" || qrc=$?
 QPID=
 wait "$T1" "$T2" 2>/dev/null || true
+[ -z "$W" ] || { kill "$W" 2>/dev/null; wait "$W" 2>/dev/null || true; }
 
 if [ -s "$RUN/ctl/exitcode" ]; then
     rc=$(cat "$RUN/ctl/exitcode")
 else
     rc=125
     {
-        echo "$PROG: the guest reported no exit status (qemu exit status $qrc$([ "$qrc" = 124 ] && echo ", killed after ${TIMEOUT}s"))"
+        echo "$PROG: the guest reported no exit status (qemu exit status $qrc$([ "$qrc" = 124 ] && echo ", killed after ${TIMEOUT}s")$([ -f "$RUN/stalled" ] && echo ", killed as stalled"))"
         echo "---- qemu ----"; tail -n 20 "$RUN/qemu.log"
         echo "---- guest console (last 40 lines) ----"; tail -n 40 "$RUN/console.log"
     } >&2
