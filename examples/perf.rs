@@ -29,6 +29,10 @@ enum Workload {
     Read,
     Write,
     Randrw,
+    /// Random deallocates (Dataset Management), --io-size each.
+    Randtrim,
+    /// Sequential deallocates.
+    Trim,
 }
 
 impl From<Workload> for loadgen::Workload {
@@ -39,6 +43,8 @@ impl From<Workload> for loadgen::Workload {
             Workload::Read => loadgen::Workload::Read,
             Workload::Write => loadgen::Workload::Write,
             Workload::Randrw => loadgen::Workload::Randrw,
+            Workload::Randtrim => loadgen::Workload::Randtrim,
+            Workload::Trim => loadgen::Workload::Trim,
         }
     }
 }
@@ -66,7 +72,8 @@ struct Args {
     #[arg(long, default_value = "4k", value_parser = loadgen::parse_size)]
     io_size: u64,
     /// Access pattern; may be given several times. Default: randwrite and randread with the embedded target,
-    /// randwrite with --trid.
+    /// randwrite with --trid. randtrim and trim deallocate --io-size at a time (Dataset Management) and move
+    /// no data; the controller must have Dataset Management, and --verify cannot check them.
     #[arg(long = "workload", value_enum)]
     workloads: Vec<Workload>,
     /// Percentage of reads for randrw.
@@ -221,6 +228,19 @@ where
     C::QueuePair: Send + 'static,
 {
     check_queue_grants(&ctrls, m.jobs)?;
+    if let Some(w) = m.workloads.iter().find(|w| w.trims()) {
+        if let Some(c) = ctrls
+            .iter()
+            .find(|c| c.identify().oncs & nvpoll::spec::IdentifyController::ONCS_DSM == 0)
+        {
+            return Err(format!(
+                "--workload {}: {} has no Dataset Management (Identify Controller ONCS bit 2), so it cannot \
+                 deallocate",
+                w.name(),
+                c.identify().subnqn
+            ));
+        }
+    }
     let ctrls = std::cell::RefCell::new(ctrls);
     // With --faults, a controller whose health check failed for good (removed, or lost) is reported once and
     // the run goes on: its queue pairs fail their I/O, which the fault accounting counts.
@@ -367,6 +387,19 @@ fn run(args: Args) -> Result<(), String> {
     let cores = CoreList::parse(&args.cores).map_err(|e| format!("--cores: {e}"))?;
     let embedded = args.trids.is_empty();
     let jobs = args.jobs.unwrap_or(2 * cores.len());
+    if args.verify {
+        if let Some(w) = args
+            .workloads
+            .iter()
+            .find(|&&w| loadgen::Workload::from(w).trims())
+        {
+            return Err(format!(
+                "--verify checks what was written, and --workload {} leaves blocks whose content the \
+                 controller decides (its DLFEAT): run it without --verify",
+                loadgen::Workload::from(*w).name()
+            ));
+        }
+    }
     if jobs == 0 {
         return Err("--jobs must be at least 1".into());
     }

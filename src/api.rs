@@ -21,6 +21,13 @@ pub enum IoOp {
     Flush,
     /// Write zeroes to `blocks` logical blocks (no buffer).
     WriteZeroes,
+    /// Deallocate (trim) `blocks` logical blocks from `lba` with Dataset Management: the controller may forget
+    /// them, and what they then read as is its Identify Namespace's DLFEAT. The request's buffer carries the
+    /// command's data, one 16-byte range, which the transport writes into it: give a buffer of at least
+    /// [`DSM_RANGE_SIZE`](crate::spec::DSM_RANGE_SIZE) bytes from the controller's pool. Up to `u32::MAX`
+    /// blocks. A controller without Dataset Management (ONCS bit 2 in [`Controller::identify`]) answers
+    /// Invalid Command Opcode.
+    Deallocate,
 }
 
 /// One I/O request, as handed to [`QueuePair::submit`].
@@ -32,7 +39,7 @@ pub struct IoRequest {
     pub nsid: u32,
     /// First logical block.
     pub lba: u64,
-    /// Number of logical blocks (at least 1 for read, write and write-zeroes; ignored for flush).
+    /// Number of logical blocks (at least 1 for read, write, write-zeroes and deallocate; ignored for flush).
     pub blocks: u32,
     /// The data buffer for read and write; its length must be `blocks` times the block size.
     pub buf: Option<DmaBuf>,
@@ -74,17 +81,19 @@ pub const MAX_BLOCKS_PER_COMMAND: u32 = 0x1_0000;
 pub struct Checked {
     /// The NVM command (its command ID and data pointer are the transport's to fill in).
     pub sqe: Sqe,
-    /// Bytes of data: the request's blocks times the block size for a read or write, 0 otherwise.
+    /// Bytes of data: the request's blocks times the block size for a read or write, the range for a
+    /// deallocate, 0 otherwise.
     pub len: u32,
 }
 
 /// Checks a request against the namespaces a queue pair knows and the controller's largest transfer, and
 /// builds its command. This is the one check of both transports: the namespace must be active, a read,
 /// write or write-zeroes must carry 1 to 65536 blocks within the namespace, and a read or write at most
-/// `max_transfer` bytes. The buffer is the transport's to check (where it looks at it anyway).
+/// `max_transfer` bytes. The buffer is the transport's to check (where it looks at it anyway), except for a
+/// deallocate, whose range this writes into it (so it must hold one).
 #[inline]
 pub fn check_request(
-    req: &IoRequest,
+    req: &mut IoRequest,
     namespaces: &[Namespace],
     max_transfer: u32,
 ) -> Result<Checked, Error> {
@@ -97,6 +106,9 @@ pub fn check_request(
             sqe: Sqe::flush(req.nsid),
             len: 0,
         });
+    }
+    if req.op == IoOp::Deallocate {
+        return deallocate_request(req, ns);
     }
     if req.blocks == 0 || req.blocks > MAX_BLOCKS_PER_COMMAND {
         let msg = format!(
@@ -135,6 +147,49 @@ pub fn check_request(
         _ => (Sqe::write(req.nsid, req.lba, nlb), bytes as u32),
     };
     Ok(Checked { sqe, len })
+}
+
+/// [`check_request`] for a deallocate: one range of 1 to `u32::MAX` blocks within the namespace, written into
+/// the request's buffer.
+#[cold]
+fn deallocate_request(req: &mut IoRequest, ns: &Namespace) -> Result<Checked, Error> {
+    use crate::spec::{DsmRange, DSM_RANGE_SIZE};
+    if req.blocks == 0 {
+        return Err(Error::InvalidArgument(
+            "a deallocate needs at least one block".into(),
+        ));
+    }
+    if req
+        .lba
+        .checked_add(u64::from(req.blocks))
+        .is_none_or(|end| end > ns.blocks)
+    {
+        let msg = format!(
+            "blocks {}+{} are beyond the namespace's {}",
+            req.lba, req.blocks, ns.blocks
+        );
+        return Err(Error::InvalidArgument(msg));
+    }
+    let range = DsmRange {
+        attributes: 0,
+        nlb: req.blocks,
+        slba: req.lba,
+    };
+    match req.buf.as_mut() {
+        Some(b) if b.len() >= DSM_RANGE_SIZE => {
+            b.as_mut_slice()[..DSM_RANGE_SIZE].copy_from_slice(&range.to_bytes())
+        }
+        _ => {
+            let msg = format!(
+                "a deallocate needs a buffer of at least {DSM_RANGE_SIZE} bytes for its range"
+            );
+            return Err(Error::InvalidArgument(msg));
+        }
+    }
+    Ok(Checked {
+        sqe: crate::spec::Sqe::dsm_deallocate(req.nsid, 0),
+        len: DSM_RANGE_SIZE as u32,
+    })
 }
 
 /// A request that was not accepted, with its buffer handed back.

@@ -383,7 +383,10 @@ fn identify(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
             Ok(None) => vec![0; IDENTIFY_SIZE],
             Err(r) => return r,
         },
-        // The NVM command set's own Identify structures: all limits unreported (zero).
+        // The NVM command set's own Identify Controller: VSL, WZSL, WUSL, DMRL, DMRSL and DMSL all 0, "no limit
+        // reported", which is the truth: Write Zeroes and Dataset Management take whatever the command can
+        // say (65536 blocks; 256 ranges of up to 2^32 - 1 blocks each): RAM and files forget any range, and a
+        // device namespace hands each range to its SSD as one command.
         cns::IO_CMD_SET_CONTROLLER if csi == 0 => vec![0; IDENTIFY_SIZE],
         cns::IO_CMD_SET_NAMESPACE if csi == 0 => match active_ns(ctx.queue, sqe.nsid) {
             Ok(_) => vec![0; IDENTIFY_SIZE],
@@ -472,7 +475,7 @@ fn identify_controller(
         oncs: if discovery {
             0
         } else {
-            IdentifyController::ONCS_WRITE_ZEROES
+            IdentifyController::ONCS_WRITE_ZEROES | IdentifyController::ONCS_DSM
         },
         vwc: u8::from(!discovery),
         // SGLs without alignment rules, offset addressing (in-capsule data), transport data blocks.
@@ -500,6 +503,7 @@ fn identify_namespace(ns: &crate::subsystem::Namespace) -> [u8; IDENTIFY_SIZE] {
         nmic: 1,
         anagrpid: ns.anagrpid,
         nguid: ns.nguid,
+        dlfeat: dlfeat(ns),
         lbaf: vec![LbaFormat {
             ms: 0,
             lbads: ns.lbads,
@@ -508,6 +512,15 @@ fn identify_namespace(ns: &crate::subsystem::Namespace) -> [u8; IDENTIFY_SIZE] {
         ..Default::default()
     };
     id.to_bytes()
+}
+
+/// Deallocate Logical Block Features: bits 2:0 what a deallocated block reads as (001b zeroes, 000b not
+/// reported), bit 3 Write Zeroes may deallocate.
+fn dlfeat(ns: &crate::subsystem::Namespace) -> u8 {
+    match ns.store.deallocates() {
+        Some(true) => 1 << 3 | 1,
+        Some(false) | None => 0,
+    }
 }
 
 /// Get Features: SEL 0 (current), 1 (default), 2 (saved = default: nothing is saveable), 3 (capabilities).
@@ -659,8 +672,8 @@ const EFFECT_CSUPP: u32 = 1 << 0;
 const EFFECT_LBCC: u32 = 1 << 1;
 
 /// The Commands Supported and Effects log page (4 KiB): one dword per admin opcode (bytes 0-1023), then one per
-/// I/O opcode (1024-2047). Exactly the commands [`execute`] and `crate::io::execute` run; only the writes
-/// change logical block content (as nvmet reports them).
+/// I/O opcode (1024-2047). Exactly the commands [`execute`] and `crate::io::execute` run; only the writes and
+/// Dataset Management (deallocate) change logical block content (as nvmet reports them).
 fn effects_log() -> [u8; 4096] {
     use nvpoll::spec::io as io_op;
     let mut page = [0u8; 4096];
@@ -680,7 +693,7 @@ fn effects_log() -> [u8; 4096] {
     for plain in [io_op::READ, io_op::FLUSH] {
         set(4 * usize::from(plain) + 1024, EFFECT_CSUPP);
     }
-    for write in [io_op::WRITE, io_op::WRITE_ZEROES] {
+    for write in [io_op::WRITE, io_op::WRITE_ZEROES, io_op::DSM] {
         set(4 * usize::from(write) + 1024, EFFECT_CSUPP | EFFECT_LBCC);
     }
     page

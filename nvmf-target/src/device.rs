@@ -27,6 +27,19 @@ pub trait BlockDevice: Send + Sync + fmt::Debug {
     fn write(&self, off: u64, data: &[u8]) -> io::Result<()>;
     /// Makes completed writes durable.
     fn flush(&self) -> io::Result<()>;
+    /// Whether [`BlockDevice::deallocate`] works here.
+    fn can_deallocate(&self) -> bool {
+        false
+    }
+    /// Deallocates (trims) `len` bytes at byte offset `off` (block aligned); what they read as afterwards is
+    /// the device's to say.
+    fn deallocate(&self, off: u64, len: u64) -> io::Result<()> {
+        let _ = (off, len);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the device has no Dataset Management",
+        ))
+    }
     /// What it is, for logs.
     fn describe(&self) -> String;
 }
@@ -37,6 +50,8 @@ pub struct QueuePairDevice<C: Controller> {
     inner: Mutex<Inner<C>>,
     ns: HostNamespace,
     max_transfer: u32,
+    /// The controller has Dataset Management (ONCS bit 2).
+    dsm: bool,
     name: String,
 }
 
@@ -83,6 +98,7 @@ where
                 ))
             })?;
         let max_transfer = ctrl.max_transfer().unwrap_or(128 * 1024).min(1 << 20);
+        let dsm = ctrl.identify().oncs & nvpoll::spec::IdentifyController::ONCS_DSM != 0;
         let qp = ctrl.create_queue_pair(4)?;
         Ok(QueuePairDevice {
             inner: Mutex::new(Inner {
@@ -93,6 +109,7 @@ where
             }),
             ns,
             max_transfer,
+            dsm,
             name: name.into(),
         })
     }
@@ -120,8 +137,20 @@ where
         }
         let mut done = 0usize;
         while done < len || (op == IoOp::Flush && done == 0) {
-            let n = (len - done).min(self.max_transfer as usize);
-            let buf = if n > 0 {
+            // A deallocate carries one range of at most u32::MAX blocks and no data of the namespace.
+            let n = if op == IoOp::Deallocate {
+                (len - done).min((u64::from(u32::MAX) * bs) as usize)
+            } else {
+                (len - done).min(self.max_transfer as usize)
+            };
+            let buf = if op == IoOp::Deallocate {
+                Some(
+                    inner
+                        .pool
+                        .alloc(nvpoll::spec::DSM_RANGE_SIZE)
+                        .map_err(io::Error::other)?,
+                )
+            } else if n > 0 {
                 let mut b = inner.pool.alloc(n).map_err(io::Error::other)?;
                 if op == IoOp::Write {
                     data(done, b.as_mut_slice());
@@ -201,6 +230,21 @@ where
 
     fn flush(&self) -> io::Result<()> {
         self.io(IoOp::Flush, 0, 0, |_, _| {})
+    }
+
+    fn can_deallocate(&self) -> bool {
+        self.dsm
+    }
+
+    fn deallocate(&self, off: u64, len: u64) -> io::Result<()> {
+        if !self.dsm {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the device has no Dataset Management",
+            ));
+        }
+        let len = usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        self.io(IoOp::Deallocate, off, len, |_, _| {})
     }
 
     fn describe(&self) -> String {

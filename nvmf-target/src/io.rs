@@ -1,10 +1,10 @@
-//! NVM I/O commands: Read, Write, Flush and Write Zeroes.
+//! NVM I/O commands: Read, Write, Flush, Write Zeroes and Dataset Management.
 //!
 //! Reads are answered straight from the namespace into the send buffer ([`Reply::Read`]); writes go straight
 //! from the receive buffer into the namespace, whether the data came in the capsule or in H2CData PDUs. Flushes
 //! of a file wait for its flusher thread ([`Reply::Flush`]).
 
-use nvpoll::spec::{io as op, Sqe, Status};
+use nvpoll::spec::{io as op, DsmRange, Sqe, Status, DSM_RANGE_SIZE};
 
 use crate::handler::{NsRef, Queue, Reply};
 use crate::shared::SessionStats;
@@ -62,8 +62,22 @@ pub(crate) fn write_in_capsule(
     Reply::ok(0)
 }
 
-/// An I/O command that carries no host-to-controller data.
-pub(crate) fn execute(q: &Queue, sqe: &Sqe) -> Reply {
+/// Dataset Management dword 11: Attribute - Deallocate.
+const DSM_AD: u32 = 1 << 2;
+
+/// The most bytes of host-to-controller data an I/O command other than a write takes (Dataset Management: 256
+/// ranges of 16 bytes).
+pub(crate) const MAX_COMMAND_DATA: u32 = 256 * DSM_RANGE_SIZE as u32;
+
+/// Whether an I/O command takes host-to-controller data into a buffer before it runs (a write's goes to the
+/// namespace instead).
+pub(crate) fn takes_data(opcode: u8) -> bool {
+    opcode == op::DSM
+}
+
+/// An I/O command other than a write, with the host-to-controller data it came with (in the capsule or
+/// fetched with R2T; empty for the commands that take none).
+pub(crate) fn execute(q: &Queue, sqe: &Sqe, data: &[u8]) -> Reply {
     let xfer_len = sqe.sgl().length;
     match sqe.opcode {
         op::READ => match check_rw(q, sqe, xfer_len) {
@@ -104,7 +118,14 @@ pub(crate) fn execute(q: &Queue, sqe: &Sqe) -> Reply {
             let Some((off, len)) = ns.byte_range(sqe.slba(), nlb) else {
                 return Reply::status(Status::LBA_OUT_OF_RANGE.with_dnr());
             };
-            if ns.store.write_zeroes(off, len).is_err() {
+            // With Deallocate set the blocks may be forgotten instead, where they then read as zeroes.
+            let result = if sqe.cdw12 & Sqe::DEALLOCATE != 0 && ns.store.deallocates() == Some(true)
+            {
+                ns.store.deallocate(off, len)
+            } else {
+                ns.store.write_zeroes(off, len)
+            };
+            if result.is_err() {
                 return Reply::status(Status::WRITE_FAULT);
             }
             if sqe.cdw12 & Sqe::FUA != 0 {
@@ -112,6 +133,45 @@ pub(crate) fn execute(q: &Queue, sqe: &Sqe) -> Reply {
             }
             Reply::ok(0)
         }
+        op::DSM => dataset_management(q, sqe, data),
         _ => Reply::status(Status::INVALID_OPCODE.with_dnr()),
     }
+}
+
+/// Dataset Management: with Deallocate, every range is forgotten (checked whole before any is); without it the
+/// attributes are hints, and hints are free to ignore.
+fn dataset_management(q: &Queue, sqe: &Sqe, data: &[u8]) -> Reply {
+    let Some(ns) = q.namespace(sqe.nsid) else {
+        return Reply::status(Status::INVALID_NAMESPACE.with_dnr());
+    };
+    if let Some(status) = q.ana_refusal(ns) {
+        return Reply::status(status);
+    }
+    let ranges = (sqe.cdw10 & 0xff) as usize + 1;
+    let need = ranges * DSM_RANGE_SIZE;
+    // The data must hold the ranges (Linux and SPDK send 16 bytes a range; more is ignored).
+    if data.len() < need {
+        return Reply::status(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+    }
+    let ranges = DsmRange::parse_all(&data[..need]);
+    let mut extents = Vec::with_capacity(ranges.len());
+    for r in &ranges {
+        let Some(extent) = ns.byte_range(r.slba, u64::from(r.nlb)) else {
+            return Reply::status(Status::LBA_OUT_OF_RANGE.with_dnr());
+        };
+        extents.push(extent);
+    }
+    if sqe.cdw11 & DSM_AD == 0 {
+        return Reply::ok(0);
+    }
+    if ns.store.deallocates().is_none() {
+        // Identify Namespace says so too (DLFEAT 0): the device behind it cannot deallocate.
+        return Reply::status(Status::INVALID_FIELD.with_dnr());
+    }
+    for (off, len) in extents {
+        if len > 0 && ns.store.deallocate(off, len).is_err() {
+            return Reply::status(Status::WRITE_FAULT);
+        }
+    }
+    Reply::ok(0)
 }

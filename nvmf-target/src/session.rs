@@ -666,9 +666,9 @@ impl Session {
 
         // Host-to-controller data that is not in the capsule: ask for it first, for the commands that take it
         // (the others complete without it, with an error or without needing it).
-        let io_write =
-            self.queue.as_ref().is_some_and(|q| q.qid != 0) && sqe.opcode == io_op::WRITE;
-        if dir == 1 && transport && xfer_len > 0 && (io_write || fctype == Some(fabrics::CONNECT)) {
+        let io_queue = self.queue.as_ref().is_some_and(|q| q.qid != 0);
+        let io_data = io_queue && (sqe.opcode == io_op::WRITE || io::takes_data(sqe.opcode));
+        if dir == 1 && transport && xfer_len > 0 && (io_data || fctype == Some(fabrics::CONNECT)) {
             return self.solicit(sqe, xfer_len);
         }
         if self.phase == Phase::Connect {
@@ -708,7 +708,7 @@ impl Session {
                     Err(status) => return self.complete(sqe.cid, status, 0, 0),
                 }
             }
-            _ if len > MAX_ADMIN_DATA => {
+            _ if len > MAX_ADMIN_DATA.max(io::MAX_COMMAND_DATA) => {
                 return self.complete(sqe.cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr(), 0, 0);
             }
             _ => Sink::Buffer(Vec::with_capacity(len as usize)),
@@ -1322,7 +1322,7 @@ fn dispatch(ctx: &mut Ctx<'_>, sqe: &Sqe, data: &[u8]) -> Reply {
     if ctx.queue.qid == 0 {
         admin::execute(ctx, sqe, data)
     } else {
-        io::execute(ctx.queue, sqe)
+        io::execute(ctx.queue, sqe, data)
     }
 }
 

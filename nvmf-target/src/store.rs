@@ -228,6 +228,31 @@ impl Store {
         }
     }
 
+    /// Whether [`Store::deallocate`] can forget blocks here, and what they then read as: `Some(true)` when
+    /// they read as zeroes (RAM, files), `Some(false)` when the device decides (an SSD with Dataset
+    /// Management), `None` when it cannot deallocate at all.
+    pub(crate) fn deallocates(&self) -> Option<bool> {
+        match self {
+            Store::Ram(_) | Store::File(_) => Some(true),
+            Store::Device(d) => d.can_deallocate().then_some(false),
+        }
+    }
+
+    /// Forgets `len` bytes at byte offset `off` (the caller checked the range): RAM gives whole segments back
+    /// and zeroes the rest; a file punches a hole (a block device zeroes or discards the range), or is written
+    /// with zeroes where its file system cannot punch; a device gets Dataset Management.
+    pub(crate) fn deallocate(&self, off: u64, len: u64) -> io::Result<()> {
+        match self {
+            Store::Ram(_) => self.write_zeroes(off, len),
+            Store::File(f) => match punch_hole(&f.file, off, len) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Unsupported => self.write_zeroes(off, len),
+                Err(e) => Err(e),
+            },
+            Store::Device(d) => d.deallocate(off, len),
+        }
+    }
+
     /// Starts making every completed write durable. RAM has nothing to do; a file asks its flusher thread.
     pub(crate) fn start_flush(&self) -> FlushTicket {
         match self {
@@ -247,6 +272,27 @@ impl Store {
             Store::Device(_) => FlushStatus::Done,
         }
     }
+}
+
+/// Punches a hole of `len` bytes at `off` in a file, keeping its size (on a block device the kernel zeroes or
+/// discards the range). `Unsupported` where the file system cannot.
+fn punch_hole(file: &File, off: u64, len: u64) -> io::Result<()> {
+    use rustix::fs::{fallocate, FallocateFlags};
+    if len == 0 {
+        return Ok(());
+    }
+    fallocate(
+        file,
+        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+        off,
+        len,
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS => {
+            io::Error::from(io::ErrorKind::Unsupported)
+        }
+        e => io::Error::from(e),
+    })
 }
 
 /// One piece of a RAM store: `None` until first written (it reads as zeroes).

@@ -124,4 +124,18 @@ fn exported_namespace_is_the_backing_namespace() {
     flush(&mut qp);
     let got = run(&mut qp, IoOp::Read, 1, 4000, 8, p.alloc(4096).unwrap());
     assert!(got.as_slice() == &expect[..]);
+    // A deallocate through the export reaches the backing controller (ours: it has Dataset Management, and
+    // deallocated blocks read as zeroes there).
+    run(
+        &mut qp,
+        IoOp::Deallocate,
+        1,
+        4002,
+        4,
+        p.alloc(4096).unwrap(),
+    );
+    let got = run(&mut dqp, IoOp::Read, 1, 4000, 8, p.alloc(4096).unwrap());
+    assert!(got.as_slice()[..1024] == expect[..1024]);
+    assert!(got.as_slice()[1024..3072].iter().all(|&b| b == 0));
+    assert!(got.as_slice()[3072..] == expect[3072..]);
 }

@@ -605,3 +605,98 @@ fn io_queues_asked_for_and_granted() {
     let err = TcpController::connect(o, pool()).expect_err("zero queues");
     assert!(err.to_string().contains("io_queues 0"), "{err}");
 }
+
+/// The initiator's deallocate against RAM and file namespaces: the range reads back as zeroes, its
+/// neighbours are intact, the file gets a hole, and Identify says so (ONCS, DLFEAT).
+#[test]
+fn deallocate_reads_back_zeroes_on_ram_and_file() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = std::env::temp_dir().join(format!("nvpoll-target-trim-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ns.img");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let nqn = "nqn.2024-01.io.nvpoll:trim";
+    let subsys = SubsystemConfig::new(nqn)
+        .namespace(Backing::Ram(8 << 20), 4096)
+        .namespace(Backing::File(path.clone()), 4096);
+    let t =
+        TestTarget::start_with(TargetConfig::new("127.0.0.1:0".parse().unwrap()).subsystem(subsys));
+    let mut ctrl = attach(&t, nqn, false, false, pool());
+    assert_ne!(
+        ctrl.identify().oncs & spec::IdentifyController::ONCS_DSM,
+        0,
+        "ONCS announces Dataset Management"
+    );
+    let mut qp = ctrl.create_queue_pair(8).unwrap();
+    let p = ctrl.pool().clone();
+    for nsid in [1u32, 2] {
+        // 512 blocks (2 MiB) of a pattern, then blocks 5..300 deallocated.
+        let mut w = p.alloc(1 << 20).unwrap();
+        for half in 0..2u64 {
+            fill_pattern(w.as_mut_slice(), u64::from(nsid) * 10 + half);
+            let c = run_one(&mut qp, io(IoOp::Write, nsid, half * 256, 256, Some(w)));
+            c.result.unwrap();
+            w = c.buf.unwrap();
+        }
+        if nsid == 2 {
+            run_one(&mut qp, io(IoOp::Flush, 2, 0, 0, None))
+                .result
+                .unwrap();
+        }
+        let before = std::fs::metadata(&path).unwrap().blocks();
+        let c = run_one(
+            &mut qp,
+            io(IoOp::Deallocate, nsid, 5, 295, Some(p.alloc(4096).unwrap())),
+        );
+        c.result.unwrap();
+        if nsid == 2 {
+            let after = std::fs::metadata(&path).unwrap().blocks();
+            assert!(
+                after < before,
+                "the file has no hole: {before} -> {after} 512-byte blocks"
+            );
+        }
+        for half in 0..2u64 {
+            let c = run_one(
+                &mut qp,
+                io(
+                    IoOp::Read,
+                    nsid,
+                    half * 256,
+                    256,
+                    Some(p.alloc(1 << 20).unwrap()),
+                ),
+            );
+            c.result.unwrap();
+            let got = c.buf.unwrap();
+            let mut want = vec![0u8; 1 << 20];
+            fill_pattern(&mut want, u64::from(nsid) * 10 + half);
+            for lba in half * 256..half * 256 + 256 {
+                if (5..300).contains(&lba) {
+                    want[(lba - half * 256) as usize * 4096..][..4096].fill(0);
+                }
+            }
+            assert!(
+                got.as_slice() == &want[..],
+                "namespace {nsid}, blocks {}..{}",
+                half * 256,
+                half * 256 + 256
+            );
+        }
+    }
+    // The API's own checks: a range past the end, no blocks, no buffer for the range.
+    for (lba, blocks, buf) in [(2040u64, 9u32, true), (0, 0, true), (0, 1, false)] {
+        let buf = buf.then(|| p.alloc(4096).unwrap());
+        let r = qp.submit(io(IoOp::Deallocate, 1, lba, blocks, buf));
+        assert!(
+            matches!(r, Err(ref e) if matches!(e.error, nvpoll::Error::InvalidArgument(_))),
+            "lba {lba} blocks {blocks}: {r:?}"
+        );
+    }
+    drop(qp);
+    ctrl.shutdown().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

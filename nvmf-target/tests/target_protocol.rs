@@ -406,3 +406,79 @@ fn data_digest_error_fails_only_that_command() {
     assert!(cqe.status().is_success());
     assert_eq!(back, data);
 }
+
+/// Dataset Management on a RAM namespace at the PDU level: ranges in the capsule and fetched with R2T,
+/// several ranges in one command, hints without Deallocate changing nothing, ranges checked whole before any
+/// is deallocated, and too little data refused.
+#[test]
+fn dataset_management_deallocates_ranges() {
+    use nvpoll::spec::DsmRange;
+    let t = TestTarget::start(|c| c);
+    let (_admin, cntlid) = RawHost::admin_queue(t.addr, NQN, 0);
+    let (mut q, _) = RawHost::io_queue(t.addr, cntlid, 1, 15, 0, Digests::NONE);
+    // Namespace 2: 4 KiB blocks. 64 blocks of a pattern over four 64 KiB segments.
+    let mut data = vec![0u8; 64 * 4096];
+    fill_pattern(&mut data, 5);
+    for (i, chunk) in data.chunks(4 * 4096).enumerate() {
+        let sqe = Sqe::write(2, 4 * i as u64, 3);
+        let (cqe, _) = q.run(sqe, &[], chunk.len() as u32, chunk);
+        assert!(cqe.status().is_success());
+    }
+    let read_all = |q: &mut RawHost| {
+        let (cqe, got) = q.run(Sqe::read(2, 0, 63), &[], 64 * 4096, &[]);
+        assert!(cqe.status().is_success());
+        got
+    };
+    let ranges = |rs: &[(u64, u32)]| -> Vec<u8> {
+        rs.iter()
+            .flat_map(|&(slba, nlb)| {
+                DsmRange {
+                    attributes: 0,
+                    nlb,
+                    slba,
+                }
+                .to_bytes()
+            })
+            .collect()
+    };
+    // Hints only (no AD): success, nothing changes.
+    let mut hint = Sqe::dsm_deallocate(2, 0);
+    hint.cdw11 = 1; // IDR
+    let (cqe, _) = q.run(hint, &ranges(&[(0, 64)]), 0, &[]);
+    assert!(cqe.status().is_success());
+    assert!(read_all(&mut q) == data, "a hint changed data");
+    // One range out of range: nothing is deallocated.
+    let (cqe, _) = q.run(
+        Sqe::dsm_deallocate(2, 1),
+        &ranges(&[(0, 8), (8190, 3)]),
+        0,
+        &[],
+    );
+    assert!(cqe.status().is(Status::LBA_OUT_OF_RANGE));
+    assert!(read_all(&mut q) == data, "a refused command deallocated");
+    // Fewer bytes than the ranges NR names.
+    let (cqe, _) = q.run(Sqe::dsm_deallocate(2, 1), &ranges(&[(0, 8)]), 0, &[]);
+    assert!(cqe.status().is(Status::DATA_SGL_LENGTH_INVALID));
+    // Two ranges in the capsule (a part of a segment, and segment 1 whole), one fetched with R2T.
+    let (cqe, _) = q.run(
+        Sqe::dsm_deallocate(2, 1),
+        &ranges(&[(3, 2), (16, 16)]),
+        0,
+        &[],
+    );
+    assert!(cqe.status().is_success(), "{:?}", cqe.status());
+    let r2t = ranges(&[(40, 1)]);
+    let (cqe, _) = q.run(Sqe::dsm_deallocate(2, 0), &[], r2t.len() as u32, &r2t);
+    assert!(cqe.status().is_success(), "{:?}", cqe.status());
+    let mut want = data.clone();
+    for (slba, nlb) in [(3usize, 2usize), (16, 16), (40, 1)] {
+        want[slba * 4096..(slba + nlb) * 4096].fill(0);
+    }
+    assert!(
+        read_all(&mut q) == want,
+        "deallocated blocks do not read as zeroes, or others changed"
+    );
+    // An inactive namespace.
+    let (cqe, _) = q.run(Sqe::dsm_deallocate(9, 0), &ranges(&[(0, 1)]), 0, &[]);
+    assert!(cqe.status().is(Status::INVALID_NAMESPACE));
+}

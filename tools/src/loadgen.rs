@@ -32,6 +32,10 @@ pub enum Workload {
     Write,
     /// Random reads and writes, `rwmix` percent reads.
     Randrw,
+    /// Random deallocates (Dataset Management), `io_size` each.
+    Randtrim,
+    /// Sequential deallocates.
+    Trim,
 }
 
 impl Workload {
@@ -43,7 +47,14 @@ impl Workload {
             Workload::Read => "read",
             Workload::Write => "write",
             Workload::Randrw => "randrw",
+            Workload::Randtrim => "randtrim",
+            Workload::Trim => "trim",
         }
+    }
+
+    /// Whether it deallocates (and so moves no data, and leaves blocks that `verify` cannot check).
+    pub fn trims(self) -> bool {
+        matches!(self, Workload::Randtrim | Workload::Trim)
     }
 }
 
@@ -291,10 +302,13 @@ impl<Q: QueuePair> Job<Q> {
     fn pick(&mut self) -> Option<(u64, bool)> {
         let read = match self.spec.workload {
             Workload::Randread | Workload::Read => true,
-            Workload::Randwrite | Workload::Write => false,
+            Workload::Randwrite | Workload::Write | Workload::Randtrim | Workload::Trim => false,
             Workload::Randrw => self.rng.next() % 100 < u64::from(self.spec.rwmix),
         };
-        let sequential = matches!(self.spec.workload, Workload::Read | Workload::Write);
+        let sequential = matches!(
+            self.spec.workload,
+            Workload::Read | Workload::Write | Workload::Trim
+        );
         for _ in 0..16 {
             let unit = if sequential {
                 let u = self.next_seq % self.count;
@@ -333,7 +347,14 @@ impl<Q: QueuePair> Job<Q> {
         if self.spec.verify {
             self.busy[unit as usize] = true;
         }
-        let op = if read { IoOp::Read } else { IoOp::Write };
+        let op = if read {
+            IoOp::Read
+        } else if self.spec.workload.trims() {
+            // The buffer carries the range.
+            IoOp::Deallocate
+        } else {
+            IoOp::Write
+        };
         let req = IoRequest {
             op,
             nsid: self.ns.nsid,
@@ -614,6 +635,13 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
             return Err(Error::InvalidArgument(format!(
                 "a run needs 1 <= qd <= {} (got {}), at least one job and a non-zero I/O size",
                 self.qp_depth, spec.qd
+            )));
+        }
+        if spec.verify && spec.workload.trims() {
+            return Err(Error::InvalidArgument(format!(
+                "verify checks what was written, and {} leaves blocks whose content the controller decides \
+                 (its DLFEAT): run it without verify",
+                spec.workload.name()
             )));
         }
         let (tx, rx) = mpsc::channel();

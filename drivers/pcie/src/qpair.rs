@@ -453,7 +453,7 @@ impl<D: Device> PcieQueuePair<D> {
 
     /// Builds the command for a request, or says why it cannot be sent.
     #[inline]
-    fn command(&self, req: &IoRequest) -> Result<(Sqe, u32), nvpoll::Error> {
+    fn command(&self, req: &mut IoRequest) -> Result<(Sqe, u32), nvpoll::Error> {
         check_request(req, &self.namespaces, self.max_transfer).map(|c| (c.sqe, c.len))
     }
 
@@ -472,7 +472,7 @@ impl<D: Device> PcieQueuePair<D> {
             Link::Waiting => {}
             Link::Live => return self.submit_live(req),
         }
-        let (sqe, len) = match self.command(&req) {
+        let (sqe, len) = match self.command(&mut req) {
             Ok(c) => c,
             Err(e) => return Err(reject(e, req)),
         };
@@ -492,7 +492,7 @@ impl<D: Device> PcieQueuePair<D> {
 
     #[inline]
     fn submit_live(&mut self, mut req: IoRequest) -> Result<(), Rejected> {
-        let (sqe, len) = match self.command(&req) {
+        let (sqe, len) = match self.command(&mut req) {
             Ok(c) => c,
             Err(e) => return Err(reject(e, req)),
         };

@@ -322,6 +322,60 @@ fn vm_pcie_write_read_verify_every_prp_shape() {
         },
     );
     assert!(got.iter().all(|&b| b == 0), "write zeroes zeroed");
+    // Deallocate (Dataset Management): QEMU's NVMe has it (ONCS bit 2); what the range reads as afterwards
+    // is its Identify Namespace's DLFEAT to say.
+    assert_ne!(
+        ctrl.identify().oncs & nvpoll::spec::IdentifyController::ONCS_DSM,
+        0
+    );
+    let (cqe, page) = ctrl
+        .admin(
+            nvpoll::spec::Sqe::identify(nvpoll::spec::cns::NAMESPACE, nsid),
+            Some(pool.alloc(4096).unwrap()),
+        )
+        .unwrap();
+    assert!(cqe.status().is_success());
+    let dlfeat = nvpoll::spec::IdentifyNamespace::parse(page.unwrap().as_slice())
+        .unwrap()
+        .dlfeat;
+    let mut w = pool.alloc(4096).unwrap();
+    w.as_mut_slice().fill(0xa5);
+    let wr = IoRequest {
+        op: IoOp::Write,
+        nsid,
+        lba: 3072,
+        blocks: 8,
+        buf: Some(w),
+        tag: 6,
+    };
+    run_one(&mut plain, wr);
+    let trim = IoRequest {
+        op: IoOp::Deallocate,
+        nsid,
+        lba: 3074,
+        blocks: 4,
+        buf: Some(pool.alloc(4096).unwrap()),
+        tag: 7,
+    };
+    run_one(&mut plain, trim);
+    let rd = IoRequest {
+        op: IoOp::Read,
+        nsid,
+        lba: 3072,
+        blocks: 8,
+        buf: Some(pool.alloc(4096).unwrap()),
+        tag: 8,
+    };
+    let got = run_one(&mut plain, rd);
+    let bs = 512;
+    assert!(got[..2 * bs].iter().all(|&b| b == 0xa5) && got[6 * bs..].iter().all(|&b| b == 0xa5));
+    println!("deallocate: DLFEAT {dlfeat:#x}");
+    if dlfeat & 7 == 1 {
+        assert!(
+            got[2 * bs..6 * bs].iter().all(|&b| b == 0),
+            "deallocated blocks read as zeroes (DLFEAT)"
+        );
+    }
     drop((plain, chained, sgl));
     assert!(!ctrl.poll_admin().unwrap());
     assert_eq!(ctrl.stats().queues_deleted, 3);

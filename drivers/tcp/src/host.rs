@@ -1305,14 +1305,14 @@ fn reject(error: impl Into<nvpoll::Error>, request: IoRequest) -> Rejected {
 impl QueuePair for TcpQueuePair {
     fn submit(&mut self, mut req: IoRequest) -> Result<(), Rejected> {
         let checked =
-            match nvpoll::api::check_request(&req, &self.namespaces, self.link.max_transfer) {
+            match nvpoll::api::check_request(&mut req, &self.namespaces, self.link.max_transfer) {
                 Ok(c) => c,
                 Err(e) => return Err(reject(e, req)),
             };
         let (sqe, len) = (checked.sqe, checked.len);
         let dir = match req.op {
             IoOp::Read => DataDir::FromController,
-            IoOp::Write => DataDir::ToController,
+            IoOp::Write | IoOp::Deallocate => DataDir::ToController,
             _ => DataDir::None,
         };
         let q = match &mut self.state {

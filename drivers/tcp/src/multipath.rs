@@ -531,7 +531,7 @@ fn is_path_status(st: spec::Status) -> bool {
 
 impl QueuePair for MultipathQueuePair {
     fn submit(&mut self, mut req: IoRequest) -> Result<(), Rejected> {
-        if let Err(e) = check_request(&req, &self.namespaces, self.max_transfer) {
+        if let Err(e) = check_request(&mut req, &self.namespaces, self.max_transfer) {
             return Err(Rejected {
                 error: e,
                 request: req,
