@@ -178,6 +178,16 @@ pub struct RawHost {
     next_cid: u16,
 }
 
+/// What [`RawHost::poll_recv`] got.
+#[derive(Debug)]
+pub enum Polled {
+    Pdu(Resp),
+    /// The target closed the connection.
+    Closed,
+    /// Nothing within the wait.
+    Nothing,
+}
+
 /// A response PDU, decoded (data copied out).
 #[derive(Debug)]
 pub enum Resp {
@@ -229,7 +239,17 @@ impl RawHost {
 
     /// Receives one PDU; `None` when the target closed the connection.
     pub fn recv(&mut self) -> Option<Resp> {
+        match self.poll_recv(Duration::from_secs(5)) {
+            Polled::Pdu(r) => Some(r),
+            Polled::Closed => None,
+            Polled::Nothing => panic!("receive: nothing from the target for 5 s"),
+        }
+    }
+
+    /// Receives one PDU if one arrives within `wait` (the bytes of one cut short are kept for the next call).
+    pub fn poll_recv(&mut self, wait: Duration) -> Polled {
         let cfg = pdu::DecodeConfig::new(pdu::Direction::ToHost, self.digests, 16 << 20);
+        let deadline = Instant::now() + wait;
         loop {
             match pdu::decode(&self.rx, &cfg).expect("the target sends valid PDUs") {
                 Decoded::Pdu { pdu, len } => {
@@ -248,14 +268,49 @@ impl RawHost {
                         other => panic!("unexpected {} from the target", other.pdu_type()),
                     };
                     self.rx.drain(..len);
-                    return Some(r);
+                    return Polled::Pdu(r);
                 }
                 Decoded::Incomplete { .. } => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Polled::Nothing;
+                    }
+                    // A socket timeout is rounded up to the kernel's tick (4 ms at HZ=250): short waits spin
+                    // on a non-blocking read instead.
+                    let short = left < Duration::from_millis(10);
+                    if short {
+                        self.s.set_nonblocking(true).unwrap();
+                    } else {
+                        self.s.set_read_timeout(Some(left)).unwrap();
+                    }
                     let mut chunk = [0u8; 65536];
-                    match self.s.read(&mut chunk) {
-                        Ok(0) => return None,
+                    let got = loop {
+                        match self.s.read(&mut chunk) {
+                            Err(e)
+                                if short
+                                    && e.kind() == ErrorKind::WouldBlock
+                                    && Instant::now() < deadline =>
+                            {
+                                std::thread::yield_now()
+                            }
+                            other => break other,
+                        }
+                    };
+                    if short {
+                        self.s.set_nonblocking(false).unwrap();
+                    }
+                    self.s
+                        .set_read_timeout(Some(Duration::from_secs(5)))
+                        .unwrap();
+                    match got {
+                        Ok(0) => return Polled::Closed,
                         Ok(n) => self.rx.extend_from_slice(&chunk[..n]),
-                        Err(e) if e.kind() == ErrorKind::ConnectionReset => return None,
+                        Err(e)
+                            if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+                        {
+                            return Polled::Nothing
+                        }
+                        Err(e) if e.kind() == ErrorKind::ConnectionReset => return Polled::Closed,
                         Err(e) => panic!("receive: {e}"),
                     }
                 }
