@@ -396,7 +396,11 @@ fn admin_log_pages_and_features() {
     assert_eq!(admin(spec::admin::FORMAT_NVM), 0);
     assert_eq!((io(spec::io::READ), io(spec::io::FLUSH)), (1, 1));
     assert_eq!((io(spec::io::WRITE), io(spec::io::WRITE_ZEROES)), (3, 3));
-    assert_eq!(io(spec::io::DSM), 3, "Dataset Management deallocates: it changes content");
+    assert_eq!(
+        io(spec::io::DSM),
+        3,
+        "Dataset Management deallocates: it changes content"
+    );
     assert_eq!(io(spec::io::COMPARE), 0);
     let (cqe, _) = ctrl
         .admin(Sqe::get_features(spec::feature::NUMBER_OF_QUEUES), None)
