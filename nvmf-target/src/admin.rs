@@ -44,6 +44,10 @@ pub(crate) const NS_ATTRIBUTE_CHANGED_EVENT: u32 = 0x2 | (log_page::CHANGED_NS a
 /// An AER's dword 0 for an ANA change: type Notice (2), information 03h, log page ANA (0Ch).
 pub(crate) const ANA_CHANGE_EVENT: u32 =
     0x2 | (nvpoll::spec::AsyncEvent::NOTICE_ANA_CHANGE as u32) << 8 | (log_page::ANA as u32) << 16;
+/// An AER's dword 0 for Reservation Log Page Available: type I/O Command Specific (6), information 0, log
+/// page Reservation Notification (80h).
+pub(crate) const RESERVATION_LOG_EVENT: u32 =
+    0x6 | (log_page::RESERVATION_NOTIFICATION as u32) << 16;
 /// ANA Transition Time reported, in seconds: the longest a group is in the change state. States change only
 /// when an operator (or the control socket) says so, so this bounds what a host waits in a transition.
 const ANATT_S: u8 = 10;
@@ -475,7 +479,9 @@ fn identify_controller(
         oncs: if discovery {
             0
         } else {
-            IdentifyController::ONCS_WRITE_ZEROES | IdentifyController::ONCS_DSM
+            IdentifyController::ONCS_WRITE_ZEROES
+                | IdentifyController::ONCS_DSM
+                | IdentifyController::ONCS_RESERVATIONS
         },
         vwc: u8::from(!discovery),
         // SGLs without alignment rules, offset addressing (in-capsule data), transport data blocks.
@@ -504,6 +510,7 @@ fn identify_namespace(ns: &crate::subsystem::Namespace) -> [u8; IDENTIFY_SIZE] {
         anagrpid: ns.anagrpid,
         nguid: ns.nguid,
         dlfeat: dlfeat(ns),
+        rescap: ns.resv.rescap(),
         lbaf: vec![LbaFormat {
             ms: 0,
             lbads: ns.lbads,
@@ -555,6 +562,8 @@ fn get_features(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
                 | feature::ASYNC_EVENT_CONFIG
                 | feature::KEEP_ALIVE_TIMER
                 | feature::HOST_IDENTIFIER
+                | feature::RESERVATION_NOTIFICATION_MASK
+                | feature::RESERVATION_PERSISTENCE
         )
     };
     if !known {
@@ -592,6 +601,22 @@ fn get_features(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
                 0
             }
         }
+        // Namespace specific: the namespace must be active (NSID FFFFFFFFh names all for the mask).
+        feature::RESERVATION_NOTIFICATION_MASK => {
+            if sqe.nsid != u32::MAX && !matches!(active_ns(ctx.queue, sqe.nsid), Ok(Some(_))) {
+                return Reply::status(Status::INVALID_NAMESPACE.with_dnr());
+            }
+            if sel == feature::SEL_CURRENT {
+                ctx.queue.ctrl.resv_mask()
+            } else {
+                0
+            }
+        }
+        feature::RESERVATION_PERSISTENCE => match active_ns(ctx.queue, sqe.nsid) {
+            Ok(Some(ns)) if sel == feature::SEL_CURRENT => u32::from(ns.resv.ptpl()),
+            Ok(Some(_)) => 0,
+            _ => return Reply::status(Status::INVALID_NAMESPACE.with_dnr()),
+        },
         feature::HOST_IDENTIFIER => {
             if sqe.cdw11 & 1 == 0 {
                 // Fabrics host identifiers are 128 bits; the 64-bit form does not exist here.
@@ -661,6 +686,23 @@ fn set_features(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
         feature::HOST_IDENTIFIER => {
             return Reply::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr())
         }
+        feature::RESERVATION_NOTIFICATION_MASK => {
+            if v & !0xe != 0 {
+                return Reply::status(Status::INVALID_FIELD.with_dnr());
+            }
+            if sqe.nsid != u32::MAX && !matches!(active_ns(ctx.queue, sqe.nsid), Ok(Some(_))) {
+                return Reply::status(Status::INVALID_NAMESPACE.with_dnr());
+            }
+            ctrl.set_resv_mask(v);
+        }
+        feature::RESERVATION_PERSISTENCE => {
+            let Ok(Some(ns)) = active_ns(ctx.queue, sqe.nsid) else {
+                return Reply::status(Status::INVALID_NAMESPACE.with_dnr());
+            };
+            if let Err(status) = ns.resv.set_ptpl(v & 1 != 0) {
+                return Reply::status(status);
+            }
+        }
         _ => return Reply::status(Status::INVALID_FIELD.with_dnr()),
     }
     Reply::ok(0)
@@ -690,7 +732,14 @@ fn effects_log() -> [u8; 4096] {
     ] {
         set(4 * usize::from(admin), EFFECT_CSUPP);
     }
-    for plain in [io_op::READ, io_op::FLUSH] {
+    for plain in [
+        io_op::READ,
+        io_op::FLUSH,
+        io_op::RESERVATION_REGISTER,
+        io_op::RESERVATION_REPORT,
+        io_op::RESERVATION_ACQUIRE,
+        io_op::RESERVATION_RELEASE,
+    ] {
         set(4 * usize::from(plain) + 1024, EFFECT_CSUPP);
     }
     for write in [io_op::WRITE, io_op::WRITE_ZEROES, io_op::DSM] {
@@ -732,6 +781,10 @@ fn get_log_page(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
                 return Reply::status(Status::INVALID_FIELD.with_dnr());
             }
             effects_log().to_vec()
+        }
+        // The oldest reservation notice of this controller, which the read takes.
+        log_page::RESERVATION_NOTIFICATION if !discovery => {
+            ctx.queue.ctrl.take_reservation_log().to_vec()
         }
         // The states of this controller's path; LSP bit 0 (RGO) leaves the NSID lists out.
         log_page::ANA if !discovery => {

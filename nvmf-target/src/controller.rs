@@ -36,7 +36,25 @@ pub(crate) struct Controller {
     changed_ns: Mutex<Vec<u32>>,
     /// An ANA change notice waits for an Asynchronous Event Request to carry it.
     ana_notice: AtomicBool,
+    /// Reservation notices not yet read from the Reservation Notification log page: count, type, NSID.
+    resv_log: Mutex<ResvLog>,
+    /// A Reservation Log Page Available notice waits for an Asynchronous Event Request.
+    resv_notice: AtomicBool,
+    /// Reservation Notification Mask (feature 82h): bit 1 registration preempted, 2 reservation released,
+    /// 3 reservation preempted; one mask for all namespaces.
+    resv_mask: AtomicU32,
 }
+
+/// The Reservation Notification log page's queue for one controller.
+#[derive(Debug, Default)]
+struct ResvLog {
+    /// The Log Page Count of the last notice logged.
+    count: u64,
+    entries: std::collections::VecDeque<(u64, u8, u32)>,
+}
+
+/// Notices a controller keeps before the oldest are dropped (the host reads them one per Get Log Page).
+const RESV_LOG_MAX: usize = 255;
 
 /// The most IDs the Changed Namespace List holds; beyond, it says "more than that" (0xFFFFFFFF first).
 const CHANGED_NS_MAX: usize = 1024;
@@ -65,7 +83,60 @@ impl Controller {
             ns_notice: AtomicBool::new(false),
             changed_ns: Mutex::new(Vec::new()),
             ana_notice: AtomicBool::new(false),
+            resv_log: Mutex::new(ResvLog::default()),
+            resv_notice: AtomicBool::new(false),
+            resv_mask: AtomicU32::new(0),
         }
+    }
+
+    /// Logs a reservation notice of `kind` on namespace `nsid`, unless the host masked that kind.
+    pub fn reservation_notice(&self, nsid: u32, kind: u8) {
+        if self.resv_mask.load(Ordering::Relaxed) & (1 << kind) != 0 {
+            return;
+        }
+        let mut log = self.resv_log.lock().unwrap_or_else(|e| e.into_inner());
+        log.count = log.count.wrapping_add(1).max(1);
+        let count = log.count;
+        if log.entries.len() == RESV_LOG_MAX {
+            log.entries.pop_front();
+        }
+        log.entries.push_back((count, kind, nsid));
+        drop(log);
+        self.resv_notice.store(true, Ordering::Release);
+    }
+
+    /// The Reservation Notification log page (64 bytes): the oldest notice, which it removes (all zeroes when
+    /// there is none).
+    pub fn take_reservation_log(&self) -> [u8; 64] {
+        let mut log = self.resv_log.lock().unwrap_or_else(|e| e.into_inner());
+        let mut page = [0u8; 64];
+        if let Some((count, kind, nsid)) = log.entries.pop_front() {
+            page[0..8].copy_from_slice(&count.to_le_bytes());
+            page[8] = kind;
+            page[9] = log.entries.len().min(255) as u8;
+            page[12..16].copy_from_slice(&nsid.to_le_bytes());
+        }
+        page
+    }
+
+    /// Whether a Reservation Log Page Available notice waits.
+    pub fn resv_notice_pending(&self) -> bool {
+        self.resv_notice.load(Ordering::Acquire)
+    }
+
+    /// Takes the waiting reservation notice.
+    pub fn take_resv_notice(&self) -> bool {
+        self.resv_notice.swap(false, Ordering::AcqRel)
+    }
+
+    /// The Reservation Notification Mask.
+    pub fn resv_mask(&self) -> u32 {
+        self.resv_mask.load(Ordering::Relaxed)
+    }
+
+    /// Sets the Reservation Notification Mask (bits 1 to 3).
+    pub fn set_resv_mask(&self, mask: u32) {
+        self.resv_mask.store(mask & 0xe, Ordering::Relaxed);
     }
 
     /// An ANA state of its path changed: a notice waits for an AER.

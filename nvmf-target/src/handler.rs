@@ -153,6 +153,13 @@ impl Queue {
         self.ana.refusal(ns.anagrpid)
     }
 
+    /// The status a command of this queue's host gets on `ns` because of a reservation (`write`: the write
+    /// command group); `None` when it may run. One atomic load while no reservation is held.
+    #[inline]
+    pub fn resv_refusal(&self, ns: &Namespace, write: bool) -> Option<Status> {
+        ns.resv.access(&self.ctrl.hostid, write)
+    }
+
     /// The active namespace `nsid` (no lock: the queue's copy of the table).
     pub fn namespace(&self, nsid: u32) -> Option<&NsRef> {
         let index = nsid.checked_sub(1)? as usize;

@@ -1,4 +1,5 @@
-//! NVM I/O commands: Read, Write, Flush, Write Zeroes and Dataset Management.
+//! NVM I/O commands: Read, Write, Flush, Write Zeroes, Dataset Management and the reservation commands
+//! ([`crate::resv`] holds the rules).
 //!
 //! Reads are answered straight from the namespace into the send buffer ([`Reply::Read`]); writes go straight
 //! from the receive buffer into the namespace, whether the data came in the capsule or in H2CData PDUs. Flushes
@@ -19,6 +20,9 @@ fn check_rw(q: &Queue, sqe: &Sqe, xfer_len: u32) -> Result<(NsRef, u64, u32), St
         return Err(Status::INVALID_NAMESPACE.with_dnr());
     };
     if let Some(status) = q.ana_refusal(ns) {
+        return Err(status);
+    }
+    if let Some(status) = q.resv_refusal(ns, sqe.opcode != op::READ) {
         return Err(status);
     }
     let nlb = u64::from(sqe.nlb_zero_based()) + 1;
@@ -72,7 +76,10 @@ pub(crate) const MAX_COMMAND_DATA: u32 = 256 * DSM_RANGE_SIZE as u32;
 /// Whether an I/O command takes host-to-controller data into a buffer before it runs (a write's goes to the
 /// namespace instead).
 pub(crate) fn takes_data(opcode: u8) -> bool {
-    opcode == op::DSM
+    matches!(
+        opcode,
+        op::DSM | op::RESERVATION_REGISTER | op::RESERVATION_ACQUIRE | op::RESERVATION_RELEASE
+    )
 }
 
 /// An I/O command other than a write, with the host-to-controller data it came with (in the capsule or
@@ -100,7 +107,7 @@ pub(crate) fn execute(q: &Queue, sqe: &Sqe, data: &[u8]) -> Reply {
                 return Reply::Flush(all);
             }
             match q.namespace(sqe.nsid) {
-                Some(ns) => match q.ana_refusal(ns) {
+                Some(ns) => match q.ana_refusal(ns).or_else(|| q.resv_refusal(ns, true)) {
                     Some(status) => Reply::status(status),
                     None => Reply::Flush(vec![(ns.clone(), ns.store.start_flush())]),
                 },
@@ -111,7 +118,7 @@ pub(crate) fn execute(q: &Queue, sqe: &Sqe, data: &[u8]) -> Reply {
             let Some(ns) = q.namespace(sqe.nsid) else {
                 return Reply::status(Status::INVALID_NAMESPACE.with_dnr());
             };
-            if let Some(status) = q.ana_refusal(ns) {
+            if let Some(status) = q.ana_refusal(ns).or_else(|| q.resv_refusal(ns, true)) {
                 return Reply::status(status);
             }
             let nlb = u64::from(sqe.nlb_zero_based()) + 1;
@@ -134,6 +141,10 @@ pub(crate) fn execute(q: &Queue, sqe: &Sqe, data: &[u8]) -> Reply {
             Reply::ok(0)
         }
         op::DSM => dataset_management(q, sqe, data),
+        op::RESERVATION_REGISTER | op::RESERVATION_ACQUIRE | op::RESERVATION_RELEASE => {
+            reservation(q, sqe, data)
+        }
+        op::RESERVATION_REPORT => reservation_report(q, sqe),
         _ => Reply::status(Status::INVALID_OPCODE.with_dnr()),
     }
 }
@@ -146,6 +157,12 @@ fn dataset_management(q: &Queue, sqe: &Sqe, data: &[u8]) -> Reply {
     };
     if let Some(status) = q.ana_refusal(ns) {
         return Reply::status(status);
+    }
+    // Hints change nothing; only a deallocate is in the write command group.
+    if sqe.cdw11 & DSM_AD != 0 {
+        if let Some(status) = q.resv_refusal(ns, true) {
+            return Reply::status(status);
+        }
     }
     let ranges = (sqe.cdw10 & 0xff) as usize + 1;
     let need = ranges * DSM_RANGE_SIZE;
@@ -174,4 +191,55 @@ fn dataset_management(q: &Queue, sqe: &Sqe, data: &[u8]) -> Reply {
         }
     }
     Reply::ok(0)
+}
+
+/// Reservation Register, Acquire or Release, with its data (16, 16 and 8 bytes); the hosts it concerns are told
+/// through their controllers' reservation logs.
+fn reservation(q: &Queue, sqe: &Sqe, data: &[u8]) -> Reply {
+    let Some(ns) = q.namespace(sqe.nsid) else {
+        return Reply::status(Status::INVALID_NAMESPACE.with_dnr());
+    };
+    if let Some(status) = q.ana_refusal(ns) {
+        return Reply::status(status);
+    }
+    let need = if sqe.opcode == op::RESERVATION_RELEASE {
+        8
+    } else {
+        16
+    };
+    if data.len() < need {
+        return Reply::status(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+    }
+    let host = &q.ctrl.hostid;
+    let result = match sqe.opcode {
+        op::RESERVATION_REGISTER => ns.resv.register(host, sqe.cdw10, data),
+        op::RESERVATION_ACQUIRE => ns.resv.acquire(host, sqe.cdw10, data),
+        _ => ns.resv.release(host, sqe.cdw10, data),
+    };
+    match result {
+        Ok(notify) => {
+            for (hostid, kind) in notify {
+                q.subsys.reservation_notice(&hostid, ns.nsid, kind);
+            }
+            Reply::ok(0)
+        }
+        Err(status) => Reply::status(status),
+    }
+}
+
+/// Reservation Report: NUMD (dword 10, 0-based dwords) of the status structure, extended with EDS (dword 11
+/// bit 0).
+fn reservation_report(q: &Queue, sqe: &Sqe) -> Reply {
+    let Some(ns) = q.namespace(sqe.nsid) else {
+        return Reply::status(Status::INVALID_NAMESPACE.with_dnr());
+    };
+    if let Some(status) = q.ana_refusal(ns) {
+        return Reply::status(status);
+    }
+    let len = (u64::from(sqe.cdw10) + 1) * 4;
+    let len = len.min(u64::from(sqe.sgl().length)) as usize;
+    match ns.resv.report(sqe.cdw11 & 1 != 0, len) {
+        Ok(page) => Reply::Data(page),
+        Err(status) => Reply::status(status),
+    }
 }

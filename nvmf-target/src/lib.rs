@@ -65,6 +65,7 @@ mod events;
 mod handler;
 mod io;
 mod options;
+mod resv;
 pub mod rpc;
 mod server;
 mod session;

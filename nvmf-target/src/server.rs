@@ -216,12 +216,15 @@ impl SubsystemInfo {
         )];
         for ns in &self.namespaces {
             out.push(format!(
-                "  namespace {}: {} blocks of {} bytes ({} MiB) on {}",
+                "  namespace {}: {} blocks of {} bytes ({} MiB) on {}{}",
                 ns.nsid,
                 ns.blocks,
                 ns.block_size,
                 (ns.blocks * u64::from(ns.block_size)) >> 20,
-                ns.backing
+                ns.backing,
+                ns.reservations_off
+                    .as_ref()
+                    .map_or_else(String::new, |why| format!("; reservations off: {why}"))
             ));
         }
         out
@@ -242,6 +245,8 @@ pub struct NamespaceInfo {
     pub backing: String,
     /// Its ANA group.
     pub ana_group: u32,
+    /// Why it has no reservations in this process, if it has none.
+    pub reservations_off: Option<String>,
 }
 
 fn info(s: &Subsystem) -> SubsystemInfo {
@@ -260,6 +265,7 @@ fn info(s: &Subsystem) -> SubsystemInfo {
                 blocks: ns.blocks,
                 backing: ns.store.describe(),
                 ana_group: ns.anagrpid,
+                reservations_off: ns.resv.off().map(str::to_string),
             })
             .collect(),
         listeners: s.listeners.clone(),

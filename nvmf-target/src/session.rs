@@ -283,6 +283,13 @@ impl Session {
             {
                 self.deliver_notice(Notice::AnaChange);
             }
+            if self
+                .queue
+                .as_ref()
+                .is_some_and(|q| q.qid == 0 && q.ctrl.resv_notice_pending())
+            {
+                self.deliver_notice(Notice::Reservation);
+            }
         }
         self.policy.set_mode(self.target.send_mode());
         match self.phase {
@@ -1102,15 +1109,18 @@ impl Session {
                 (admin::AEC_NS_ATTRIBUTE, admin::NS_ATTRIBUTE_CHANGED_EVENT)
             }
             Notice::AnaChange => (admin::AEC_ANA_CHANGE, admin::ANA_CHANGE_EVENT),
+            // Not in Asynchronous Event Configuration: the Reservation Notification Mask filters these.
+            Notice::Reservation => (0, admin::RESERVATION_LOG_EVENT),
         };
         let take = |q: &crate::handler::Queue| match notice {
             Notice::NamespaceAttribute => q.ctrl.take_ns_notice(),
             Notice::AnaChange => q.ctrl.take_ana_notice(),
+            Notice::Reservation => q.ctrl.take_resv_notice(),
         };
-        let enabled = q
-            .admin
-            .as_ref()
-            .is_some_and(|a| a.async_event_config() & aec != 0);
+        let enabled = aec == 0
+            || q.admin
+                .as_ref()
+                .is_some_and(|a| a.async_event_config() & aec != 0);
         if enabled {
             let Some(i) = self
                 .slots
@@ -1366,4 +1376,6 @@ enum Notice {
     NamespaceAttribute,
     /// Asymmetric Namespace Access Change (read the ANA log).
     AnaChange,
+    /// Reservation Log Page Available (read the Reservation Notification log).
+    Reservation,
 }

@@ -288,6 +288,8 @@ pub(crate) struct Namespace {
     /// Its ANA group.
     pub anagrpid: u32,
     pub store: Store,
+    /// Its reservations, shared by every controller of the subsystem.
+    pub resv: crate::resv::Reservations,
 }
 
 impl Namespace {
@@ -328,7 +330,13 @@ impl Namespace {
         check_ana_group(cfg.ana_group)
             .map_err(|m| Error::InvalidArgument(format!("namespace {nsid}: {m}")))?;
         let (nguid, uuid) = namespace_ids(subnqn, nsid);
+        let resv = match &cfg.backing {
+            Backing::File(path) => crate::resv::Reservations::for_file(path)
+                .map_err(|e| Error::io(format!("reservation state of {}", path.display()), e))?,
+            _ => crate::resv::Reservations::in_memory(),
+        };
         Ok(Namespace {
+            resv,
             anagrpid: cfg.ana_group,
             nsid,
             block_size: cfg.block_size,
@@ -772,6 +780,16 @@ impl Subsystem {
     fn namespace_changed(&self, nsid: u32) {
         for c in lock(&self.controllers).live.values() {
             c.namespace_changed(nsid);
+        }
+    }
+
+    /// A reservation change on namespace `nsid` concerns host `hostid`: each of its controllers logs a
+    /// notice of `kind` (unless it masked that kind) for an Asynchronous Event Request to announce.
+    pub(crate) fn reservation_notice(&self, hostid: &[u8; 16], nsid: u32, kind: u8) {
+        for c in lock(&self.controllers).live.values() {
+            if c.hostid == *hostid {
+                c.reservation_notice(nsid, kind);
+            }
         }
     }
 

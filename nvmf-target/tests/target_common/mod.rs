@@ -423,13 +423,24 @@ impl RawHost {
 
     /// ICReq, admin Connect to `nqn`, CC.EN=1; returns the controller ID.
     pub fn admin_queue(addr: SocketAddr, nqn: &str, kato_ms: u32) -> (RawHost, u16) {
+        RawHost::admin_queue_as(addr, nqn, kato_ms, HOSTNQN, [7; 16])
+    }
+
+    /// [`RawHost::admin_queue`] for host `hostnqn` with identifier `hostid`.
+    pub fn admin_queue_as(
+        addr: SocketAddr,
+        nqn: &str,
+        kato_ms: u32,
+        hostnqn: &str,
+        hostid: [u8; 16],
+    ) -> (RawHost, u16) {
         let mut h = RawHost::connect(addr);
         h.icreq(Digests::NONE);
         let cd = ConnectData {
-            hostid: [7; 16],
+            hostid,
             cntlid: fabrics::CNTLID_DYNAMIC,
             subnqn: nqn.into(),
-            hostnqn: HOSTNQN.into(),
+            hostnqn: hostnqn.into(),
         };
         let cqe = h.fabrics_connect(0, 31, 0, kato_ms, &cd);
         assert!(
@@ -466,13 +477,31 @@ impl RawHost {
         cattr: u8,
         digests: Digests,
     ) -> (RawHost, Cqe) {
+        RawHost::io_queue_as(
+            addr, NQN, cntlid, qid, sqsize, cattr, digests, HOSTNQN, [7; 16],
+        )
+    }
+
+    /// [`RawHost::io_queue`] on subsystem `nqn` for host `hostnqn` with identifier `hostid`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn io_queue_as(
+        addr: SocketAddr,
+        nqn: &str,
+        cntlid: u16,
+        qid: u16,
+        sqsize: u16,
+        cattr: u8,
+        digests: Digests,
+        hostnqn: &str,
+        hostid: [u8; 16],
+    ) -> (RawHost, Cqe) {
         let mut h = RawHost::connect(addr);
         h.icreq(digests);
         let cd = ConnectData {
-            hostid: [7; 16],
+            hostid,
             cntlid,
-            subnqn: NQN.into(),
-            hostnqn: HOSTNQN.into(),
+            subnqn: nqn.into(),
+            hostnqn: hostnqn.into(),
         };
         let cqe = h.fabrics_connect(qid, sqsize, cattr, 0, &cd);
         (h, cqe)
