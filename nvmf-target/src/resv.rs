@@ -11,7 +11,8 @@
 //! target opens the file again. Two target processes exporting one file do not share a reservation state:
 //! the first to open the file takes `FILE.nvpoll-resv.lock`; the other exports the namespace without
 //! reservations (Identify's RESCAP 0, the commands refused with Invalid Command Opcode) and says so at startup.
-//! RAM and device namespaces keep reservations for as long as the target runs (PTPL off, not settable).
+//! RAM, device and block-device namespaces (and files in a directory the target may not write) keep
+//! reservations for as long as the target runs (PTPL off, not settable).
 
 use std::fs::File;
 use std::io;
@@ -204,6 +205,10 @@ impl Reservations {
     pub(crate) fn for_file(path: &Path) -> io::Result<Reservations> {
         let state_path = PathBuf::from(format!("{}.nvpoll-resv", path.display()));
         let lock_path = PathBuf::from(format!("{}.nvpoll-resv.lock", path.display()));
+        // A block device keeps its reservations in memory: no state files beside it in /dev.
+        if !std::fs::metadata(path)?.is_file() {
+            return Ok(Reservations::in_memory());
+        }
         let lock = match std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -211,8 +216,13 @@ impl Reservations {
             .open(&lock_path)
         {
             Ok(f) => f,
-            // A read-only directory: no persistence, reservations in memory.
-            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            // A directory we may not write: no persistence, reservations in memory.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem
+                ) =>
+            {
                 return Ok(Reservations::in_memory())
             }
             Err(e) => return Err(e),
