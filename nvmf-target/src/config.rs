@@ -32,8 +32,9 @@
 //!   keyring asks); `listeners`, the addresses it is reachable on (default: every listener); per-subsystem
 //!   `max_io_queues`, `queue_size` and `mdts`; `namespaces`, each with exactly one of `ram` (a size: bytes, or
 //!   a string with a K, M, G or T suffix), `file` (an existing file or block device) or `pcie` (the PCI
-//!   address of a local NVMe controller, opened by the program's resolver), and optionally `nsid` and
-//!   `block_size` (512 or 4096; default 512, or the device's for `pcie`).
+//!   address of a local NVMe controller, opened by the program's resolver), and optionally `nsid`,
+//!   `block_size` (512 or 4096; default 512, or the device's for `pcie`) and `uuid` (its Namespace UUID,
+//!   8-4-4-4-12 hex; default: one derived from the subsystem NQN and the namespace ID).
 //!
 //! Relative paths (`file`, `psk_file`) are taken from the configuration file's folder. Unknown fields are
 //! errors, and so is every value the target would refuse: each [`ConfigError`] names the field (a path such as
@@ -329,6 +330,7 @@ struct NamespaceDoc {
     pcie: Option<String>,
     block_size: Option<u32>,
     ana_group: Option<u32>,
+    uuid: Option<String>,
 }
 
 /// A value read from a string with `FromStr` (TLS and send modes).
@@ -861,12 +863,38 @@ fn namespace(
     let ana_group = doc.ana_group.unwrap_or(1);
     crate::subsystem::check_ana_group(ana_group)
         .map_err(|m| Problem::new(at.key("ana_group"), m))?;
+    let uuid = match &doc.uuid {
+        None => None,
+        Some(s) => Some(parse_uuid(s).ok_or_else(|| {
+            Problem::new(
+                at.key("uuid"),
+                format!("{s:?} is not a UUID (32 hex digits, with or without dashes in the 8-4-4-4-12 form)"),
+            )
+        })?),
+    };
     Ok(NamespaceConfig {
         backing,
         block_size,
         nsid: doc.nsid,
         ana_group,
+        uuid,
     })
+}
+
+/// A UUID as text: 8-4-4-4-12 hex digits, or 32 without dashes.
+fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let groups: Vec<&str> = s.split('-').collect();
+    let dashed_ok = groups.len() == 1
+        || (groups.len() == 5 && groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12]));
+    let hex: String = groups.concat();
+    if !dashed_ok || hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 // ---- Finding a field's line ----

@@ -55,6 +55,9 @@ pub struct NamespaceConfig {
     /// Its ANA group (1 to [`ANA_GROUP_MAX`]); the group's state on each listener decides whether hosts
     /// that came through it may run commands on the namespace.
     pub ana_group: u32,
+    /// Its UUID (Namespace Identification Descriptor); `None`: one derived from the subsystem NQN and the
+    /// namespace ID, stable across restarts.
+    pub uuid: Option<[u8; 16]>,
 }
 
 /// The highest ANA group ID (Identify Controller ANAGRPMAX and NANAGRPID).
@@ -270,6 +273,7 @@ impl SubsystemConfig {
             block_size,
             nsid: None,
             ana_group: 1,
+            uuid: None,
         });
         self
     }
@@ -329,7 +333,8 @@ impl Namespace {
         }
         check_ana_group(cfg.ana_group)
             .map_err(|m| Error::InvalidArgument(format!("namespace {nsid}: {m}")))?;
-        let (nguid, uuid) = namespace_ids(subnqn, nsid);
+        let (nguid, derived_uuid) = namespace_ids(subnqn, nsid);
+        let uuid = cfg.uuid.unwrap_or(derived_uuid);
         let resv = match &cfg.backing {
             Backing::File(path) => crate::resv::Reservations::for_file(path)
                 .map_err(|e| Error::io(format!("reservation state of {}", path.display()), e))?,
@@ -939,6 +944,7 @@ mod tests {
             block_size: 512,
             nsid: Some(5),
             ana_group: 1,
+            uuid: None,
         };
         assert_eq!(s.add_namespace(&ns).unwrap(), 5);
         assert!(s.add_namespace(&ns).is_err());
@@ -970,6 +976,7 @@ mod tests {
             block_size: 4096,
             nsid: None,
             ana_group: 1,
+            uuid: None,
         };
         let ns = Namespace::open("nqn.x", 1, &cfg).unwrap();
         assert_eq!(ns.blocks, 256);
@@ -984,6 +991,7 @@ mod tests {
                 block_size: 512,
                 nsid: None,
                 ana_group: 1,
+                uuid: None,
             }
         )
         .is_err());

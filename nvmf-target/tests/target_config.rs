@@ -144,19 +144,22 @@ fn a_good_file_becomes_its_target_config_and_serves_our_initiator() {
                 backing: Backing::Ram(1 << 20),
                 block_size: 512,
                 nsid: Some(1),
-                ana_group: 1
+                ana_group: 1,
+                uuid: None,
             },
             NamespaceConfig {
                 backing: Backing::File(image),
                 block_size: 512,
                 nsid: None,
-                ana_group: 1
+                ana_group: 1,
+                uuid: None,
             },
             NamespaceConfig {
                 backing: Backing::Ram(65536),
                 block_size: 4096,
                 nsid: Some(7),
-                ana_group: 1
+                ana_group: 1,
+                uuid: None,
             },
         ]
     );
@@ -540,4 +543,28 @@ fn an_unknown_tcp_congestion_is_refused_at_bind() {
         panic!("an unknown algorithm was accepted");
     };
     assert!(e.to_string().contains("'no-such-cc'"), "{e}");
+}
+
+#[test]
+fn a_namespace_uuid_is_read_and_checked() {
+    let text = r#"{
+  "listeners": [ {"address": "127.0.0.1:4420"} ],
+  "subsystems": [
+    {"nqn": "nqn.2024-01.io.nvpoll:u",
+     "namespaces": [ {"ram": "1M", "uuid": "91fdba0d-f87b-4c25-b80f-db7be1418b9e"}, {"ram": "1M"} ]}
+  ]
+}"#;
+    let cfg = config::parse(text, Path::new("/etc/nvpoll/target.json"), &no_pcie).unwrap();
+    let ns = &cfg.subsystems[0].namespaces;
+    assert_eq!(
+        ns[0].uuid,
+        Some([
+            0x91, 0xfd, 0xba, 0x0d, 0xf8, 0x7b, 0x4c, 0x25, 0xb8, 0x0f, 0xdb, 0x7b, 0xe1, 0x41, 0x8b,
+            0x9e
+        ])
+    );
+    assert_eq!(ns[1].uuid, None, "derived when not given");
+    let bad = text.replace("91fdba0d-f87b-4c25-b80f-db7be1418b9e", "91fdba0d-f87b");
+    let e = refused(&bad, "subsystems[0].namespaces[0].uuid", line_of(&bad, "\"ram\""));
+    assert!(e.message().contains("not a UUID"), "{e}");
 }

@@ -332,6 +332,7 @@ fn namespaces_added_and_removed_raise_namespace_attribute_changed() {
         block_size: 512,
         nsid,
         ana_group: 1,
+        uuid: None,
     };
     assert_eq!(t.handle.add_namespace(PLAIN, &ram(Some(7))).unwrap(), 7);
     let cqe = next_cqe(&mut h);

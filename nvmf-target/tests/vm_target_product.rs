@@ -164,6 +164,7 @@ fn vm_kernel_host_against_a_multi_subsystem_target() {
                 block_size: 512,
                 nsid: Some(5),
                 ana_group: 1,
+                uuid: None,
             },
         )
         .unwrap();
