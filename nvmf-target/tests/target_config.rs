@@ -559,12 +559,16 @@ fn a_namespace_uuid_is_read_and_checked() {
     assert_eq!(
         ns[0].uuid,
         Some([
-            0x91, 0xfd, 0xba, 0x0d, 0xf8, 0x7b, 0x4c, 0x25, 0xb8, 0x0f, 0xdb, 0x7b, 0xe1, 0x41, 0x8b,
-            0x9e
+            0x91, 0xfd, 0xba, 0x0d, 0xf8, 0x7b, 0x4c, 0x25, 0xb8, 0x0f, 0xdb, 0x7b, 0xe1, 0x41,
+            0x8b, 0x9e
         ])
     );
     assert_eq!(ns[1].uuid, None, "derived when not given");
     let bad = text.replace("91fdba0d-f87b-4c25-b80f-db7be1418b9e", "91fdba0d-f87b");
-    let e = refused(&bad, "subsystems[0].namespaces[0].uuid", line_of(&bad, "\"ram\""));
+    let e = refused(
+        &bad,
+        "subsystems[0].namespaces[0].uuid",
+        line_of(&bad, "\"ram\""),
+    );
     assert!(e.message().contains("not a UUID"), "{e}");
 }

@@ -17,6 +17,9 @@ const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:bbbbbbbb-0000-0000-0000-00
 const ID_A: [u8; 16] = [0xa1; 16];
 const ID_B: [u8; 16] = [0xb2; 16];
 
+/// A Reservation Report: generation, type, and each registrant's host identifier, key and whether it holds.
+type Report = (u32, u8, Vec<([u8; 16], u64, bool)>);
+
 struct Host {
     admin: RawHost,
     io: RawHost,
@@ -74,7 +77,7 @@ impl Host {
     }
 
     /// (generation, type, registrants as (host identifier, key, holds)).
-    fn report(&mut self) -> (u32, u8, Vec<([u8; 16], u64, bool)>) {
+    fn report(&mut self) -> Report {
         let sqe = Sqe {
             opcode: io_op::RESERVATION_REPORT,
             nsid: 1,
