@@ -369,13 +369,20 @@ fn vm_pcie_write_read_verify_every_prp_shape() {
     let got = run_one(&mut plain, rd);
     let bs = 512;
     assert!(got[..2 * bs].iter().all(|&b| b == 0xa5) && got[6 * bs..].iter().all(|&b| b == 0xa5));
-    println!("deallocate: DLFEAT {dlfeat:#x}");
-    if dlfeat & 7 == 1 {
-        assert!(
-            got[2 * bs..6 * bs].iter().all(|&b| b == 0),
-            "deallocated blocks read as zeroes (DLFEAT)"
-        );
+    // Deallocation is advisory: each block of the range was either deallocated (and reads as DLFEAT says:
+    // zeroes for 001b) or kept. QEMU keeps ranges smaller than its discard granularity.
+    let mut forgotten = 0;
+    for block in got[2 * bs..6 * bs].chunks(bs) {
+        if block.iter().all(|&b| b == 0) && dlfeat & 7 == 1 {
+            forgotten += 1;
+        } else {
+            assert!(
+                block.iter().all(|&b| b == 0xa5),
+                "a deallocated block reads as neither its data nor what DLFEAT {dlfeat:#x} says"
+            );
+        }
     }
+    println!("deallocate: DLFEAT {dlfeat:#x}, {forgotten} of 4 blocks deallocated");
     drop((plain, chained, sgl));
     assert!(!ctrl.poll_admin().unwrap());
     assert_eq!(ctrl.stats().queues_deleted, 3);
