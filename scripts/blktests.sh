@@ -37,10 +37,12 @@ if [ "${1:-}" = --in-guest ]; then
     if [ -n "${NVPOLL_BT_NVME_CLI:-}" ]; then
         mkdir -p /tmp/bt-bin && cp "$NVPOLL_BT_NVME_CLI" /tmp/bt-bin/nvme && export PATH=/tmp/bt-bin:$PATH
     fi
+    # The guest's minimal /dev has no /dev/fd, which bash's process substitution (blktests uses it) needs.
+    [ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
     echo "blktests: nvme-cli $(nvme version 2>/dev/null | head -1), kernel $(uname -r)"
     modprobe nvme-tcp 2>/dev/null || true
     # --- 1. nvpoll's target
-    cp -a "$BLKTESTS_DIR" /tmp/bt-ours || exit 2
+    cp -a "$NVPOLL_BT_DIR" /tmp/bt-ours || exit 2
     printf '{"listeners": [{"address": "127.0.0.1:4420"}], "subsystems": []}\n' > /tmp/bt-empty.json
     "$EX/target" --config /tmp/bt-empty.json --rpc-socket /run/nvpoll-blktests.sock \
         > "$OUT/target.log" 2>&1 &
@@ -53,7 +55,7 @@ if [ "${1:-}" = --in-guest ]; then
     kill -INT "$tpid"; wait "$tpid"
     echo "blktests: the target exited with status $? ($(grep '^stats:' "$OUT/target.log"))"
     # --- 2. nvmet
-    cp -a "$BLKTESTS_DIR" /tmp/bt-nvmet || exit 2
+    cp -a "$NVPOLL_BT_DIR" /tmp/bt-nvmet || exit 2
     echo "blktests: against nvmet: ${TESTS[*]}"
     (cd /tmp/bt-nvmet && NVMET_TRTYPES=tcp ./check "${TESTS[@]}") > "$OUT/nvmet.txt" 2>&1
     echo done > "$OUT/finished"
@@ -68,8 +70,13 @@ if [ -z "${BLKTESTS_DIR:-}" ]; then
     exit 0
 fi
 [ -x "$BLKTESTS_DIR/check" ] || { echo "blktests: $BLKTESTS_DIR has no ./check" >&2; exit 2; }
+# The guest runs on this machine's root file system: blktests' own needs must be installed here.
+for tool in gawk udevadm; do
+    command -v "$tool" >/dev/null || { echo "blktests: needs $tool here (apt-get install gawk udev)" >&2; exit 2; }
+done
 BLKTESTS_DIR=$(cd "$BLKTESTS_DIR" && pwd -P)
-export BLKTESTS_DIR
+# The guest gets the NVPOLL_* variables.
+export NVPOLL_BT_DIR=$BLKTESTS_DIR
 [ $# -gt 0 ] || set -- nvme
 OUT=${NVPOLL_BT_OUT:-$(mktemp -d "${TMPDIR:-/tmp}/nvpoll-blktests.XXXXXX")}
 mkdir -p "$OUT"
@@ -88,7 +95,7 @@ results() {
     sed 's/\x1b\[[0-9;]*[A-Za-z]//g; s/\r/\n/g' "$1" | awk '
         /^nvme\/[0-9]+/ && /\[(passed|failed|not run)\]/ {
             t = $1; r = $0; sub(/.*\[/, "", r); sub(/\].*/, "", r); res[t] = r; last = t; next }
-        /^[ \t]+[a-zA-Z]/ && last != "" && res[last] == "not run" && !(last in why) {
+        /^[ \t]+[a-zA-Z]/ && !/^[ \t]+runtime/ && last != "" && res[last] == "not run" && !(last in why) {
             w = $0; sub(/^[ \t]+/, "", w); why[last] = w }
         END { for (t in res) printf "%s\t%s\t%s\n", t, res[t], why[t] }' | sort
 }

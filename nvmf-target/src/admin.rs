@@ -212,7 +212,7 @@ pub(crate) fn connect(
         let max_io = if subsys.kind == Kind::Discovery {
             0
         } else {
-            subsys.limits.max_io_queues
+            subsys.max_io_queues()
         };
         let now = target.now_ms();
         let make = |cntlid| {
@@ -631,7 +631,7 @@ fn get_features(ctx: &mut Ctx<'_>, sqe: &Sqe) -> Reply {
 
 /// Number of Queues as granted: every I/O queue the target allows, as submission and completion counts.
 fn queues_granted(subsys: &Subsystem) -> u32 {
-    let n = u32::from(subsys.limits.max_io_queues.max(1) - 1);
+    let n = u32::from(subsys.max_io_queues().max(1) - 1);
     n | n << 16
 }
 

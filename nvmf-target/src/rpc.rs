@@ -18,6 +18,7 @@
 //! | `host_add` | `{nqn, host, psk_file?}`: allows the host and sets its key; refused on a subsystem open to any host (turn that off first; `key_set` gives such a subsystem's host a key) | `true` |
 //! | `host_remove` | `{nqn, host}`: disallows the host and drops its key | `true` |
 //! | `subsystem_allow_any_host` | `{nqn, allow}` (`false`: only the hosts added since) | `true` |
+//! | `subsystem_set_max_io_queues` | `{nqn, max_io_queues}` (1 to 1024; live controllers are torn down and their hosts reconnect with it) | `{controllers_torn_down}` |
 //! | `key_set` | `{nqn, host, psk_file}` | `true` |
 //! | `key_remove` | `{nqn, host}` | `true` |
 //! | `ana_state_set` | `{nqn, listener, group?, state}`: the state (`optimized`, `non-optimized`, `inaccessible`, `persistent-loss`, `change`) of ANA group `group` (default 1) for hosts on `listener`; they get an ANA change event | `{before, state}` |
@@ -94,6 +95,7 @@ pub const METHODS: &[&str] = &[
     "host_add",
     "host_remove",
     "subsystem_allow_any_host",
+    "subsystem_set_max_io_queues",
     "key_set",
     "key_remove",
     "ana_state_set",
@@ -513,6 +515,13 @@ struct AllowAnyParams {
     allow: bool,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MaxIoQueuesParams {
+    nqn: String,
+    max_io_queues: u16,
+}
+
 /// A host's key from `psk_file`, its NQN checked first.
 fn host_key(host: &str, psk_file: &Path) -> Result<HostKey, RpcError> {
     check_host(host)?;
@@ -752,6 +761,17 @@ impl Shared {
                 }
                 self.changed(format!("host_remove {} host {}", p.nqn, p.host));
                 Ok(Value::Bool(true))
+            }
+            "subsystem_set_max_io_queues" => {
+                let p: MaxIoQueuesParams = params(&p)?;
+                let torn = h
+                    .set_max_io_queues(&p.nqn, p.max_io_queues)
+                    .map_err(RpcError::refused)?;
+                self.changed(format!(
+                    "subsystem_set_max_io_queues {} {} ({torn} controllers torn down to reconnect)",
+                    p.nqn, p.max_io_queues
+                ));
+                Ok(json!({"controllers_torn_down": torn}))
             }
             "subsystem_allow_any_host" => {
                 let p: AllowAnyParams = params(&p)?;

@@ -269,7 +269,7 @@ fn info(s: &Subsystem) -> SubsystemInfo {
             })
             .collect(),
         listeners: s.listeners.clone(),
-        max_io_queues: s.limits.max_io_queues,
+        max_io_queues: s.max_io_queues(),
         queue_entries: s.limits.queue_entries,
         mdts: s.limits.mdts,
         controllers: s.controller_count(),
@@ -501,6 +501,12 @@ impl TargetHandle {
         }
         self.shared.discovery_changed();
         Ok(())
+    }
+
+    /// Grants new controllers of subsystem `nqn` `n` I/O queues and tears down its live controllers, so that
+    /// their hosts reconnect with the new count. Returns how many were torn down.
+    pub fn set_max_io_queues(&self, nqn: &str, n: u16) -> Result<usize, Error> {
+        self.nvm_subsystem(nqn)?.set_max_io_queues(n)
     }
 
     /// Sets (or replaces) a host's TLS PSK for subsystem `nqn`. New handshakes use it at once.

@@ -430,6 +430,10 @@ impl Session {
             return Some(format!("subsystem {} was removed", q.subsys.nqn));
         }
         if q.qid == 0 {
+            // Torn down from outside (a new I/O queue count): the host reconnects.
+            if q.ctrl.is_dead() {
+                return Some(format!("controller {} was torn down", q.ctrl.cntlid));
+            }
             if q.ctrl.keep_alive_expired(now_ms) {
                 self.target.emit(&TargetEvent::KeepAliveExpired {
                     peer: self.peer,

@@ -466,6 +466,9 @@ pub(crate) struct Subsystem {
     ana: Mutex<AnaTable>,
     /// The ANA change count: moves with every state change; queues compare it with their copy's.
     ana_gen: AtomicU64,
+    /// I/O queues a new controller is granted (starts as `limits.max_io_queues`; the control socket may
+    /// change it, which takes effect when hosts reconnect).
+    io_queues: std::sync::atomic::AtomicU16,
 }
 
 /// The ANA states of a subsystem's paths.
@@ -598,7 +601,30 @@ impl Subsystem {
             cntlids: CntlidRange::default(),
             ana: Mutex::new(AnaTable::default()),
             ana_gen: AtomicU64::new(0),
+            io_queues: std::sync::atomic::AtomicU16::new(limits.max_io_queues),
         }
+    }
+
+    /// I/O queues a new controller is granted.
+    pub fn max_io_queues(&self) -> u16 {
+        self.io_queues.load(Ordering::Relaxed)
+    }
+
+    /// Grants new controllers `n` I/O queues (1 to 1024) and tears down the live controllers, whose hosts
+    /// reconnect and get the new count (as nvmet does when its attr_qid_max changes). Returns how many
+    /// controllers were torn down.
+    pub fn set_max_io_queues(&self, n: u16) -> Result<usize, Error> {
+        if !(1..=1024).contains(&n) {
+            return Err(Error::InvalidArgument(format!(
+                "I/O queues {n}: must be 1 to 1024"
+            )));
+        }
+        self.io_queues.store(n, Ordering::Relaxed);
+        let live = lock(&self.controllers);
+        for c in live.live.values() {
+            c.kill();
+        }
+        Ok(live.live.len())
     }
 
     /// Every ANA state set (the rest are optimized).

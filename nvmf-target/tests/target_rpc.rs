@@ -823,3 +823,42 @@ fn a_host_key_set_over_rpc_lets_the_host_in_with_tls_and_is_never_answered() {
     let changes = f.changes.lock().unwrap().clone();
     assert!(changes.iter().all(|c| !c.contains(KEY_BODY)), "{changes:?}");
 }
+
+/// subsystem_set_max_io_queues: the live controllers are torn down (their connections close), and a host that
+/// connects again is granted the new count (what blktests nvme/048 does with nvmet's attr_qid_max).
+#[test]
+fn a_new_io_queue_count_takes_effect_when_hosts_reconnect() {
+    let mut f = Fixture::new("qid-max");
+    let addr = f.t.addr;
+    let ctrl = attach(addr, NQN, target_common::HOSTNQN).unwrap();
+    let before = ctrl.io_queues_granted().expect("a grant");
+    assert!(before > 3, "{before}");
+    let (mut raw, _) = target_common::RawHost::admin_queue(addr, NQN, 0);
+    let answer = f.call(
+        "subsystem_set_max_io_queues",
+        json!({"nqn": NQN, "max_io_queues": 3}),
+    );
+    assert_eq!(answer["controllers_torn_down"], 2);
+    assert_eq!(f.subsystem(NQN)["max_io_queues"], 3);
+    // The old controller's admin queue closes (expect_close panics if it stays open 5 s).
+    raw.expect_close();
+    drop(ctrl);
+    let ctrl = attach(addr, NQN, target_common::HOSTNQN).unwrap();
+    assert_eq!(ctrl.io_queues_granted(), Some(3));
+    f.refused(
+        "subsystem_set_max_io_queues",
+        json!({"nqn": NQN, "max_io_queues": 0}),
+        rpc::TARGET_REFUSED,
+    );
+    f.refused(
+        "subsystem_set_max_io_queues",
+        json!({"nqn": "nqn.2024-01.io.nvpoll:none", "max_io_queues": 4}),
+        rpc::TARGET_REFUSED,
+    );
+    assert!(f
+        .changes
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("subsystem_set_max_io_queues")));
+}

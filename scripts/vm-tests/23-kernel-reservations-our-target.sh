@@ -6,7 +6,12 @@
 #  1. starts the target example with a file namespace on two listeners;
 #     connects two kernel hosts (two host NQNs and host IDs: one controller
 #     each, one through each listener);
-#  2. A registers with PTPL on, B registers; A takes Write Exclusive: B's write
+#  2. one host alone walks the sequence of blktests nvme/054 (which only knows
+#     nvmet's configfs and so skips against us): register, replace,
+#     unregister, register + acquire, preempt itself to another type, release,
+#     acquire, clear; each report's generation, type and registrants (status,
+#     key) must be what nvmet gives;
+#     then A registers with PTPL on, B registers; A takes Write Exclusive: B's write
 #     (io-passthru on its controller) is refused with Reservation Conflict, its
 #     read is not; resv-report lists both, A holding;
 #  3. B preempts A and takes Exclusive Access: A can neither read nor write, B
@@ -99,6 +104,20 @@ print(r["rtype"], len(regs), ",".join(held) or "-")
 PY
 }
 
+# resv-report as "gen rtype regctl rcsts:rkey ...": $1 ctrl
+full_report() {
+    local out
+    out=$(nvme resv-report "/dev/$1" --namespace-id=1 --eds -o json 2>&1) || fail "resv-report on $1: $out"
+    python3 - "$out" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])
+regs = r.get("regctlext") or []
+if isinstance(regs, int):
+    regs = []
+print(r["gen"], r["rtype"], r["regctl"], *("%d:%x" % (int(e["rcsts"]), int(e["rkey"])) for e in regs))
+PY
+}
+
 head -c 512 /dev/urandom > "$WORK/block"
 truncate -s 64M "$WORK/ns.img"
 start_target
@@ -112,7 +131,26 @@ A=$(wait_ctrl "$HOST_A") || fail "step 1: no controller for host A"
 B=$(wait_ctrl "$HOST_B") || fail "step 1: no controller for host B"
 say "host A on /dev/$A, host B on /dev/$B"
 
-# ---- 2. register; A takes Write Exclusive ------------------------------------------
+# ---- 2. blktests nvme/054's sequence on one host, then two hosts ---------------------
+step054() {   # what, expected report, nvme-cli command...
+    local what=$1 want=$2 out got
+    shift 2
+    if [ $# -gt 0 ]; then out=$("$@" 2>&1) || fail "step 2 ($what): $*: $out"; fi
+    got=$(full_report "$A")
+    [ "$got" = "$want" ] || fail "step 2 ($what): report '$got', nvmet gives '$want'"
+}
+step054 start "0 0 0"
+step054 register "1 0 1 0:4" nvme resv-register "/dev/$A" --namespace-id=1 --nrkey=4 --rrega=0
+step054 replace "2 0 1 0:5" nvme resv-register "/dev/$A" --namespace-id=1 --crkey=4 --nrkey=5 --rrega=2
+step054 unregister "3 0 0" nvme resv-register "/dev/$A" --namespace-id=1 --crkey=5 --rrega=1
+nvme resv-register "/dev/$A" --namespace-id=1 --nrkey=4 --rrega=0 >/dev/null || fail "step 2: register again"
+step054 acquire "4 1 1 1:4" nvme resv-acquire "/dev/$A" --namespace-id=1 --crkey=4 --rtype=1 --racqa=0
+step054 preempt "5 2 1 1:4" nvme resv-acquire "/dev/$A" --namespace-id=1 --crkey=4 --prkey=4 --rtype=2 --racqa=1
+step054 release "5 0 1 0:4" nvme resv-release "/dev/$A" --namespace-id=1 --crkey=4 --rtype=2 --rrela=0
+step054 acquire-again "5 1 1 1:4" nvme resv-acquire "/dev/$A" --namespace-id=1 --crkey=4 --rtype=1 --racqa=0
+step054 clear "6 0 0" nvme resv-release "/dev/$A" --namespace-id=1 --crkey=4 --rrela=1
+say "ok: blktests nvme/054's sequence on one host gives nvmet's generations, types and registrants"
+
 out=$(nvme resv-register "/dev/$A" --namespace-id=1 --nrkey=0xaaaa --rrega=0 --cptpl=3 2>&1) || fail "step 2: A register: $out"
 out=$(nvme resv-register "/dev/$B" --namespace-id=1 --nrkey=0xbbbb --rrega=0 2>&1) || fail "step 2: B register: $out"
 out=$(nvme resv-acquire "/dev/$A" --namespace-id=1 --crkey=0xaaaa --rtype=1 --racqa=0 2>&1) || fail "step 2: A acquire: $out"
