@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod conn;
+pub mod dhchap;
 mod error;
 pub mod host;
 pub mod multipath;
