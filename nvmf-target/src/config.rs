@@ -29,7 +29,11 @@
 //! - `subsystems`: `nqn`; optional `serial` and `model`; `allow_any_host` (default `false`: only `hosts` may
 //!   connect; with `true`, `hosts` only give keys); `hosts`, each with `nqn` and optionally `psk_file`, a file
 //!   holding the host's `NVMeTLSkey-1:...:` interchange key, readable by its owner only (mode 0600, as SPDK's
-//!   keyring asks); `listeners`, the addresses it is reachable on (default: every listener); per-subsystem
+//!   keyring asks), `dhchap_key` (the host's DH-HMAC-CHAP secret, `DHHC-1:hh:...:` as nvme-cli's
+//!   `gen-dhchap-key` writes it: that host must then authenticate every queue) and `dhchap_ctrl_key` (the
+//!   controller's secret, for hosts that authenticate the controller too); `dhchap_hashes` (of `sha256`,
+//!   `sha384`, `sha512`) and `dhchap_dhgroups` (of `null`, `ffdhe2048` ... `ffdhe8192`), the ones allowed,
+//!   strongest preferred (default: all); `listeners`, the addresses it is reachable on (default: every listener); per-subsystem
 //!   `max_io_queues`, `queue_size` and `mdts`; `namespaces`, each with exactly one of `ram` (a size: bytes, or
 //!   a string with a K, M, G or T suffix), `file` (an existing file or block device) or `pcie` (the PCI
 //!   address of a local NVMe controller, opened by the program's resolver), and optionally `nsid`,
@@ -38,7 +42,7 @@
 //!
 //! Relative paths (`file`, `psk_file`) are taken from the configuration file's folder. Unknown fields are
 //! errors, and so is every value the target would refuse: each [`ConfigError`] names the field (a path such as
-//! `subsystems[1].namespaces[0].ram`) and its line. No error ever shows what a key file holds.
+//! `subsystems[1].namespaces[0].ram`) and its line. No error ever shows what a key file or secret holds.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -304,6 +308,8 @@ struct SubsystemDoc {
     ana: Vec<AnaDoc>,
     cntlid_min: Option<u16>,
     cntlid_max: Option<u16>,
+    dhchap_hashes: Option<Vec<String>>,
+    dhchap_dhgroups: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -319,6 +325,8 @@ struct AnaDoc {
 struct HostDoc {
     nqn: String,
     psk_file: Option<PathBuf>,
+    dhchap_key: Option<String>,
+    dhchap_ctrl_key: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -678,6 +686,57 @@ fn subsystem(
                 hostnqn: h.nqn.clone(),
                 key,
             });
+        }
+        let secret = |field: &str, v: &str| {
+            nvpoll_tcp::dhchap::Secret::parse(v)
+                .map_err(|e| Problem::new(hat.key(field), e.to_string()))
+        };
+        match (&h.dhchap_key, &h.dhchap_ctrl_key) {
+            (Some(k), c) => {
+                let key = secret("dhchap_key", k)?;
+                let ctrl_key = c
+                    .as_deref()
+                    .map(|c| secret("dhchap_ctrl_key", c))
+                    .transpose()?;
+                cfg.dhchap_keys.push(crate::subsystem::DhchapKey {
+                    hostnqn: h.nqn.clone(),
+                    key,
+                    ctrl_key,
+                });
+            }
+            (None, Some(_)) => {
+                return Err(Problem::new(
+                    hat.key("dhchap_ctrl_key"),
+                    "a controller key needs the host's dhchap_key too",
+                ))
+            }
+            (None, None) => {}
+        }
+    }
+    if let Some(list) = &doc.dhchap_hashes {
+        for (i, n) in list.iter().enumerate() {
+            let h = nvpoll_tcp::dhchap::Hash::from_name(n)
+                .map_err(|e| Problem::new(at.key("dhchap_hashes").index(i), e.to_string()))?;
+            cfg.dhchap.hashes.push(h);
+        }
+        if cfg.dhchap.hashes.is_empty() {
+            return Err(Problem::new(
+                at.key("dhchap_hashes"),
+                "no hash: leave the field out to allow all",
+            ));
+        }
+    }
+    if let Some(list) = &doc.dhchap_dhgroups {
+        for (i, n) in list.iter().enumerate() {
+            let g = nvpoll_tcp::dhchap::DhGroup::from_name(n)
+                .map_err(|e| Problem::new(at.key("dhchap_dhgroups").index(i), e.to_string()))?;
+            cfg.dhchap.groups.push(g);
+        }
+        if cfg.dhchap.groups.is_empty() {
+            return Err(Problem::new(
+                at.key("dhchap_dhgroups"),
+                "no group: leave the field out to allow all",
+            ));
         }
     }
     cfg.hosts = if doc.allow_any_host {

@@ -58,6 +58,36 @@ pub enum TargetEvent<'a> {
         /// Its timeout.
         kato_ms: u32,
     },
+    /// A queue's host authenticated in band (DH-HMAC-CHAP).
+    Authenticated {
+        /// The host's address.
+        peer: SocketAddr,
+        /// The subsystem.
+        subnqn: &'a str,
+        /// The host NQN.
+        hostnqn: &'a str,
+        /// The controller.
+        cntlid: u16,
+        /// Queue ID (0: admin queue).
+        qid: u16,
+        /// Hash, DH group and direction agreed.
+        how: &'a str,
+    },
+    /// A queue's host failed to authenticate, or sent a command before it had: why (never key material).
+    AuthenticationFailed {
+        /// The host's address.
+        peer: SocketAddr,
+        /// The subsystem.
+        subnqn: &'a str,
+        /// The host NQN.
+        hostnqn: &'a str,
+        /// The controller.
+        cntlid: u16,
+        /// Queue ID (0: admin queue).
+        qid: u16,
+        /// Why.
+        reason: &'a str,
+    },
     /// A connection closed.
     Closed {
         /// The host's address.
@@ -127,6 +157,28 @@ impl fmt::Display for TargetEvent<'_> {
             } => {
                 write!(f, "{peer}: controller {cntlid} on {subnqn}: no command for {kato_ms} ms, torn down")
             }
+            TargetEvent::Authenticated {
+                peer,
+                subnqn,
+                hostnqn,
+                cntlid,
+                qid,
+                how,
+            } => write!(
+                f,
+                "{peer}: queue {qid} of controller {cntlid} on {subnqn}: host {hostnqn} authenticated (DH-HMAC-CHAP, {how})"
+            ),
+            TargetEvent::AuthenticationFailed {
+                peer,
+                subnqn,
+                hostnqn,
+                cntlid,
+                qid,
+                reason,
+            } => write!(
+                f,
+                "{peer}: queue {qid} of controller {cntlid} on {subnqn}: host {hostnqn} not authenticated: {reason}"
+            ),
             TargetEvent::Closed {
                 peer,
                 qid,

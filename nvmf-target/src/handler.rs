@@ -116,7 +116,15 @@ pub(crate) struct Queue {
     /// ANA change count moves.
     ana: AnaView,
     ana_gen: u64,
+    /// In-band authentication, for a host with DH-HMAC-CHAP keys on the subsystem: until it succeeds only
+    /// Authentication Send and Receive run.
+    pub auth: Option<Box<nvpoll_tcp::dhchap::controller::ControllerAuth>>,
+    /// When the transaction under way must be over (the controller's KATO, or [`AUTH_TIMEOUT`]).
+    pub auth_deadline: Option<std::time::Instant>,
 }
+
+/// How long a DH-HMAC-CHAP transaction may take on a queue whose controller has no keep-alive timeout.
+pub(crate) const AUTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Queue {
     pub fn new(
@@ -131,6 +139,16 @@ impl Queue {
         let (table, ns_gen) = subsys.ns_table();
         let ns = queue_refs(&table);
         let (ana, ana_gen) = subsys.ana_view(ctrl.listener);
+        let auth = subsys.dhchap_policy(&ctrl.hostnqn).map(|p| {
+            Box::new(nvpoll_tcp::dhchap::controller::ControllerAuth::new(
+                &ctrl.hostnqn,
+                &subsys.nqn,
+                p,
+            ))
+        });
+        let auth_deadline = auth
+            .as_ref()
+            .map(|_| std::time::Instant::now() + auth_timeout(&ctrl));
         Queue {
             qid,
             sqsize,
@@ -143,7 +161,15 @@ impl Queue {
             ns_gen,
             ana,
             ana_gen,
+            auth,
+            auth_deadline,
         }
+    }
+
+    /// Whether commands other than authentication may run.
+    #[inline]
+    pub fn authenticated(&self) -> bool {
+        self.auth.as_ref().is_none_or(|a| a.authenticated())
     }
 
     /// The status a command on `ns` gets on this queue's path because of its ANA group's state; `None` when
@@ -206,4 +232,12 @@ pub(crate) struct Ctx<'a> {
     pub xfer_len: u32,
     /// Number of Asynchronous Event Requests held on this queue.
     pub held_aers: usize,
+}
+
+/// The time a DH-HMAC-CHAP transaction may take: the controller's keep-alive timeout, else [`AUTH_TIMEOUT`].
+pub(crate) fn auth_timeout(ctrl: &Controller) -> std::time::Duration {
+    match ctrl.kato_ms() {
+        0 => AUTH_TIMEOUT,
+        ms => std::time::Duration::from_millis(u64::from(ms)),
+    }
 }

@@ -79,6 +79,7 @@ pub use options::{ListenerConfig, TargetConfig, TargetTls, TlsMode};
 pub use server::{NamespaceInfo, SubsystemInfo, Target, TargetHandle};
 pub use shared::TargetCounters;
 pub use subsystem::{
-    AnaSetting, Backing, CntlidRange, HostAccess, HostKey, NamespaceConfig, SubsystemConfig,
-    SubsystemLimits, ANA_GROUP_MAX, DISCOVERY_NQN, MAX_CNTLID, MAX_NAMESPACES, MAX_NQN_LEN,
+    AnaSetting, Backing, CntlidRange, DhchapKey, DhchapPolicy, HostAccess, HostKey,
+    NamespaceConfig, SubsystemConfig, SubsystemLimits, ANA_GROUP_MAX, DISCOVERY_NQN, MAX_CNTLID,
+    MAX_NAMESPACES, MAX_NQN_LEN,
 };

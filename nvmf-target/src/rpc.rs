@@ -21,6 +21,9 @@
 //! | `subsystem_set_max_io_queues` | `{nqn, max_io_queues}` (1 to 1024; live controllers are torn down and their hosts reconnect with it) | `{controllers_torn_down}` |
 //! | `key_set` | `{nqn, host, psk_file}` | `true` |
 //! | `key_remove` | `{nqn, host}` | `true` |
+//! | `dhchap_key_set` | `{nqn, host, key, ctrl_key?}`: the host's DH-HMAC-CHAP secret (`DHHC-1:...`) and optionally the controller's; the host's next authentication uses them | `true` |
+//! | `dhchap_key_remove` | `{nqn, host}` | `true` |
+//! | `subsystem_set_dhchap` | `{nqn, hashes?, dhgroups?}`: the hashes (`sha256` ...) and DH groups (`null`, `ffdhe2048` ...) allowed; absent or empty: all | `true` |
 //! | `ana_state_set` | `{nqn, listener, group?, state}`: the state (`optimized`, `non-optimized`, `inaccessible`, `persistent-loss`, `change`) of ANA group `group` (default 1) for hosts on `listener`; they get an ANA change event | `{before, state}` |
 //! | `stats_get` | | the [`crate::TargetCounters`] fields |
 //! | `rpc_get_methods` | | the method names |
@@ -98,6 +101,9 @@ pub const METHODS: &[&str] = &[
     "subsystem_set_max_io_queues",
     "key_set",
     "key_remove",
+    "dhchap_key_set",
+    "dhchap_key_remove",
+    "subsystem_set_dhchap",
     "ana_state_set",
     "stats_get",
     "rpc_get_methods",
@@ -510,6 +516,25 @@ struct KeyParams {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct DhchapKeyParams {
+    nqn: String,
+    host: String,
+    key: String,
+    ctrl_key: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DhchapPolicyParams {
+    nqn: String,
+    #[serde(default)]
+    hashes: Vec<String>,
+    #[serde(default)]
+    dhgroups: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct AllowAnyParams {
     nqn: String,
     allow: bool,
@@ -792,6 +817,65 @@ impl Shared {
                 h.remove_host_key(&p.nqn, &p.host)
                     .map_err(RpcError::refused)?;
                 self.changed(format!("key_remove {} host {}", p.nqn, p.host));
+                Ok(Value::Bool(true))
+            }
+            "dhchap_key_set" => {
+                let p: DhchapKeyParams = params(&p)?;
+                check_host(&p.host)?;
+                let secret = |field: &str, v: &str| {
+                    nvpoll_tcp::dhchap::Secret::parse(v)
+                        .map_err(|e| RpcError::params(format!("{field}: {e}")))
+                };
+                let key = crate::DhchapKey {
+                    hostnqn: p.host.clone(),
+                    key: secret("key", &p.key)?,
+                    ctrl_key: p
+                        .ctrl_key
+                        .as_deref()
+                        .map(|c| secret("ctrl_key", c))
+                        .transpose()?,
+                };
+                h.set_dhchap_key(&p.nqn, key).map_err(RpcError::refused)?;
+                self.changed(format!(
+                    "dhchap_key_set {} host {}{}",
+                    p.nqn,
+                    p.host,
+                    if p.ctrl_key.is_some() {
+                        " (with a controller key)"
+                    } else {
+                        ""
+                    }
+                ));
+                Ok(Value::Bool(true))
+            }
+            "dhchap_key_remove" => {
+                let p: HostNameParams = params(&p)?;
+                h.remove_dhchap_key(&p.nqn, &p.host)
+                    .map_err(RpcError::refused)?;
+                self.changed(format!("dhchap_key_remove {} host {}", p.nqn, p.host));
+                Ok(Value::Bool(true))
+            }
+            "subsystem_set_dhchap" => {
+                let p: DhchapPolicyParams = params(&p)?;
+                let mut policy = crate::DhchapPolicy::default();
+                for n in &p.hashes {
+                    policy.hashes.push(
+                        nvpoll_tcp::dhchap::Hash::from_name(n)
+                            .map_err(|e| RpcError::params(format!("hashes: {e}")))?,
+                    );
+                }
+                for n in &p.dhgroups {
+                    policy.groups.push(
+                        nvpoll_tcp::dhchap::DhGroup::from_name(n)
+                            .map_err(|e| RpcError::params(format!("dhgroups: {e}")))?,
+                    );
+                }
+                h.set_dhchap_policy(&p.nqn, policy)
+                    .map_err(RpcError::refused)?;
+                self.changed(format!(
+                    "subsystem_set_dhchap {} hashes {:?} dhgroups {:?}",
+                    p.nqn, p.hashes, p.dhgroups
+                ));
                 Ok(Value::Bool(true))
             }
             "ana_state_set" => {

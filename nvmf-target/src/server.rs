@@ -526,6 +526,32 @@ impl TargetHandle {
     }
 }
 
+impl TargetHandle {
+    /// Sets (or replaces) a host's DH-HMAC-CHAP keys on subsystem `nqn`: its next authentication (a new
+    /// queue, or a re-authentication of a live one) uses them; live queues stay authenticated.
+    pub fn set_dhchap_key(&self, nqn: &str, key: crate::DhchapKey) -> Result<(), Error> {
+        self.nvm_subsystem(nqn)?.set_dhchap_key(key)
+    }
+
+    /// Removes a host's DH-HMAC-CHAP keys on subsystem `nqn`: its new queues no longer authenticate.
+    pub fn remove_dhchap_key(&self, nqn: &str, hostnqn: &str) -> Result<(), Error> {
+        if self.nvm_subsystem(nqn)?.remove_dhchap_key(hostnqn) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "host {hostnqn} has no DH-HMAC-CHAP key for {nqn}"
+            )))
+        }
+    }
+
+    /// Sets the DH-HMAC-CHAP hashes and groups subsystem `nqn` allows (empty lists: all), for the next
+    /// transactions.
+    pub fn set_dhchap_policy(&self, nqn: &str, policy: crate::DhchapPolicy) -> Result<(), Error> {
+        self.nvm_subsystem(nqn)?.set_dhchap_allowed(policy);
+        Ok(())
+    }
+}
+
 fn no_subsystem(nqn: &str) -> Error {
     Error::InvalidArgument(format!("no subsystem {nqn}"))
 }

@@ -33,6 +33,7 @@ use crate::shared::SessionStats;
 use crate::shared::{Listener, TargetShared};
 use crate::store::{FlushStatus, FlushTicket};
 use nvpoll_tcp::conn::{Conn, DIRECT_SEND_MIN};
+use nvpoll_tcp::dhchap::{self, controller::Computed};
 use nvpoll_tcp::pdu::{self, Decoded, Digests, Fes, Pdu, PduError};
 use nvpoll_tcp::Error;
 
@@ -71,6 +72,10 @@ enum SlotState {
     Flushing {
         tickets: Vec<(NsRef, FlushTicket)>,
         status: Status,
+    },
+    /// An Authentication Send or Receive whose Diffie-Hellman work runs on a thread of its own.
+    Authenticating {
+        job: std::sync::mpsc::Receiver<Computed>,
     },
 }
 
@@ -163,6 +168,8 @@ pub(crate) struct Session {
     slots: Vec<Slot>,
     busy_slots: usize,
     flushing: usize,
+    /// Slots in [`SlotState::Authenticating`].
+    auth_jobs: usize,
     connect_deadline: Instant,
     closing: Option<(String, Instant)>,
     stats: SessionStats,
@@ -227,6 +234,7 @@ impl Session {
             slots: Vec::new(),
             busy_slots: 0,
             flushing: 0,
+            auth_jobs: 0,
             connect_deadline,
             closing: None,
             stats: SessionStats::default(),
@@ -297,6 +305,11 @@ impl Session {
             _ => {}
         }
         let mut busy = self.poll_flushes();
+        if self.auth_jobs > 0 {
+            // Polled every time (no wake-up comes from the job's thread): stay busy until it is done.
+            self.poll_auth_jobs();
+            busy = true;
+        }
         if self.conn.tx_pending() > TX_HIGH_WATER {
             // The host is not reading its responses: take no more commands until it does.
             if busy {
@@ -428,6 +441,16 @@ impl Session {
         };
         if q.subsys.is_removed() {
             return Some(format!("subsystem {} was removed", q.subsys.nqn));
+        }
+        if let (Some(a), Some(deadline)) = (&q.auth, q.auth_deadline) {
+            if (a.in_progress() || !a.authenticated()) && Instant::now() >= deadline {
+                let why = format!(
+                    "DH-HMAC-CHAP: the host did not finish authenticating within {:?} ({a:?})",
+                    crate::handler::auth_timeout(&q.ctrl)
+                );
+                self.emit_auth_failed(&why);
+                return Some(why);
+            }
         }
         if q.qid == 0 {
             // Torn down from outside (a new I/O queue count): the host reconnects.
@@ -675,11 +698,26 @@ impl Session {
             return self.complete(sqe.cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0);
         }
 
+        // A queue whose host must authenticate runs nothing else until it has.
+        let auth_cmd = matches!(fctype, Some(fabrics::AUTH_SEND | fabrics::AUTH_RECV));
+        if !auth_cmd && self.queue.as_ref().is_some_and(|q| !q.authenticated()) {
+            self.emit_auth_failed(&format!(
+                "opcode {:#04x}{} before authentication: refused with Authentication Required",
+                sqe.opcode,
+                fctype.map_or(String::new(), |t| format!(" (fctype {t:#04x})"))
+            ));
+            return self.complete(sqe.cid, Status::AUTHENTICATION_REQUIRED, 0, 0);
+        }
+
         // Host-to-controller data that is not in the capsule: ask for it first, for the commands that take it
         // (the others complete without it, with an error or without needing it).
         let io_queue = self.queue.as_ref().is_some_and(|q| q.qid != 0);
         let io_data = io_queue && (sqe.opcode == io_op::WRITE || io::takes_data(sqe.opcode));
-        if dir == 1 && transport && xfer_len > 0 && (io_data || fctype == Some(fabrics::CONNECT)) {
+        if dir == 1
+            && transport
+            && xfer_len > 0
+            && (io_data || matches!(fctype, Some(fabrics::CONNECT | fabrics::AUTH_SEND)))
+        {
             return self.solicit(sqe, xfer_len);
         }
         if self.phase == Phase::Connect {
@@ -692,6 +730,10 @@ impl Session {
                 self.tls_identity(),
             );
             return self.finish_connect(sqe.cid, outcome);
+        }
+        if auth_cmd {
+            let data = self.conn.rx_data()[data].to_vec();
+            return self.on_auth(sqe, &data);
         }
         let queue = self
             .queue
@@ -891,6 +933,9 @@ impl Session {
                     );
                     return self.finish_connect(sqe.cid, outcome);
                 }
+                if sqe.opcode == fabrics::FABRICS && sqe.nsid as u8 == fabrics::AUTH_SEND {
+                    return self.on_auth(sqe, &buf);
+                }
                 let reply = self.run_handler(&sqe, Data::Gathered(&buf), buf.len() as u32);
                 self.reply(sqe, reply)
             }
@@ -921,7 +966,13 @@ impl Session {
                 let limits = &self.target.limits;
                 let max_data = limits.maxh2cdata.max(limits.incapsule_data);
                 self.conn.reserve_rx(max_data as usize + 4096);
-                self.complete(cid, Status::SUCCESS, u32::from(cntlid), 0)
+                // AUTHREQ (dword 0 bits 31:16): bit 1, an authentication transaction is required.
+                let authreq = if self.queue.as_ref().is_some_and(|q| q.auth.is_some()) {
+                    1u32 << 17
+                } else {
+                    0
+                };
+                self.complete(cid, Status::SUCCESS, u32::from(cntlid) | authreq, 0)
             }
             Err(r) => {
                 self.target
@@ -1163,6 +1214,7 @@ impl Session {
             .collect();
         self.busy_slots = 0;
         self.flushing = 0;
+        self.auth_jobs = 0;
         for cid in cids {
             let _ = self.complete(cid, Status::ABORTED_SQ_DELETION, 0, 0);
         }
@@ -1209,6 +1261,236 @@ impl Session {
                 Ok((self.slots.len() - 1) as u16)
             }
         }
+    }
+
+    /// Authentication Send (with its data) or Receive.
+    fn on_auth(&mut self, sqe: Sqe, data: &[u8]) -> Result<(), Fatal> {
+        let cmd = fabrics::FabricsCommand::from_sqe(&sqe);
+        let (secp, spsp0, spsp1, len, send) = match cmd {
+            Some(fabrics::FabricsCommand::AuthSend {
+                secp,
+                spsp0,
+                spsp1,
+                tl,
+            }) => (secp, spsp0, spsp1, tl, true),
+            Some(fabrics::FabricsCommand::AuthReceive {
+                secp,
+                spsp0,
+                spsp1,
+                al,
+            }) => (secp, spsp0, spsp1, al, false),
+            _ => return self.complete(sqe.cid, Status::INVALID_FIELD.with_dnr(), 0, 0),
+        };
+        let sgl_len = sqe.sgl().length;
+        if secp != dhchap::SECP
+            || spsp0 != dhchap::SPSP
+            || spsp1 != dhchap::SPSP
+            || len != sgl_len
+            || (send && data.len() as u32 != len)
+            || len == 0
+        {
+            return self.complete(sqe.cid, Status::INVALID_FIELD.with_dnr(), 0, 0);
+        }
+        if self.auth_jobs > 0 {
+            // One authentication command at a time: the previous one is still being computed.
+            return self.complete(sqe.cid, Status::COMMAND_SEQUENCE_ERROR, 0, 0);
+        }
+        let q = self
+            .queue
+            .as_mut()
+            .expect("a connected session has a queue");
+        let starts = send && data.len() >= 2 && data[0] == 0 && data[1] == 0;
+        if starts && !q.auth.as_ref().is_some_and(|a| a.in_progress()) {
+            // AUTH_Negotiate: a new transaction (first, or a re-authentication) with the keys as they are now.
+            let Some(policy) = q.subsys.dhchap_policy(&q.ctrl.hostnqn) else {
+                let why =
+                    "Authentication Send from a host with no DH-HMAC-CHAP key on this subsystem"
+                        .to_string();
+                self.emit_auth_failed(&why);
+                return self.complete(sqe.cid, Status::INVALID_FIELD.with_dnr(), 0, 0);
+            };
+            match &mut q.auth {
+                Some(a) => a.restart(policy),
+                None => {
+                    q.auth = Some(Box::new(dhchap::controller::ControllerAuth::new(
+                        &q.ctrl.hostnqn,
+                        &q.subsys.nqn,
+                        policy,
+                    )))
+                }
+            }
+            q.auth_deadline = Some(Instant::now() + crate::handler::auth_timeout(&q.ctrl));
+        }
+        let Some(auth) = q.auth.as_mut() else {
+            let why = "Authentication Receive before any AUTH_Negotiate".to_string();
+            self.emit_auth_failed(&why);
+            return self.complete(sqe.cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0);
+        };
+        if send {
+            match auth.on_send(data) {
+                dhchap::controller::SendOutcome::Complete => {
+                    self.complete(sqe.cid, Status::SUCCESS, 0, 0)?;
+                    self.after_auth();
+                    Ok(())
+                }
+                dhchap::controller::SendOutcome::Invalid => {
+                    self.complete(sqe.cid, Status::INVALID_FIELD.with_dnr(), 0, 0)
+                }
+                dhchap::controller::SendOutcome::Compute(job) => self.run_auth_job(sqe, job),
+            }
+        } else {
+            match auth.on_receive() {
+                dhchap::controller::ReceiveOutcome::Message(m) => self.auth_message(sqe, m),
+                dhchap::controller::ReceiveOutcome::Compute(job) => self.run_auth_job(sqe, job),
+            }
+        }
+    }
+
+    /// Runs an authentication job: at once when it is cheap (no Diffie-Hellman group), else on a thread of
+    /// its own while the command waits in a slot, so that the reactor goes on serving its other queues.
+    fn run_auth_job(&mut self, sqe: Sqe, job: dhchap::controller::Job) -> Result<(), Fatal> {
+        let heavy = self
+            .queue
+            .as_ref()
+            .and_then(|q| q.auth.as_ref())
+            .is_some_and(|a| a.uses_dh());
+        if !heavy {
+            let c = job();
+            return self.resume_auth(sqe, c);
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let spawned = std::thread::Builder::new()
+            .name("nvpoll-dhchap".into())
+            .spawn(move || {
+                // The session may be gone (closed) by the time the job ends: nothing to tell then.
+                let _ = tx.send(job());
+            });
+        if spawned.is_err() {
+            self.target
+                .stats
+                .internal_errors
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return self.complete(sqe.cid, Status::INTERNAL_ERROR, 0, 0);
+        }
+        self.take_slot(sqe, SlotState::Authenticating { job: rx })?;
+        self.auth_jobs += 1;
+        Ok(())
+    }
+
+    /// Completes the authentication commands whose jobs finished.
+    fn poll_auth_jobs(&mut self) {
+        let mut done = Vec::new();
+        for (i, slot) in self.slots.iter().enumerate() {
+            if let SlotState::Authenticating { job } = &slot.state {
+                match job.try_recv() {
+                    Ok(c) => done.push((i, Some(c))),
+                    Err(std::sync::mpsc::TryRecvError::Empty) => {}
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => done.push((i, None)),
+                }
+            }
+        }
+        for (i, c) in done {
+            let sqe = self.slots[i].sqe;
+            self.slots[i].state = SlotState::Free;
+            self.busy_slots -= 1;
+            self.auth_jobs -= 1;
+            let r = match c {
+                Some(c) => self.resume_auth(sqe, c),
+                None => {
+                    self.target
+                        .stats
+                        .internal_errors
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.complete(sqe.cid, Status::INTERNAL_ERROR, 0, 0)
+                }
+            };
+            if let Err(f) = r {
+                self.close(f.term, f.why);
+                return;
+            }
+        }
+    }
+
+    fn resume_auth(&mut self, sqe: Sqe, c: dhchap::controller::Computed) -> Result<(), Fatal> {
+        let q = self
+            .queue
+            .as_mut()
+            .expect("a connected session has a queue");
+        let Some(auth) = q.auth.as_mut() else {
+            return self.complete(sqe.cid, Status::INTERNAL_ERROR, 0, 0);
+        };
+        match auth.resume(c) {
+            dhchap::controller::Resumed::SendComplete => {
+                self.complete(sqe.cid, Status::SUCCESS, 0, 0)
+            }
+            dhchap::controller::Resumed::Message(m) => self.auth_message(sqe, m),
+        }
+    }
+
+    /// Returns an authentication message to an Authentication Receive; after a success or a failure, says so
+    /// in the log, and after a failure ends the queue.
+    fn auth_message(&mut self, sqe: Sqe, m: Vec<u8>) -> Result<(), Fatal> {
+        self.reply(sqe, Reply::Data(m))?;
+        self.after_auth();
+        Ok(())
+    }
+
+    /// After an authentication command: a failed transaction (the host was told) ends the queue; a finished
+    /// one is logged.
+    fn after_auth(&mut self) {
+        let Some(auth) = self.queue.as_ref().and_then(|q| q.auth.as_ref()) else {
+            return;
+        };
+        if let Some(why) = auth.failed() {
+            let why = format!("DH-HMAC-CHAP: {why}");
+            self.emit_auth_failed(&why);
+            self.close(None, why);
+        } else if auth.authenticated() && !auth.in_progress() {
+            self.note_authenticated();
+        }
+    }
+
+    /// Logs a finished authentication once.
+    fn note_authenticated(&mut self) {
+        let Some(q) = self.queue.as_mut() else { return };
+        if q.auth_deadline.take().is_none() {
+            return;
+        }
+        let Some((hash, group, bidi)) = q.auth.as_ref().and_then(|a| a.outcome()) else {
+            return;
+        };
+        let how = format!(
+            "{hash}, {group}, {}",
+            if bidi { "bidirectional" } else { "host only" }
+        );
+        self.target
+            .stats
+            .authentications
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.target.emit(&TargetEvent::Authenticated {
+            peer: self.peer,
+            subnqn: &q.subsys.nqn,
+            hostnqn: &q.ctrl.hostnqn,
+            cntlid: q.ctrl.cntlid,
+            qid: q.qid,
+            how: &how,
+        });
+    }
+
+    fn emit_auth_failed(&self, why: &str) {
+        let Some(q) = &self.queue else { return };
+        self.target
+            .stats
+            .auth_failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.target.emit(&TargetEvent::AuthenticationFailed {
+            peer: self.peer,
+            subnqn: &q.subsys.nqn,
+            hostnqn: &q.ctrl.hostnqn,
+            cntlid: q.ctrl.cntlid,
+            qid: q.qid,
+            reason: why,
+        });
     }
 
     /// Completes the commands whose flushes finished. Returns whether one did.

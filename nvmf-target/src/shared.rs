@@ -132,6 +132,10 @@ counters! {
         dropped,
         /// Connections closed because the target hit a bug (a panic, caught so that the reactor goes on).
         internal_errors,
+        /// Queues whose host authenticated with DH-HMAC-CHAP (re-authentications included).
+        authentications,
+        /// DH-HMAC-CHAP refusals: wrong keys, broken or late transactions, commands before authentication.
+        auth_failures,
     }
 }
 
@@ -142,7 +146,7 @@ impl fmt::Display for TargetCounters {
             f,
             "connections {} accepted, {} closed, {} dropped; commands {} ({} errors); reads {} ({:.1} MiB); \
              writes {} ({:.1} MiB); R2T {}; C2HTermReq {}; connects refused {}; keep-alive expiries {}; \
-             internal errors {}; AERs retired {}",
+             internal errors {}; AERs retired {}; authenticated {}, authentication failures {}",
             self.accepted,
             self.closed,
             self.dropped,
@@ -157,7 +161,9 @@ impl fmt::Display for TargetCounters {
             self.connects_rejected,
             self.keep_alive_expired,
             self.internal_errors,
-            self.aers_retired
+            self.aers_retired,
+            self.authentications,
+            self.auth_failures
         )
     }
 }

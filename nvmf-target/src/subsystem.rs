@@ -134,6 +134,42 @@ impl std::fmt::Debug for HostKey {
     }
 }
 
+/// A host's DH-HMAC-CHAP keys for one subsystem (nvmet's `dhchap_key` and `dhchap_ctrl_key`, SPDK's
+/// `--dhchap-key` and `--dhchap-ctrlr-key`). With one, every queue of that host must authenticate.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DhchapKey {
+    /// The host it belongs to.
+    pub hostnqn: String,
+    /// The host's secret: the host proves it.
+    pub key: nvpoll_tcp::dhchap::Secret,
+    /// The controller's secret, which the controller proves to a host that asks (bidirectional).
+    pub ctrl_key: Option<nvpoll_tcp::dhchap::Secret>,
+}
+
+impl std::fmt::Debug for DhchapKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DhchapKey({}, <redacted>{})",
+            self.hostnqn,
+            if self.ctrl_key.is_some() {
+                ", controller key <redacted>"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// The DH-HMAC-CHAP hashes and groups a subsystem allows (empty: all), strongest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DhchapPolicy {
+    /// Hash functions.
+    pub hashes: Vec<nvpoll_tcp::dhchap::Hash>,
+    /// DH groups.
+    pub groups: Vec<nvpoll_tcp::dhchap::DhGroup>,
+}
+
 /// Limits of one subsystem's controllers; `None` takes the target's default ([`crate::TargetConfig`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SubsystemLimits {
@@ -219,6 +255,10 @@ pub struct SubsystemConfig {
     pub hosts: HostAccess,
     /// TLS PSKs of hosts, for this subsystem (a host may present the v0 or v1 identity derived from its key).
     pub host_keys: Vec<HostKey>,
+    /// DH-HMAC-CHAP keys of hosts: those hosts must authenticate in band.
+    pub dhchap_keys: Vec<DhchapKey>,
+    /// The DH-HMAC-CHAP hashes and groups allowed.
+    pub dhchap: DhchapPolicy,
     /// Limits of its controllers.
     pub limits: SubsystemLimits,
     /// The listeners (by address) it is reachable on; `None`: every listener of the target.
@@ -241,6 +281,8 @@ impl SubsystemConfig {
             namespaces: Vec::new(),
             hosts: HostAccess::AnyHost,
             host_keys: Vec::new(),
+            dhchap_keys: Vec::new(),
+            dhchap: DhchapPolicy::default(),
             limits: SubsystemLimits::default(),
             listeners: None,
             ana: Vec::new(),
@@ -457,6 +499,8 @@ pub(crate) struct Subsystem {
     ns_gen: AtomicU64,
     hosts: RwLock<HostAccess>,
     keys: RwLock<Vec<HostKey>>,
+    dhchap_keys: RwLock<Vec<DhchapKey>>,
+    dhchap: RwLock<DhchapPolicy>,
     /// Removed from the target: no Connect finds it, and its controllers are torn down.
     removed: AtomicBool,
     controllers: Mutex<Controllers>,
@@ -546,6 +590,9 @@ impl Subsystem {
         for k in &cfg.host_keys {
             check_nqn(&k.hostnqn)?;
         }
+        for k in &cfg.dhchap_keys {
+            check_nqn(&k.hostnqn)?;
+        }
         let mut s = Subsystem::new(
             Kind::Nvm,
             cfg.nqn.clone(),
@@ -563,6 +610,8 @@ impl Subsystem {
         }
         *s.hosts.get_mut().unwrap_or_else(|e| e.into_inner()) = cfg.hosts.clone();
         *s.keys.get_mut().unwrap_or_else(|e| e.into_inner()) = cfg.host_keys.clone();
+        *s.dhchap_keys.get_mut().unwrap_or_else(|e| e.into_inner()) = cfg.dhchap_keys.clone();
+        *s.dhchap.get_mut().unwrap_or_else(|e| e.into_inner()) = cfg.dhchap.clone();
         for ns in &cfg.namespaces {
             s.add_namespace(ns)?;
         }
@@ -596,6 +645,8 @@ impl Subsystem {
             ns_gen: AtomicU64::new(0),
             hosts: RwLock::new(HostAccess::AnyHost),
             keys: RwLock::new(Vec::new()),
+            dhchap_keys: RwLock::new(Vec::new()),
+            dhchap: RwLock::new(DhchapPolicy::default()),
             removed: AtomicBool::new(false),
             controllers,
             cntlids: CntlidRange::default(),
@@ -878,6 +929,43 @@ impl Subsystem {
         let before = keys.len();
         keys.retain(|k| k.hostnqn != hostnqn);
         keys.len() != before
+    }
+
+    /// What `hostnqn` must prove in band, if it has DH-HMAC-CHAP keys here (read at each transaction, so a
+    /// new key applies to the next authentication).
+    pub fn dhchap_policy(&self, hostnqn: &str) -> Option<nvpoll_tcp::dhchap::controller::Policy> {
+        let keys = self.dhchap_keys.read().unwrap_or_else(|e| e.into_inner());
+        let k = keys.iter().find(|k| k.hostnqn == hostnqn)?;
+        let p = self.dhchap.read().unwrap_or_else(|e| e.into_inner());
+        Some(nvpoll_tcp::dhchap::controller::Policy {
+            secret: k.key.clone(),
+            ctrl_secret: k.ctrl_key.clone(),
+            hashes: p.hashes.clone(),
+            groups: p.groups.clone(),
+        })
+    }
+
+    /// Sets (or replaces) a host's DH-HMAC-CHAP keys; live queues keep their authentication, and the host's
+    /// next transaction (a re-authentication or a new queue) uses the new keys.
+    pub fn set_dhchap_key(&self, key: DhchapKey) -> Result<(), Error> {
+        check_nqn(&key.hostnqn)?;
+        let mut keys = self.dhchap_keys.write().unwrap_or_else(|e| e.into_inner());
+        keys.retain(|k| k.hostnqn != key.hostnqn);
+        keys.push(key);
+        Ok(())
+    }
+
+    /// Removes a host's DH-HMAC-CHAP keys (its new queues no longer authenticate); `false` if it had none.
+    pub fn remove_dhchap_key(&self, hostnqn: &str) -> bool {
+        let mut keys = self.dhchap_keys.write().unwrap_or_else(|e| e.into_inner());
+        let before = keys.len();
+        keys.retain(|k| k.hostnqn != hostnqn);
+        keys.len() != before
+    }
+
+    /// Sets the hashes and groups allowed (for the next transactions).
+    pub fn set_dhchap_allowed(&self, p: DhchapPolicy) {
+        *self.dhchap.write().unwrap_or_else(|e| e.into_inner()) = p;
     }
 
     /// Whether hosts may reach it on the listener at `addr`.

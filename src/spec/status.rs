@@ -105,6 +105,8 @@ impl Status {
     pub const CONNECT_RESTART_DISCOVERY: Status = Status::new(sct::COMMAND_SPECIFIC, 0x83);
     /// Connect: Invalid Host (the host NQN may not use this subsystem).
     pub const CONNECT_INVALID_HOST: Status = Status::new(sct::COMMAND_SPECIFIC, 0x84);
+    /// Authentication Required (Fabrics): the queue's host has not authenticated yet.
+    pub const AUTHENTICATION_REQUIRED: Status = Status::new(sct::COMMAND_SPECIFIC, 0x91);
     /// Write Fault.
     pub const WRITE_FAULT: Status = Status::new(sct::MEDIA, 0x80);
     /// Unrecovered Read Error.

@@ -48,6 +48,9 @@ pub enum Error {
     /// The TLS handshake or a record failed (wrong PSK, unknown identity, bad record MAC, ...).
     #[error("TLS: {0}")]
     Tls(#[from] crate::tls::TlsError),
+    /// In-band authentication (DH-HMAC-CHAP) failed or was required without a key.
+    #[error("DH-HMAC-CHAP: {0}")]
+    Auth(String),
     /// Something did not happen in time.
     #[error("timed out waiting for {0}")]
     Timeout(&'static str),
@@ -86,6 +89,7 @@ impl nvpoll::TransportError for Error {
             Error::Timeout(_) => ErrorClass::Timeout,
             Error::InvalidArgument(s) => ErrorClass::InvalidArgument(s.clone()),
             Error::QueueFull => ErrorClass::QueueFull,
+            Error::Auth(_) => ErrorClass::Other,
         }
     }
 }

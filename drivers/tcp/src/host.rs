@@ -76,6 +76,10 @@ pub struct ConnectOptions {
     /// The TCP congestion control of every queue's connection (`setsockopt(TCP_CONGESTION)`, e.g. `cubic`);
     /// `None`: the system's. The host sends the data of writes, so this paces them.
     pub tcp_congestion: Option<String>,
+    /// In-band authentication (DH-HMAC-CHAP) of every queue, admin and I/O, when the controller asks for it
+    /// in Connect's response; see [`ConnectOptions::with_dhchap`]. Without it, a controller that requires
+    /// authentication is refused with [`Error::Auth`].
+    pub dhchap: Option<crate::dhchap::host::HostAuth>,
 }
 
 /// What happens to outstanding commands when their connection is lost.
@@ -150,7 +154,23 @@ impl ConnectOptions {
             recovery: Recovery::Retry,
             ana_refresh: Duration::from_secs(1),
             tcp_congestion: None,
+            dhchap: None,
         }
+    }
+
+    /// Authenticates with DH-HMAC-CHAP: the host's secret and, to authenticate the controller too, the
+    /// controller's, both in the `DHHC-1:hh:<base64>:` form (nvme-cli's `--dhchap-secret` and
+    /// `--dhchap-ctrl-secret`). Every hash and DH group is offered.
+    pub fn with_dhchap(mut self, secret: &str, ctrl_secret: Option<&str>) -> Result<Self, Error> {
+        use crate::dhchap::Secret;
+        let secret =
+            Secret::parse(secret).map_err(|e| Error::InvalidArgument(format!("host key: {e}")))?;
+        let ctrl = ctrl_secret
+            .map(Secret::parse)
+            .transpose()
+            .map_err(|e| Error::InvalidArgument(format!("controller key: {e}")))?;
+        self.dhchap = Some(crate::dhchap::host::HostAuth::new(secret, ctrl));
+        Ok(self)
     }
 
     /// Turns on TLS from command-line style arguments: `key` in the interchange format, and either an identity
@@ -280,7 +300,117 @@ fn fabrics_connect(
         opts.timeout,
     )?;
     HostQueue::check(crate::error::FABRICS_CONNECT, &cqe)?;
+    let authreq = (cqe.dw0 >> 16) as u16;
+    if authreq & (AUTHREQ_ATR | AUTHREQ_ASCR) != 0 {
+        authenticate(q, opts, pool, authreq)?;
+    }
     Ok((cqe.dw0 & 0xffff) as u16)
+}
+
+/// Connect's AUTHREQ: authentication transaction required.
+const AUTHREQ_ATR: u16 = 1 << 1;
+/// Connect's AUTHREQ: secure channel concatenation required.
+const AUTHREQ_ASCR: u16 = 1 << 2;
+
+/// Authentication Send and Receive on a queue, for the DH-HMAC-CHAP exchange.
+struct AuthCommands<'a> {
+    q: &'a mut HostQueue,
+    pool: &'a DmaPool,
+    timeout: Duration,
+}
+
+impl crate::dhchap::host::Transport for AuthCommands<'_> {
+    type Error = Error;
+
+    fn send(&mut self, msg: &[u8]) -> Result<(), Error> {
+        let mut buf = self
+            .pool
+            .alloc(msg.len())
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        buf.as_mut_slice()[..msg.len()].copy_from_slice(msg);
+        let sqe = spec::fabrics::FabricsCommand::AuthSend {
+            secp: crate::dhchap::SECP,
+            spsp0: crate::dhchap::SPSP,
+            spsp1: crate::dhchap::SPSP,
+            tl: msg.len() as u32,
+        }
+        .to_sqe();
+        let (cqe, _) = self.q.run(
+            sqe,
+            DataDir::ToController,
+            Some(buf),
+            msg.len() as u32,
+            self.timeout,
+        )?;
+        HostQueue::check("Authentication Send", &cqe)
+    }
+
+    fn receive(&mut self) -> Result<Vec<u8>, Error> {
+        let len = crate::dhchap::MAX_MESSAGE;
+        let buf = self
+            .pool
+            .alloc(len)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let sqe = spec::fabrics::FabricsCommand::AuthReceive {
+            secp: crate::dhchap::SECP,
+            spsp0: crate::dhchap::SPSP,
+            spsp1: crate::dhchap::SPSP,
+            al: len as u32,
+        }
+        .to_sqe();
+        let (cqe, buf) = self.q.run(
+            sqe,
+            DataDir::FromController,
+            Some(buf),
+            len as u32,
+            self.timeout,
+        )?;
+        HostQueue::check("Authentication Receive", &cqe)?;
+        let buf =
+            buf.ok_or_else(|| Error::Protocol("Authentication Receive returned no buffer".into()))?;
+        Ok(buf.as_slice()[..len].to_vec())
+    }
+}
+
+/// Runs DH-HMAC-CHAP on a queue whose Connect asked for it.
+fn authenticate(
+    q: &mut HostQueue,
+    opts: &ConnectOptions,
+    pool: &DmaPool,
+    authreq: u16,
+) -> Result<(), Error> {
+    let qid = q.qid();
+    if authreq & AUTHREQ_ASCR != 0 {
+        return Err(Error::Auth(format!(
+            "queue {qid}: the controller requires secure channel concatenation, which this host does not offer"
+        )));
+    }
+    let Some(auth) = &opts.dhchap else {
+        return Err(Error::Auth(format!(
+            "queue {qid}: the controller requires authentication and no DH-HMAC-CHAP key was given (--dhchap-secret)"
+        )));
+    };
+    let mut t = AuthCommands {
+        q,
+        pool,
+        timeout: opts.timeout,
+    };
+    let outcome = crate::dhchap::host::authenticate(auth, &opts.hostnqn, &opts.subnqn, qid, &mut t)
+        .map_err(|e| match e {
+            crate::dhchap::host::HostAuthError::Transport(e) => e,
+            e => Error::Auth(format!("queue {qid}: {e}")),
+        })?;
+    log::debug!(
+        "queue {qid}: authenticated with DH-HMAC-CHAP ({}, {}{})",
+        outcome.hash,
+        outcome.group,
+        if outcome.bidirectional {
+            ", the controller too"
+        } else {
+            ""
+        }
+    );
+    Ok(())
 }
 
 /// A step that waits on the network (a reconnect), run on a thread of its own; a poller takes its result
@@ -921,6 +1051,23 @@ impl nvpoll::api::Controller for TcpController {
 }
 
 impl TcpController {
+    /// Authenticates the admin queue again with DH-HMAC-CHAP while the controller stays live (as nvme-cli
+    /// does when a new secret is written to sysfs), with new keys if `dhchap` gives them; I/O queues
+    /// connected later (and reconnects) use them too. The controller must have asked for authentication,
+    /// or at least accept it for this host.
+    pub fn reauthenticate(
+        &mut self,
+        dhchap: Option<crate::dhchap::host::HostAuth>,
+    ) -> Result<(), Error> {
+        if let Some(a) = dhchap {
+            self.opts.dhchap = Some(a);
+        }
+        if self.state != CtrlState::Live {
+            return Err(Error::Lost("the controller is reconnecting"));
+        }
+        authenticate(&mut self.att.admin, &self.opts, &self.pool, AUTHREQ_ATR)
+    }
+
     /// Connects one more I/O queue pair of the given depth.
     pub fn connect_io_queue(&mut self, depth: u16) -> Result<TcpQueuePair, Error> {
         if self.next_qid > self.att.io_queues_allowed {

@@ -20,6 +20,8 @@
 //! Big numbers come from `crypto-bigint` (constant time); hashes and HMAC from aws-lc-rs. Secrets are zeroized
 //! when dropped and their `Debug` shows no key material.
 
+pub mod controller;
+pub mod host;
 mod primes;
 
 use std::fmt;
@@ -163,7 +165,7 @@ impl Hash {
     }
 
     /// Its output length in bytes.
-    pub fn len(self) -> usize {
+    pub fn output_len(self) -> usize {
         match self {
             Hash::Sha256 => 32,
             Hash::Sha384 => 48,
@@ -481,7 +483,7 @@ impl Secret {
         }
         if let Some(h) = transform {
             // The transformed key is the hash's length, and the key must not be shorter than it.
-            if key.len() < h.len() {
+            if key.len() < h.output_len() {
                 return Err(AuthError::Secret("the key is shorter than its hash"));
             }
         }
