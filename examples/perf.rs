@@ -131,6 +131,15 @@ struct Args {
     /// The TLS PSK identity version to derive: 0 (NVMe0R0x) or 1 (NVMe1R0x, with the digest).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     psk_identity_version: u8,
+    /// DH-HMAC-CHAP host secret (DHHC-1:hh:...:, as nvme-cli's gen-dhchap-key writes it), or a file holding
+    /// it: every queue authenticates in band when the controller asks. With the embedded target, the target
+    /// requires it of this host.
+    #[arg(long, short = 'S')]
+    dhchap_secret: Option<String>,
+    /// With --dhchap-secret: the controller's secret (or a file holding it), to authenticate the controller
+    /// too (bidirectional).
+    #[arg(long, short = 'C', requires = "dhchap_secret")]
+    dhchap_ctrl_secret: Option<String>,
     /// With the embedded target: run the table without TLS, with TLS, or both (default both). With --trid,
     /// TLS is on exactly when --psk is given.
     #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
@@ -439,13 +448,18 @@ fn run(args: Args) -> Result<(), String> {
             ConnectOptions::from_trid(&trid, args.hostnqn.as_deref()).map_err(|e| e.to_string())?;
         let demo_key = ConfiguredKey::parse(DEMO_KEY).expect("the demo key parses");
         let target_key = key.clone().unwrap_or(demo_key);
+        o = common::with_dhchap(
+            o,
+            args.dhchap_secret.as_deref(),
+            args.dhchap_ctrl_secret.as_deref(),
+        )?;
         let t = embedded_target::start(
             &tcores,
             args.idle,
             args.ram,
             jobs,
             args.tcp_congestion.clone(),
-            &o.hostnqn,
+            &o,
             &target_key,
         )?;
         eprintln!(
@@ -463,10 +477,12 @@ fn run(args: Args) -> Result<(), String> {
             let trid: TransportId = t.parse().map_err(|e| format!("--trid '{t}': {e}"))?;
             match trid {
                 TransportId::Pcie { bdf } => pcie.push(bdf),
-                _ => tcp.push(
+                _ => tcp.push(common::with_dhchap(
                     ConnectOptions::from_trid(&trid, args.hostnqn.as_deref())
                         .map_err(|e| format!("--trid '{t}': {e}"))?,
-                ),
+                    args.dhchap_secret.as_deref(),
+                    args.dhchap_ctrl_secret.as_deref(),
+                )?),
             }
         }
         if !tcp.is_empty() && !pcie.is_empty() {
@@ -678,21 +694,30 @@ mod embedded_target {
         reactors: Option<Reactors>,
     }
 
-    /// Starts the target with TLS optional: `hostnqn` may connect in the clear or with `key`.
+    /// Starts the target with TLS optional: `host`'s NQN may connect in the clear or with `key`, and must
+    /// authenticate with its DH-HMAC-CHAP keys if it has some.
     pub fn start(
         cores: &CoreList,
         idle: IdlePolicy,
         ram: u64,
         jobs: usize,
         tcp_congestion: Option<String>,
-        hostnqn: &str,
+        host: &ConnectOptions,
         key: &ConfiguredKey,
     ) -> Result<Embedded, String> {
+        let hostnqn = host.hostnqn.as_str();
         let nqn = NQN.to_string();
         let listen: SocketAddr = "127.0.0.1:0".parse().expect("address literal");
         // As many I/O queues as the jobs need: the target's default (128) at least, its limit (1024) at most.
         let mut subsystem = SubsystemConfig::new(nqn.clone()).namespace(Backing::Ram(ram), 4096);
         subsystem.limits.max_io_queues = Some(jobs.clamp(128, 1024) as u16);
+        if let Some(a) = &host.dhchap {
+            subsystem.dhchap_keys.push(nvpoll_target::DhchapKey {
+                hostnqn: hostnqn.to_string(),
+                key: a.secret.clone(),
+                ctrl_key: a.ctrl_secret.clone(),
+            });
+        }
         let mut config = TargetConfig::new(listen).subsystem(subsystem);
         config.tcp_congestion = tcp_congestion;
         config.tls = Some(TargetTls::with_host_keys(

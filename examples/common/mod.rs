@@ -58,6 +58,42 @@ pub struct HostArgs {
     /// With --psk: the identity version to derive, 0 (NVMe0R0x) or 1 (NVMe1R0x with the digest).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub psk_identity_version: u8,
+    /// DH-HMAC-CHAP host secret (DHHC-1:hh:...:, as nvme-cli's gen-dhchap-key writes it), or a file holding
+    /// it: every queue authenticates in band when the controller asks.
+    #[arg(long, short = 'S')]
+    pub dhchap_secret: Option<String>,
+    /// With --dhchap-secret: the controller's DH-HMAC-CHAP secret (or a file holding it), to authenticate
+    /// the controller too (bidirectional).
+    #[arg(long, short = 'C', requires = "dhchap_secret")]
+    pub dhchap_ctrl_secret: Option<String>,
+}
+
+/// A DH-HMAC-CHAP secret given on the command line: the `DHHC-1:...` string itself, or a file that holds it.
+pub fn dhchap_secret_arg(flag: &str, v: &str) -> Result<String, String> {
+    if v.trim_start().starts_with("DHHC-1:") {
+        return Ok(v.trim().to_string());
+    }
+    let text = std::fs::read_to_string(v).map_err(|e| {
+        format!("{flag}: neither a DHHC-1:...: secret nor a readable file ({v}: {e})")
+    })?;
+    Ok(text.trim().to_string())
+}
+
+/// Adds DH-HMAC-CHAP to `opts` from --dhchap-secret and --dhchap-ctrl-secret.
+pub fn with_dhchap(
+    opts: ConnectOptions,
+    secret: Option<&str>,
+    ctrl: Option<&str>,
+) -> Result<ConnectOptions, String> {
+    let Some(secret) = secret else {
+        return Ok(opts);
+    };
+    let secret = dhchap_secret_arg("--dhchap-secret", secret)?;
+    let ctrl = ctrl
+        .map(|c| dhchap_secret_arg("--dhchap-ctrl-secret", c))
+        .transpose()?;
+    opts.with_dhchap(&secret, ctrl.as_deref())
+        .map_err(|e| format!("--dhchap-secret: {e}"))
 }
 
 impl HostArgs {
@@ -66,6 +102,11 @@ impl HostArgs {
     pub fn connect_options(&self, trid: &TransportId) -> Result<ConnectOptions, String> {
         let opts = ConnectOptions::from_trid(trid, self.hostnqn.as_deref())
             .map_err(|e| format!("--trid: {e}"))?;
+        let opts = with_dhchap(
+            opts,
+            self.dhchap_secret.as_deref(),
+            self.dhchap_ctrl_secret.as_deref(),
+        )?;
         match &self.psk {
             Some(k) => opts
                 .with_psk_args(k, self.psk_identity.as_deref(), self.psk_identity_version)
