@@ -13,8 +13,8 @@
 #
 # A subsystem gets one namespace: a sparse file of NVME_IMG_SIZE (default 1G)
 # in NVPOLL_BT_STATE, with the UUID blktests gives; only the given host may
-# connect. DH-HMAC-CHAP keys are refused: nvpoll has no in-band authentication
-# yet, and a test that needs it must fail rather than run without it.
+# connect, and with --hostkey (and --ctrlkey) that host must authenticate with
+# DH-HMAC-CHAP (the subsystem's host entry gets dhchap_key, dhchap_ctrl_key).
 #
 # Environment (scripts/blktests.sh sets these in the guest):
 #   NVPOLL_BT_RPC     the rpc example            (required for setup/cleanup)
@@ -58,24 +58,29 @@ config)
     esac
     ;;
 setup)
-    subsys='' uuid='' host='' keyed=''
+    subsys='' uuid='' host='' hostkey='' ctrlkey=''
     while [ $# -gt 0 ]; do
         case "$1" in
             --subsysnqn) subsys=$2; shift 2 ;;
             --subsys-uuid) uuid=$2; shift 2 ;;
             --hostnqn) host=$2; shift 2 ;;
-            --hostkey | --ctrlkey | --ctrkey) keyed=$1; shift 2 ;;
+            --hostkey) hostkey=$2; shift 2 ;;
+            --ctrlkey | --ctrkey) ctrlkey=$2; shift 2 ;;
             *) die "setup: unknown argument '$1'" ;;
         esac
     done
     [ -n "$subsys" ] || die "setup: no --subsysnqn"
-    [ -z "$keyed" ] || die "setup $subsys: $keyed: nvpoll's target has no DH-HMAC-CHAP yet; refusing rather than running unauthenticated"
+    [ -z "$ctrlkey" ] || [ -n "$hostkey" ] || die "setup $subsys: a controller key without a host key"
+    [ -z "$hostkey" ] || [ -n "$host" ] || die "setup $subsys: a DH-HMAC-CHAP key without --hostnqn"
     mkdir -p "$STATE"
     img=$(image "$subsys")
     truncate -s "${NVME_IMG_SIZE:-1G}" "$img" || die "setup: cannot make $img"
     ns="{\"file\": \"$img\"${uuid:+, \"uuid\": \"$uuid\"}}"
     hosts=''
-    [ -z "$host" ] || hosts=", \"hosts\": [{\"nqn\": \"$host\"}]"
+    keys=''
+    [ -z "$hostkey" ] || keys=", \"dhchap_key\": \"$hostkey\""
+    [ -z "$ctrlkey" ] || keys="$keys, \"dhchap_ctrl_key\": \"$ctrlkey\""
+    [ -z "$host" ] || hosts=", \"hosts\": [{\"nqn\": \"$host\"$keys}]"
     rpc subsystem_add "{\"nqn\": \"$subsys\", \"namespaces\": [$ns]$hosts}" >/dev/null \
         || die "setup: subsystem_add $subsys refused"
     ;;

@@ -19,7 +19,10 @@
 #     outputs are kept in NVPOLL_BT_OUT (default: a folder under /tmp, named at
 #     the end).
 #
-# Knobs: NVPOLL_BT_NVME_CLI=/path/to/nvme (a newer nvme-cli, e.g. 2.16 built
+# Knobs: NVPOLL_BT_IMG_SIZE=256M (blktests' NVME_IMG_SIZE for both runs: the
+# guest's root is a tmpfs of half its 2 GiB, and nvme/010 fills its image, so
+# blktests' 1G default runs out of space against nvmet and us alike),
+# NVPOLL_BT_NVME_CLI=/path/to/nvme (a newer nvme-cli, e.g. 2.16 built
 # statically, put first on the guest's PATH; the guest's own is Debian's 2.3),
 # NVPOLL_BT_TIMEOUT=5400 (seconds for the whole guest run), every NVPOLL_VM_*
 # knob of scripts/vm.sh (NVPOLL_VM_TLSHD for the TLS tests, for one).
@@ -34,11 +37,18 @@ if [ "${1:-}" = --in-guest ]; then
     OUT=$2; shift 2
     TESTS=("$@")
     EX=$ROOT/target/debug/examples
+    export NVME_IMG_SIZE=${NVPOLL_BT_IMG_SIZE:-256M}
     if [ -n "${NVPOLL_BT_NVME_CLI:-}" ]; then
         mkdir -p /tmp/bt-bin && cp "$NVPOLL_BT_NVME_CLI" /tmp/bt-bin/nvme && export PATH=/tmp/bt-bin:$PATH
     fi
     # The guest's minimal /dev has no /dev/fd, which bash's process substitution (blktests uses it) needs.
     [ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
+    # blktests reads the kernel's options (CONFIG_NVME_AUTH, ...) from /boot/config-RELEASE: the guest's
+    # kernel package has one beside the modules vm.sh links in.
+    kcfg="$(readlink -f "/lib/modules/$(uname -r)")/../../../boot/config-$(uname -r)"
+    if [ ! -e "/boot/config-$(uname -r)" ] && [ -r "$kcfg" ]; then
+        mkdir -p /boot && cp "$kcfg" "/boot/config-$(uname -r)"
+    fi
     echo "blktests: nvme-cli $(nvme version 2>/dev/null | head -1), kernel $(uname -r)"
     modprobe nvme-tcp 2>/dev/null || true
     # --- 1. nvpoll's target

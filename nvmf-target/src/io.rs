@@ -54,8 +54,8 @@ pub(crate) fn write_in_capsule(
         Ok(v) => v,
         Err(status) => return Reply::status(status),
     };
-    if ns.store.write(off, data).is_err() {
-        return Reply::status(Status::WRITE_FAULT);
+    if let Err(e) = ns.store.write(off, data) {
+        return Reply::status(write_error_status(&e));
     }
     stats.writes += 1;
     stats.bytes_written += data.len() as u64;
@@ -132,8 +132,8 @@ pub(crate) fn execute(q: &Queue, sqe: &Sqe, data: &[u8]) -> Reply {
             } else {
                 ns.store.write_zeroes(off, len)
             };
-            if result.is_err() {
-                return Reply::status(Status::WRITE_FAULT);
+            if let Err(e) = result {
+                return Reply::status(write_error_status(&e));
             }
             if sqe.cdw12 & Sqe::FUA != 0 {
                 return Reply::Flush(vec![(ns.clone(), ns.store.start_flush())]);
@@ -186,8 +186,10 @@ fn dataset_management(q: &Queue, sqe: &Sqe, data: &[u8]) -> Reply {
         return Reply::status(Status::INVALID_FIELD.with_dnr());
     }
     for (off, len) in extents {
-        if len > 0 && ns.store.deallocate(off, len).is_err() {
-            return Reply::status(Status::WRITE_FAULT);
+        if len > 0 {
+            if let Err(e) = ns.store.deallocate(off, len) {
+                return Reply::status(write_error_status(&e));
+            }
         }
     }
     Reply::ok(0)
@@ -241,5 +243,36 @@ fn reservation_report(q: &Queue, sqe: &Sqe) -> Reply {
     match ns.resv.report(sqe.cdw11 & 1 != 0, len) {
         Ok(page) => Reply::Data(page),
         Err(status) => Reply::status(status),
+    }
+}
+
+/// The status of a write that the namespace's store failed: Capacity Exceeded when its file system is full
+/// (ENOSPC, EDQUOT: the host sees "no space left", as with nvmet), else Write Fault.
+pub(crate) fn write_error_status(e: &std::io::Error) -> Status {
+    use rustix::io::Errno;
+    match Errno::from_io_error(e) {
+        Some(Errno::NOSPC | Errno::DQUOT) => Status::CAPACITY_EXCEEDED.with_dnr(),
+        _ => Status::WRITE_FAULT,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_file_system_is_capacity_exceeded_and_other_errors_a_write_fault() {
+        let full = std::io::Error::from(rustix::io::Errno::NOSPC);
+        assert_eq!(
+            write_error_status(&full),
+            Status::CAPACITY_EXCEEDED.with_dnr()
+        );
+        let quota = std::io::Error::from(rustix::io::Errno::DQUOT);
+        assert_eq!(
+            write_error_status(&quota),
+            Status::CAPACITY_EXCEEDED.with_dnr()
+        );
+        let eio = std::io::Error::from(rustix::io::Errno::IO);
+        assert_eq!(write_error_status(&eio), Status::WRITE_FAULT);
     }
 }

@@ -826,8 +826,10 @@ impl Session {
         let bytes = &self.conn.rx_data()[data];
         match sink {
             Sink::Namespace { ns, off, .. } => {
-                if error.is_none() && ns.store.write(*off + u64::from(hdr.datao), bytes).is_err() {
-                    *error = Some(Status::WRITE_FAULT);
+                if error.is_none() {
+                    if let Err(e) = ns.store.write(*off + u64::from(hdr.datao), bytes) {
+                        *error = Some(io::write_error_status(&e));
+                    }
                 }
             }
             Sink::Buffer(buf) => buf.extend_from_slice(bytes),
