@@ -66,6 +66,16 @@ struct Args {
     #[arg(long = "psk", value_name = "HOSTNQN=KEY", conflicts_with = "config")]
     psks: Vec<String>,
 
+    /// A host's DH-HMAC-CHAP secret, as HOSTNQN=KEY with KEY as nvme-cli's gen-dhchap-key writes it
+    /// (DHHC-1:hh:...:): that host must then authenticate every queue in band. May be given once per host.
+    #[arg(long = "dhchap-key", value_name = "HOSTNQN=KEY", conflicts_with = "config")]
+    dhchap_keys: Vec<String>,
+
+    /// The controller's DH-HMAC-CHAP secret for a host (HOSTNQN=KEY), which the target proves to that host
+    /// when it asks (bidirectional authentication); the host needs a --dhchap-key too.
+    #[arg(long = "dhchap-ctrl-key", value_name = "HOSTNQN=KEY", conflicts_with = "config")]
+    dhchap_ctrl_keys: Vec<String>,
+
     /// TLS 1.3 on --listen: off, optional (the first bytes decide: a ClientHello starts TLS, a plain ICReq goes
     /// on without), or required. Default: required when a --psk is given, off otherwise.
     #[arg(long, value_parser = ["off", "optional", "required"], conflicts_with = "config")]
@@ -256,6 +266,39 @@ fn from_flags(args: &Args) -> Result<TargetConfig, String> {
         let key = nvpoll_tcp::tls::ConfiguredKey::parse(key)
             .map_err(|e| format!("--psk for {host}: {e}"))?;
         subsys = subsys.host_key(host, key);
+    }
+    for p in &args.dhchap_keys {
+        let (host, key) = p
+            .split_once('=')
+            .ok_or_else(|| format!("--dhchap-key '{}': expected HOSTNQN=KEY", redact(p)))?;
+        let key = nvpoll_tcp::dhchap::Secret::parse(key)
+            .map_err(|e| format!("--dhchap-key for {host}: {e}"))?;
+        let ctrl_key = args
+            .dhchap_ctrl_keys
+            .iter()
+            .filter_map(|c| c.split_once('='))
+            .find(|(h, _)| *h == host)
+            .map(|(_, k)| {
+                nvpoll_tcp::dhchap::Secret::parse(k)
+                    .map_err(|e| format!("--dhchap-ctrl-key for {host}: {e}"))
+            })
+            .transpose()?;
+        subsys.dhchap_keys.push(nvpoll_target::DhchapKey {
+            hostnqn: host.to_string(),
+            key,
+            ctrl_key,
+        });
+    }
+    for c in &args.dhchap_ctrl_keys {
+        let host = c
+            .split_once('=')
+            .ok_or_else(|| format!("--dhchap-ctrl-key '{}': expected HOSTNQN=KEY", redact(c)))?
+            .0;
+        if !subsys.dhchap_keys.iter().any(|k| k.hostnqn == host) {
+            return Err(format!(
+                "--dhchap-ctrl-key for {host}: that host has no --dhchap-key"
+            ));
+        }
     }
     let tls = args.tls.clone().unwrap_or_else(|| {
         if args.psks.is_empty() {
