@@ -140,6 +140,14 @@ struct Args {
     /// too (bidirectional).
     #[arg(long, short = 'C', requires = "dhchap_secret")]
     dhchap_ctrl_secret: Option<String>,
+    /// With --dhchap-secret: the hashes to offer, comma-separated, preferred first (default
+    /// sha512,sha384,sha256).
+    #[arg(long, requires = "dhchap_secret")]
+    dhchap_hashes: Option<String>,
+    /// With --dhchap-secret: the DH groups to offer, comma-separated, preferred first (default
+    /// ffdhe8192,...,ffdhe2048,null).
+    #[arg(long, requires = "dhchap_secret")]
+    dhchap_dhgroups: Option<String>,
     /// With the embedded target: run the table without TLS, with TLS, or both (default both). With --trid,
     /// TLS is on exactly when --psk is given.
     #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
@@ -448,11 +456,7 @@ fn run(args: Args) -> Result<(), String> {
             ConnectOptions::from_trid(&trid, args.hostnqn.as_deref()).map_err(|e| e.to_string())?;
         let demo_key = ConfiguredKey::parse(DEMO_KEY).expect("the demo key parses");
         let target_key = key.clone().unwrap_or(demo_key);
-        o = common::with_dhchap(
-            o,
-            args.dhchap_secret.as_deref(),
-            args.dhchap_ctrl_secret.as_deref(),
-        )?;
+        o = common::with_dhchap(o, dhchap_args(&args))?;
         let t = embedded_target::start(
             &tcores,
             args.idle,
@@ -480,8 +484,7 @@ fn run(args: Args) -> Result<(), String> {
                 _ => tcp.push(common::with_dhchap(
                     ConnectOptions::from_trid(&trid, args.hostnqn.as_deref())
                         .map_err(|e| format!("--trid '{t}': {e}"))?,
-                    args.dhchap_secret.as_deref(),
-                    args.dhchap_ctrl_secret.as_deref(),
+                    dhchap_args(&args),
                 )?),
             }
         }
@@ -681,6 +684,15 @@ fn run(args: Args) -> Result<(), String> {
 }
 
 /// The embedded target: our NVMe/TCP target on 127.0.0.1, on its own reactors.
+fn dhchap_args(args: &Args) -> common::DhchapArgs<'_> {
+    common::DhchapArgs {
+        secret: args.dhchap_secret.as_deref(),
+        ctrl: args.dhchap_ctrl_secret.as_deref(),
+        hashes: args.dhchap_hashes.as_deref(),
+        groups: args.dhchap_dhgroups.as_deref(),
+    }
+}
+
 mod embedded_target {
     use super::*;
     use nvpoll_target::{Backing, SubsystemConfig, Target, TargetConfig, TargetHandle, TargetTls};

@@ -68,12 +68,20 @@ struct Args {
 
     /// A host's DH-HMAC-CHAP secret, as HOSTNQN=KEY with KEY as nvme-cli's gen-dhchap-key writes it
     /// (DHHC-1:hh:...:): that host must then authenticate every queue in band. May be given once per host.
-    #[arg(long = "dhchap-key", value_name = "HOSTNQN=KEY", conflicts_with = "config")]
+    #[arg(
+        long = "dhchap-key",
+        value_name = "HOSTNQN=KEY",
+        conflicts_with = "config"
+    )]
     dhchap_keys: Vec<String>,
 
     /// The controller's DH-HMAC-CHAP secret for a host (HOSTNQN=KEY), which the target proves to that host
     /// when it asks (bidirectional authentication); the host needs a --dhchap-key too.
-    #[arg(long = "dhchap-ctrl-key", value_name = "HOSTNQN=KEY", conflicts_with = "config")]
+    #[arg(
+        long = "dhchap-ctrl-key",
+        value_name = "HOSTNQN=KEY",
+        conflicts_with = "config"
+    )]
     dhchap_ctrl_keys: Vec<String>,
 
     /// TLS 1.3 on --listen: off, optional (the first bytes decide: a ClientHello starts TLS, a plain ICReq goes

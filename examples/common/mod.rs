@@ -66,6 +66,14 @@ pub struct HostArgs {
     /// the controller too (bidirectional).
     #[arg(long, short = 'C', requires = "dhchap_secret")]
     pub dhchap_ctrl_secret: Option<String>,
+    /// With --dhchap-secret: the hashes to offer, comma-separated, preferred first (default
+    /// sha512,sha384,sha256).
+    #[arg(long, requires = "dhchap_secret")]
+    pub dhchap_hashes: Option<String>,
+    /// With --dhchap-secret: the DH groups to offer, comma-separated, preferred first (default
+    /// ffdhe8192,...,ffdhe2048,null).
+    #[arg(long, requires = "dhchap_secret")]
+    pub dhchap_dhgroups: Option<String>,
 }
 
 /// A DH-HMAC-CHAP secret given on the command line: the `DHHC-1:...` string itself, or a file that holds it.
@@ -79,21 +87,50 @@ pub fn dhchap_secret_arg(flag: &str, v: &str) -> Result<String, String> {
     Ok(text.trim().to_string())
 }
 
-/// Adds DH-HMAC-CHAP to `opts` from --dhchap-secret and --dhchap-ctrl-secret.
-pub fn with_dhchap(
-    opts: ConnectOptions,
-    secret: Option<&str>,
-    ctrl: Option<&str>,
-) -> Result<ConnectOptions, String> {
-    let Some(secret) = secret else {
+/// The DH-HMAC-CHAP options of a host.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DhchapArgs<'a> {
+    /// --dhchap-secret
+    pub secret: Option<&'a str>,
+    /// --dhchap-ctrl-secret
+    pub ctrl: Option<&'a str>,
+    /// --dhchap-hashes
+    pub hashes: Option<&'a str>,
+    /// --dhchap-dhgroups
+    pub groups: Option<&'a str>,
+}
+
+/// Adds DH-HMAC-CHAP to `opts` from --dhchap-secret, --dhchap-ctrl-secret, --dhchap-hashes and
+/// --dhchap-dhgroups.
+pub fn with_dhchap(opts: ConnectOptions, a: DhchapArgs<'_>) -> Result<ConnectOptions, String> {
+    use nvpoll_tcp::dhchap::{DhGroup, Hash};
+    let Some(secret) = a.secret else {
         return Ok(opts);
     };
     let secret = dhchap_secret_arg("--dhchap-secret", secret)?;
-    let ctrl = ctrl
+    let ctrl = a
+        .ctrl
         .map(|c| dhchap_secret_arg("--dhchap-ctrl-secret", c))
         .transpose()?;
-    opts.with_dhchap(&secret, ctrl.as_deref())
-        .map_err(|e| format!("--dhchap-secret: {e}"))
+    let mut opts = opts
+        .with_dhchap(&secret, ctrl.as_deref())
+        .map_err(|e| format!("--dhchap-secret: {e}"))?;
+    let auth = opts.dhchap.as_mut().expect("set just now");
+    if let Some(list) = a.hashes {
+        auth.hashes = list
+            .split(',')
+            .map(Hash::from_name)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("--dhchap-hashes: {e}"))?;
+    }
+    if let Some(list) = a.groups {
+        auth.groups = list
+            .split(',')
+            .map(DhGroup::from_name)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("--dhchap-dhgroups: {e}"))?;
+    }
+    Ok(opts)
 }
 
 impl HostArgs {
@@ -104,8 +141,12 @@ impl HostArgs {
             .map_err(|e| format!("--trid: {e}"))?;
         let opts = with_dhchap(
             opts,
-            self.dhchap_secret.as_deref(),
-            self.dhchap_ctrl_secret.as_deref(),
+            DhchapArgs {
+                secret: self.dhchap_secret.as_deref(),
+                ctrl: self.dhchap_ctrl_secret.as_deref(),
+                hashes: self.dhchap_hashes.as_deref(),
+                groups: self.dhchap_dhgroups.as_deref(),
+            },
         )?;
         match &self.psk {
             Some(k) => opts

@@ -155,13 +155,21 @@ fn accept_c2h<'s>(slots: &'s mut [Slot], hdr: &pdu::C2HDataHdr) -> Result<&'s mu
     Ok(slot)
 }
 
+/// Whether a command may return less data than its buffer: Authentication Receive, whose allocation length is
+/// a bound (the message says its own length; SPDK's target sends just the message, nvmet and ours pad it).
+/// Any other read that ends short is a protocol error, never a success with stale bytes.
+fn may_return_less(sqe: &Sqe) -> bool {
+    sqe.opcode == nvpoll::spec::fabrics::FABRICS
+        && sqe.nsid as u8 == nvpoll::spec::fabrics::AUTH_RECV
+}
+
 /// What a C2HData whose data is in place leads to: nothing, or (with SUCCESS) the command's completion.
 fn c2h_end(slot: &Slot, qid: u16, hdr: &pdu::C2HDataHdr) -> Result<Action, Error> {
     let cid = hdr.cccid;
     if !hdr.success {
         return Ok(Action::None);
     }
-    if slot.transferred != slot.len {
+    if slot.transferred != slot.len && !may_return_less(&slot.sqe) {
         return Err(Error::Protocol(format!(
             "C2HData SUCCESS for cid {cid} after {} of {} bytes",
             slot.transferred, slot.len
@@ -194,6 +202,7 @@ fn on_pdu(slots: &mut [Slot], qid: u16, pdu: &Pdu<'_>) -> Result<Action, Error> 
             if slot.dir == Some(DataDir::FromController)
                 && slot.transferred < slot.len
                 && cqe.status().is_success()
+                && !may_return_less(&slot.sqe)
             {
                 return Err(Error::Protocol(format!(
                     "read cid {} reported success after {} of {} bytes",

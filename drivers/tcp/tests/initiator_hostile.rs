@@ -254,6 +254,40 @@ fn c2h_success_without_all_data() {
     assert!(matches!(e, Error::Protocol(_)), "{e:?}");
 }
 
+/// Authentication Receive is the exception: its allocation length is a bound, and SPDK's target sends just
+/// the message with SUCCESS. The command completes successfully with what came (a read never does: above).
+#[test]
+fn authentication_receive_may_end_short() {
+    let addr = peer(false, false, |cid| {
+        c2h_data(cid, 0, &[0x5a; 48], 0x04 | 0x08)
+    });
+    let pool = DmaPool::builder().class(4096, 16).build().unwrap();
+    let mut q = queue(addr, false);
+    let buf = pool.alloc(4096).unwrap();
+    let sqe = nvpoll::spec::fabrics::FabricsCommand::AuthReceive {
+        secp: 0xe9,
+        spsp0: 1,
+        spsp1: 1,
+        al: 4096,
+    }
+    .to_sqe();
+    q.submit(sqe, DataDir::FromController, Some(buf), 4096, 9)
+        .map_err(|(e, _)| e)
+        .unwrap();
+    q.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let d = loop {
+        q.poll().expect("the queue stays up");
+        if let Some(d) = q.pop_done() {
+            break d;
+        }
+        assert!(Instant::now() < deadline, "no completion in 10 s");
+    };
+    assert_eq!(d.tag, 9);
+    assert!(d.result.is_ok(), "{:?}", d.result);
+    assert_eq!(&d.buf.unwrap().as_slice()[..48], &[0x5a; 48]);
+}
+
 #[test]
 fn r2t_for_unknown_command() {
     let addr = peer(false, false, |cid| r2t(cid.wrapping_add(1), 1, 0, 4096));
