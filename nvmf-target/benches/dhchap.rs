@@ -33,7 +33,9 @@ fn env_usize(name: &str, default: usize) -> usize {
 }
 
 fn ctrl_key() -> String {
-    let raw: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(13).wrapping_add(1)).collect();
+    let raw: Vec<u8> = (0..64u8)
+        .map(|i| i.wrapping_mul(13).wrapping_add(1))
+        .collect();
     Secret::from_key(&raw, Some(Hash::Sha512))
         .unwrap()
         .to_dhhc1()
@@ -186,7 +188,11 @@ fn main() {
     );
     println!("| phase | reads | p50 us | p99 us | max us |");
     println!("|---|---|---|---|---|");
-    for (name, v) in [("before", &before), ("during the storm", &during), ("after", &after)] {
+    for (name, v) in [
+        ("before", &before),
+        ("during the storm", &during),
+        ("after", &after),
+    ] {
         println!(
             "| {name} | {} | {:.1} | {:.1} | {:.1} |",
             v.len(),

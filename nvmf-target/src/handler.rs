@@ -119,11 +119,12 @@ pub(crate) struct Queue {
     /// In-band authentication, for a host with DH-HMAC-CHAP keys on the subsystem: until it succeeds only
     /// Authentication Send and Receive run.
     pub auth: Option<Box<nvpoll_tcp::dhchap::controller::ControllerAuth>>,
-    /// When the transaction under way must be over (the controller's KATO, or [`AUTH_TIMEOUT`]).
+    /// When the transaction under way must be over ([`auth_timeout`]).
     pub auth_deadline: Option<std::time::Instant>,
 }
 
-/// How long a DH-HMAC-CHAP transaction may take on a queue whose controller has no keep-alive timeout.
+/// The least time a DH-HMAC-CHAP transaction may take: a host's ffdhe8192 arithmetic can take seconds on a
+/// slow or busy machine (the Linux host in an emulated guest took over 5 s).
 pub(crate) const AUTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Queue {
@@ -234,10 +235,8 @@ pub(crate) struct Ctx<'a> {
     pub held_aers: usize,
 }
 
-/// The time a DH-HMAC-CHAP transaction may take: the controller's keep-alive timeout, else [`AUTH_TIMEOUT`].
+/// The time a DH-HMAC-CHAP transaction may take: twice the controller's keep-alive timeout, and at least
+/// [`AUTH_TIMEOUT`].
 pub(crate) fn auth_timeout(ctrl: &Controller) -> std::time::Duration {
-    match ctrl.kato_ms() {
-        0 => AUTH_TIMEOUT,
-        ms => std::time::Duration::from_millis(u64::from(ms)),
-    }
+    std::time::Duration::from_millis(2 * u64::from(ctrl.kato_ms())).max(AUTH_TIMEOUT)
 }
