@@ -148,6 +148,11 @@ struct Args {
     /// ffdhe8192,...,ffdhe2048,null).
     #[arg(long, requires = "dhchap_secret")]
     dhchap_dhgroups: Option<String>,
+    /// With --dhchap-secret: secure channel concatenation (as nvme-cli's --concat): the admin queue
+    /// authenticates without TLS and generates a TLS PSK, and every queue then runs TLS 1.3 with it. With the
+    /// embedded target, the target requires it of this host.
+    #[arg(long, requires = "dhchap_secret")]
+    concat: bool,
     /// With the embedded target: run the table without TLS, with TLS, or both (default both). With --trid,
     /// TLS is on exactly when --psk is given.
     #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
@@ -690,6 +695,7 @@ fn dhchap_args(args: &Args) -> common::DhchapArgs<'_> {
         ctrl: args.dhchap_ctrl_secret.as_deref(),
         hashes: args.dhchap_hashes.as_deref(),
         groups: args.dhchap_dhgroups.as_deref(),
+        concat: args.concat,
     }
 }
 
@@ -728,6 +734,7 @@ mod embedded_target {
                 hostnqn: hostnqn.to_string(),
                 key: a.secret.clone(),
                 ctrl_key: a.ctrl_secret.clone(),
+                concat: a.concat,
             });
         }
         let mut config = TargetConfig::new(listen).subsystem(subsystem);

@@ -295,6 +295,7 @@ fn from_flags(args: &Args) -> Result<TargetConfig, String> {
             hostnqn: host.to_string(),
             key,
             ctrl_key,
+            concat: false,
         });
     }
     for c in &args.dhchap_ctrl_keys {

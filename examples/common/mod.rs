@@ -74,6 +74,10 @@ pub struct HostArgs {
     /// ffdhe8192,...,ffdhe2048,null).
     #[arg(long, requires = "dhchap_secret")]
     pub dhchap_dhgroups: Option<String>,
+    /// With --dhchap-secret: secure channel concatenation (as nvme-cli's --concat): the admin queue
+    /// authenticates without TLS and generates a TLS PSK, and every queue then runs TLS 1.3 with it.
+    #[arg(long, requires = "dhchap_secret")]
+    pub concat: bool,
 }
 
 /// A DH-HMAC-CHAP secret given on the command line: the `DHHC-1:...` string itself, or a file that holds it.
@@ -98,6 +102,8 @@ pub struct DhchapArgs<'a> {
     pub hashes: Option<&'a str>,
     /// --dhchap-dhgroups
     pub groups: Option<&'a str>,
+    /// --concat
+    pub concat: bool,
 }
 
 /// Adds DH-HMAC-CHAP to `opts` from --dhchap-secret, --dhchap-ctrl-secret, --dhchap-hashes and
@@ -116,6 +122,7 @@ pub fn with_dhchap(opts: ConnectOptions, a: DhchapArgs<'_>) -> Result<ConnectOpt
         .with_dhchap(&secret, ctrl.as_deref())
         .map_err(|e| format!("--dhchap-secret: {e}"))?;
     let auth = opts.dhchap.as_mut().expect("set just now");
+    auth.concat = a.concat;
     if let Some(list) = a.hashes {
         auth.hashes = list
             .split(',')
@@ -146,6 +153,7 @@ impl HostArgs {
                 ctrl: self.dhchap_ctrl_secret.as_deref(),
                 hashes: self.dhchap_hashes.as_deref(),
                 groups: self.dhchap_dhgroups.as_deref(),
+                concat: self.concat,
             },
         )?;
         match &self.psk {

@@ -81,6 +81,7 @@ fn main() {
             hostnqn: HOSTNQN.into(),
             key: Secret::parse(HOST_KEY).unwrap(),
             ctrl_key: Some(Secret::parse(&ctrl_key()).unwrap()),
+            concat: false,
         });
         c
     });

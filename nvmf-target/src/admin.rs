@@ -95,6 +95,20 @@ pub(crate) struct Refusal {
 /// With TLS, `identity` is the PSK identity the host proved in the handshake. A host is authenticated by that,
 /// not by what it claims in Connect: the identity's host and subsystem NQNs must be those of the Connect, on
 /// every queue (admin and I/O, discovery included), or the Connect is refused.
+/// A queue whose TLS identity is one a secure channel concatenation generated (`NVMe1G...`, found in the
+/// subsystem's generated keys, or the handshake would have failed) has proven its host: no in-band
+/// authentication on it.
+fn proven_by_tls(mut q: Queue, identity: Option<&[u8]>) -> Queue {
+    if identity
+        .and_then(ParsedIdentity::parse)
+        .is_some_and(|p| p.generated)
+    {
+        q.auth = None;
+        q.auth_deadline = None;
+    }
+    q
+}
+
 pub(crate) fn connect(
     target: &TargetShared,
     listener: &Listener,
@@ -230,7 +244,10 @@ pub(crate) fn connect(
             let reason = "no controller ID is free in the subsystem".into();
             return refuse(refusal, Status::CONNECT_CONTROLLER_BUSY, reason);
         };
-        return Ok(Queue::new(0, c.sqsize, c.cattr, subsys, ctrl));
+        return Ok(proven_by_tls(
+            Queue::new(0, c.sqsize, c.cattr, subsys, ctrl),
+            identity,
+        ));
     }
     let Some(ctrl) = subsys.controller(cd.cntlid).filter(|c| !c.is_dead()) else {
         let reason = format!("no live controller {} in the subsystem", cd.cntlid);
@@ -259,7 +276,10 @@ pub(crate) fn connect(
         );
         return invalid(refusal, InvalidParameter::QID, reason);
     }
-    Ok(Queue::new(c.qid, c.sqsize, c.cattr, subsys, ctrl))
+    Ok(proven_by_tls(
+        Queue::new(c.qid, c.sqsize, c.cattr, subsys, ctrl),
+        identity,
+    ))
 }
 
 /// A fabrics command on a connected queue.

@@ -327,6 +327,8 @@ struct HostDoc {
     psk_file: Option<PathBuf>,
     dhchap_key: Option<String>,
     dhchap_ctrl_key: Option<String>,
+    #[serde(default)]
+    dhchap_concat: bool,
 }
 
 #[derive(Deserialize)]
@@ -702,6 +704,7 @@ fn subsystem(
                     hostnqn: h.nqn.clone(),
                     key,
                     ctrl_key,
+                    concat: h.dhchap_concat,
                 });
             }
             (None, Some(_)) => {

@@ -521,6 +521,8 @@ struct DhchapKeyParams {
     host: String,
     key: String,
     ctrl_key: Option<String>,
+    #[serde(default)]
+    concat: bool,
 }
 
 #[derive(Deserialize)]
@@ -834,6 +836,7 @@ impl Shared {
                         .as_deref()
                         .map(|c| secret("ctrl_key", c))
                         .transpose()?,
+                    concat: p.concat,
                 };
                 h.set_dhchap_key(&p.nqn, key).map_err(RpcError::refused)?;
                 self.changed(format!(

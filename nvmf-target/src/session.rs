@@ -969,10 +969,11 @@ impl Session {
                 let max_data = limits.maxh2cdata.max(limits.incapsule_data);
                 self.conn.reserve_rx(max_data as usize + 4096);
                 // AUTHREQ (dword 0 bits 31:16): bit 1, an authentication transaction is required.
-                let authreq = if self.queue.as_ref().is_some_and(|q| q.auth.is_some()) {
-                    1u32 << 17
-                } else {
-                    0
+                // Bit 2: secure channel concatenation required as well.
+                let authreq = match self.queue.as_ref().and_then(|q| q.auth.as_ref()) {
+                    Some(a) if a.concat_required() => (1u32 << 17) | (1 << 18),
+                    Some(_) => 1u32 << 17,
+                    None => 0,
                 };
                 self.complete(cid, Status::SUCCESS, u32::from(cntlid) | authreq, 0)
             }
@@ -1447,7 +1448,7 @@ impl Session {
             let why = format!("DH-HMAC-CHAP: {why}");
             self.emit_auth_failed(&why);
             self.close(None, why);
-        } else if auth.authenticated() && !auth.in_progress() {
+        } else if auth.finished() {
             self.note_authenticated();
         }
     }
@@ -1461,10 +1462,19 @@ impl Session {
         let Some((hash, group, bidi)) = q.auth.as_ref().and_then(|a| a.outcome()) else {
             return;
         };
-        let how = format!(
+        let mut how = format!(
             "{hash}, {group}, {}",
             if bidi { "bidirectional" } else { "host only" }
         );
+        if let Some(psk) = q.auth.as_mut().and_then(|a| a.take_generated_psk()) {
+            // Secure channel concatenation: the queues that connect with the generated PSK carry commands.
+            match q.subsys.add_generated_key(&q.ctrl.hostnqn, hash, &psk) {
+                Some(identity) => how.push_str(&format!(
+                    ", secure channel concatenation: TLS identity {identity}"
+                )),
+                None => how.push_str(", secure channel concatenation refused: no TLS suite for it"),
+            }
+        }
         self.target
             .stats
             .authentications

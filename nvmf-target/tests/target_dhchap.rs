@@ -38,6 +38,7 @@ fn start(ctrl: bool) -> TestTarget {
         hostnqn: HOSTNQN.into(),
         key: Secret::parse(HOST_KEY).unwrap(),
         ctrl_key: ctrl.then(|| Secret::parse(&ctrl_key()).unwrap()),
+        concat: false,
     };
     TestTarget::start(|mut c| {
         c.subsystems[0].dhchap_keys.push(key);
@@ -404,6 +405,7 @@ fn a_live_controller_reauthenticates_with_a_key_changed_at_run_time() {
                 hostnqn: HOSTNQN.into(),
                 key: Secret::parse(HOST_KEY_2).unwrap(),
                 ctrl_key: None,
+                concat: false,
             },
         )
         .unwrap();
@@ -419,4 +421,87 @@ fn a_live_controller_reauthenticates_with_a_key_changed_at_run_time() {
         .unwrap_err();
     assert!(e.to_string().contains("wrong key"), "{e}");
     assert!(t.counters().auth_failures > before);
+}
+
+/// Secure channel concatenation between our own ends (the Linux host has it from 6.15; the guest's 6.12 does
+/// not): the admin queue authenticates without TLS and generates a PSK, every queue then runs TLS 1.3 with the
+/// `NVMe1G` identity derived from it, and the plain admin queue carries nothing but the authentication.
+#[test]
+fn secure_channel_concatenation_between_our_ends() {
+    let t = TestTarget::start(|mut c| {
+        c.subsystems[0].dhchap_keys.push(DhchapKey {
+            hostnqn: HOSTNQN.into(),
+            key: Secret::parse(HOST_KEY).unwrap(),
+            ctrl_key: Some(Secret::parse(&ctrl_key()).unwrap()),
+            concat: true,
+        });
+        // TLS optional: the first admin queue comes without it.
+        c.tls = Some(nvpoll_target::TargetTls {
+            required: false,
+            keys: Vec::new(),
+            subnqns: Vec::new(),
+        });
+        c
+    });
+    for (hash, bidi) in [(Hash::Sha256, false), (Hash::Sha384, true)] {
+        t.handle
+            .set_dhchap_policy(
+                NQN,
+                DhchapPolicy {
+                    hashes: vec![hash],
+                    groups: vec![DhGroup::Ffdhe2048],
+                },
+            )
+            .unwrap();
+        let ck = ctrl_key();
+        let mut o = options(&t, HOST_KEY, bidi.then_some(ck.as_str()));
+        o.dhchap.as_mut().unwrap().concat = true;
+        let mut ctrl = TcpController::connect(o, pool()).expect("connect with concatenation");
+        write_read_verify(&mut ctrl, 40 + u64::from(bidi));
+        let ev = t.wait_event(&format!(
+            "secure channel concatenation: TLS identity NVMe1G0{} {HOSTNQN} {NQN} ",
+            hash as u8
+        ));
+        assert_eq!(
+            ev.len(),
+            1,
+            "one transaction, on the plain admin queue: {ev:?}"
+        );
+        t.events.lock().unwrap().clear();
+    }
+
+    t.handle
+        .set_dhchap_policy(NQN, DhchapPolicy::default())
+        .unwrap();
+    // A host that does not offer concatenation is refused: the target requires it (AUTHREQ ASCR).
+    let e = TcpController::connect(options(&t, HOST_KEY, None), pool()).unwrap_err();
+    assert!(e.to_string().contains("--concat"), "{e}");
+
+    // The plain queue that authenticated with concatenation carries no command.
+    let (mut h, _) = {
+        let mut h = RawHost::connect(t.addr);
+        h.icreq(Digests::NONE);
+        let cd = ConnectData {
+            hostid: [7; 16],
+            cntlid: fabrics::CNTLID_DYNAMIC,
+            subnqn: NQN.into(),
+            hostnqn: HOSTNQN.into(),
+        };
+        let cqe = h.fabrics_connect(0, 31, 0, 0, &cd);
+        assert_eq!(cqe.dw0 >> 16 & 0x6, 0x6, "AUTHREQ: ATR and ASCR");
+        (h, cqe.dw0 as u16)
+    };
+    let mut neg = negotiate(1, DhGroup::Null);
+    neg[6] = dhchap::SC_C_NEW_TLS_PSK;
+    assert!(auth_send(&mut h, &neg).status().is_success());
+    match auth_recv(&mut h) {
+        Message::Failure { explanation, .. } => {
+            assert_eq!(
+                explanation,
+                FailureReason::DhGroupUnusable as u8,
+                "concatenation needs a DH group"
+            )
+        }
+        m => panic!("expected Failure1, got {m:?}"),
+    }
 }

@@ -268,7 +268,7 @@ fn connect_queue(
     })
 }
 
-/// Sends Fabrics Connect on `q` and returns the controller ID.
+/// Sends Fabrics Connect on `q` (and authenticates when the controller asks) and returns the controller ID.
 fn fabrics_connect(
     q: &mut HostQueue,
     opts: &ConnectOptions,
@@ -276,6 +276,17 @@ fn fabrics_connect(
     sqsize: u16,
     cntlid: u16,
 ) -> Result<u16, Error> {
+    fabrics_connect_auth(q, opts, pool, sqsize, cntlid).map(|(c, _)| c)
+}
+
+/// [`fabrics_connect`], also returning the TLS settings a secure channel concatenation generated.
+fn fabrics_connect_auth(
+    q: &mut HostQueue,
+    opts: &ConnectOptions,
+    pool: &DmaPool,
+    sqsize: u16,
+    cntlid: u16,
+) -> Result<(u16, Option<crate::tls::ClientConfig>), Error> {
     let kato_ms = if q.qid() == 0 {
         opts.kato.as_millis().min(u32::MAX as u128) as u32
     } else {
@@ -301,10 +312,11 @@ fn fabrics_connect(
     )?;
     HostQueue::check(crate::error::FABRICS_CONNECT, &cqe)?;
     let authreq = (cqe.dw0 >> 16) as u16;
+    let mut generated = None;
     if authreq & (AUTHREQ_ATR | AUTHREQ_ASCR) != 0 {
-        authenticate(q, opts, pool, authreq)?;
+        generated = authenticate(q, opts, pool, authreq)?;
     }
-    Ok((cqe.dw0 & 0xffff) as u16)
+    Ok(((cqe.dw0 & 0xffff) as u16, generated))
 }
 
 /// Connect's AUTHREQ: authentication transaction required.
@@ -372,23 +384,36 @@ impl crate::dhchap::host::Transport for AuthCommands<'_> {
     }
 }
 
-/// Runs DH-HMAC-CHAP on a queue whose Connect asked for it.
+/// Runs DH-HMAC-CHAP on a queue whose Connect asked for it; with secure channel concatenation (on a queue
+/// without TLS), returns the TLS settings of the generated PSK.
 fn authenticate(
     q: &mut HostQueue,
     opts: &ConnectOptions,
     pool: &DmaPool,
     authreq: u16,
-) -> Result<(), Error> {
+) -> Result<Option<crate::tls::ClientConfig>, Error> {
     let qid = q.qid();
-    if authreq & AUTHREQ_ASCR != 0 {
-        return Err(Error::Auth(format!(
-            "queue {qid}: the controller requires secure channel concatenation, which this host does not offer"
-        )));
-    }
     let Some(auth) = &opts.dhchap else {
         return Err(Error::Auth(format!(
             "queue {qid}: the controller requires authentication and no DH-HMAC-CHAP key was given (--dhchap-secret)"
         )));
+    };
+    // Concatenation runs on a queue without TLS; one that has TLS authenticates plainly.
+    let concat = auth.concat && opts.tls.is_none();
+    if authreq & AUTHREQ_ASCR != 0 && !concat {
+        return Err(Error::Auth(format!(
+            "queue {qid}: the controller requires secure channel concatenation (give --concat)"
+        )));
+    }
+    let plain;
+    let auth = if auth.concat && !concat {
+        plain = crate::dhchap::host::HostAuth {
+            concat: false,
+            ..auth.clone()
+        };
+        &plain
+    } else {
+        auth
     };
     let mut t = AuthCommands {
         q,
@@ -401,16 +426,33 @@ fn authenticate(
             e => Error::Auth(format!("queue {qid}: {e}")),
         })?;
     log::debug!(
-        "queue {qid}: authenticated with DH-HMAC-CHAP ({}, {}{})",
+        "queue {qid}: authenticated with DH-HMAC-CHAP ({}, {}{}{})",
         outcome.hash,
         outcome.group,
         if outcome.bidirectional {
             ", the controller too"
         } else {
             ""
+        },
+        if concat {
+            ", secure channel concatenation"
+        } else {
+            ""
         }
     );
-    Ok(())
+    let Some(psk) = &outcome.generated_psk else {
+        return Ok(None);
+    };
+    let (identity, tls_psk) =
+        crate::dhchap::concat_tls(outcome.hash, psk, &opts.hostnqn, &opts.subnqn).ok_or_else(
+            || {
+                Error::Auth(format!(
+                    "queue {qid}: no TLS PSK can be derived with {}",
+                    outcome.hash
+                ))
+            },
+        )?;
+    Ok(Some(crate::tls::ClientConfig::new(identity, tls_psk)))
 }
 
 /// A step that waits on the network (a reconnect), run on a thread of its own; a poller takes its result
@@ -563,13 +605,43 @@ struct Attached {
     io_queues_allowed: u16,
     /// The ANA groups and states read at bring-up.
     ana: AnaView,
+    /// The TLS settings a secure channel concatenation generated at bring-up (every queue then uses them).
+    generated_tls: Option<crate::tls::ClientConfig>,
 }
 
 /// Connects the admin queue and brings the controller up: ICReq, Fabrics Connect, CAP/VS, CC.EN and CSTS.RDY,
 /// Identify Controller, Number of Queues, and Identify of every active namespace.
 fn bring_up(opts: &ConnectOptions, pool: &DmaPool) -> Result<Attached, Error> {
-    let mut admin = connect_queue(opts, 0, opts.admin_depth, opts.max_transfer.max(4096))?;
-    let cntlid = fabrics_connect(&mut admin, opts, pool, opts.admin_depth - 1, 0xffff)?;
+    let admin_transfer = opts.max_transfer.max(4096);
+    let concat = opts.dhchap.as_ref().is_some_and(|a| a.concat);
+    let (mut admin, cntlid, generated_tls) = if concat {
+        // Secure channel concatenation: authenticate on an admin queue without TLS, which generates a PSK,
+        // then connect the admin queue again over TLS with it (the controller asks no more on that one).
+        let plain = ConnectOptions {
+            tls: None,
+            ..opts.clone()
+        };
+        let mut q = connect_queue(&plain, 0, opts.admin_depth, admin_transfer)?;
+        let (_, tls) = fabrics_connect_auth(&mut q, &plain, pool, opts.admin_depth - 1, 0xffff)?;
+        q.close();
+        let tls = tls.ok_or_else(|| {
+            Error::Auth(
+                "secure channel concatenation asked for (--concat), but the controller did not ask to authenticate"
+                    .into(),
+            )
+        })?;
+        let secured = ConnectOptions {
+            tls: Some(tls.clone()),
+            ..opts.clone()
+        };
+        let mut q = connect_queue(&secured, 0, opts.admin_depth, admin_transfer)?;
+        let cntlid = fabrics_connect(&mut q, &secured, pool, opts.admin_depth - 1, 0xffff)?;
+        (q, cntlid, Some(tls))
+    } else {
+        let mut q = connect_queue(opts, 0, opts.admin_depth, admin_transfer)?;
+        let cntlid = fabrics_connect(&mut q, opts, pool, opts.admin_depth - 1, 0xffff)?;
+        (q, cntlid, None)
+    };
     let t = opts.timeout;
     let cap = spec::Cap(property_get(&mut admin, spec::reg::CAP, true, t)?);
     let vs = spec::Vs(property_get(&mut admin, spec::reg::VS, false, t)? as u32);
@@ -641,6 +713,7 @@ fn bring_up(opts: &ConnectOptions, pool: &DmaPool) -> Result<Attached, Error> {
         },
         io_queues_allowed,
         ana,
+        generated_tls,
     })
 }
 
@@ -707,8 +780,12 @@ fn scan_namespaces(
 impl TcpController {
     /// Connects the admin queue and brings the controller up: ICReq, Fabrics Connect, CAP/VS, CC.EN and
     /// CSTS.RDY, Identify Controller, Number of Queues, and Identify of every active namespace.
-    pub fn connect(opts: ConnectOptions, pool: DmaPool) -> Result<TcpController, Error> {
+    pub fn connect(mut opts: ConnectOptions, pool: DmaPool) -> Result<TcpController, Error> {
         let a = bring_up(&opts, &pool)?;
+        if a.generated_tls.is_some() {
+            // I/O queues connect with the generated PSK (a reconnect generates a new one).
+            opts.tls.clone_from(&a.generated_tls);
+        }
         let shared = Arc::new(CtrlShared::new(a.cntlid));
         shared.set_ana(a.ana.clone());
         Ok(TcpController {
@@ -886,6 +963,9 @@ impl TcpController {
         match result {
             Ok(a) => {
                 self.att = a;
+                if self.att.generated_tls.is_some() {
+                    self.opts.tls.clone_from(&self.att.generated_tls);
+                }
                 self.shared.set_ana(self.att.ana.clone());
                 self.ana_outstanding = false;
                 self.last_ana = Instant::now();
@@ -1065,7 +1145,7 @@ impl TcpController {
         if self.state != CtrlState::Live {
             return Err(Error::Lost("the controller is reconnecting"));
         }
-        authenticate(&mut self.att.admin, &self.opts, &self.pool, AUTHREQ_ATR)
+        authenticate(&mut self.att.admin, &self.opts, &self.pool, AUTHREQ_ATR).map(|_| ())
     }
 
     /// Connects one more I/O queue pair of the given depth.

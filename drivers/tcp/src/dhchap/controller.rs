@@ -28,6 +28,9 @@ pub struct Policy {
     pub hashes: Vec<Hash>,
     /// DH groups allowed, strongest preferred (empty: all).
     pub groups: Vec<DhGroup>,
+    /// Secure channel concatenation required: the transaction must ask for a generated TLS PSK (SC_C 01h),
+    /// with an FFDHE group and SHA-256 or SHA-384; one that does not is refused (SC_C mismatch).
+    pub concat: bool,
 }
 
 /// Work to run off the reactor; its result goes to [`ControllerAuth::resume`].
@@ -37,17 +40,26 @@ pub type Job = Box<dyn FnOnce() -> Computed + Send>;
 pub enum Computed {
     /// A key pair for the challenge.
     KeyPair(Option<KeyPair>),
-    /// The check of the host's reply: R2 to send if the host asked, or why it failed.
-    Verdict(Result<Option<Zeroizing<Vec<u8>>>, FailureReason>),
+    /// The check of the host's reply: R2 to send if the host asked and the generated PSK with secure
+    /// channel concatenation, or why it failed.
+    Verdict(Result<Verified, FailureReason>),
 }
 
 impl fmt::Debug for Computed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Computed::KeyPair(k) => write!(f, "KeyPair({})", k.is_some()),
-            Computed::Verdict(v) => write!(f, "Verdict({:?})", v.as_ref().map(|r| r.is_some())),
+            Computed::Verdict(v) => write!(f, "Verdict({:?})", v.as_ref().map(|r| r.r2.is_some())),
         }
     }
+}
+
+/// What a good Reply yields.
+pub struct Verified {
+    /// R2, when the host asked to authenticate the controller.
+    pub r2: Option<Zeroizing<Vec<u8>>>,
+    /// The generated PSK, with secure channel concatenation.
+    pub generated_psk: Option<Zeroizing<Vec<u8>>>,
 }
 
 /// What the caller does with an Authentication Send.
@@ -121,6 +133,10 @@ pub struct ControllerAuth {
     /// Whether the queue was authenticated before this transaction (a re-authentication).
     was_authenticated: bool,
     outcome: Option<(Hash, DhGroup, bool)>,
+    /// SC_C of the transaction.
+    sc_c: u8,
+    /// The generated PSK of a concatenation transaction, until the caller takes it.
+    generated_psk: Option<Zeroizing<Vec<u8>>>,
 }
 
 impl fmt::Debug for ControllerAuth {
@@ -170,12 +186,31 @@ impl ControllerAuth {
             why: None,
             was_authenticated: false,
             outcome: None,
+            sc_c: 0,
+            generated_psk: None,
         }
+    }
+
+    /// Takes the generated PSK of a finished secure channel concatenation (key material).
+    pub fn take_generated_psk(&mut self) -> Option<Zeroizing<Vec<u8>>> {
+        self.generated_psk.take()
+    }
+
+    /// Whether the policy requires secure channel concatenation.
+    pub fn concat_required(&self) -> bool {
+        self.policy.concat
     }
 
     /// Whether the host is authenticated (commands other than authentication may run).
     pub fn authenticated(&self) -> bool {
-        matches!(self.state, State::Done) || self.was_authenticated
+        // A concatenation transaction proves the host, but the queue it ran on has no TLS: only the queues
+        // that connect again with the generated PSK carry commands.
+        (matches!(self.state, State::Done) && self.sc_c == 0) || self.was_authenticated
+    }
+
+    /// Whether the last transaction finished (with or without concatenation).
+    pub fn finished(&self) -> bool {
+        matches!(self.state, State::Done)
     }
 
     /// Why the transaction failed, once the host was told (the caller ends the queue).
@@ -259,16 +294,26 @@ impl ControllerAuth {
                 State::Negotiate | State::Done,
             ) => {
                 self.tid = tid;
+                self.sc_c = sc_c;
                 if data.len() != 8 + 64 * usize::from(data[7]) {
                     return self.fail(
                         FailureReason::IncorrectPayload,
                         format!("AUTH_Negotiate of {} bytes", data.len()),
                     );
                 }
-                if sc_c != 0 {
+                let want = if self.policy.concat {
+                    super::SC_C_NEW_TLS_PSK
+                } else {
+                    super::SC_C_NONE
+                };
+                if sc_c != want {
                     return self.fail(
                         FailureReason::SccMismatch,
-                        format!("secure channel concatenation {sc_c} asked for and not offered"),
+                        if self.policy.concat {
+                            format!("secure channel concatenation is required and SC_C is {sc_c}")
+                        } else {
+                            format!("secure channel concatenation {sc_c} asked for and not offered")
+                        },
                     );
                 }
                 if !dhchap {
@@ -277,11 +322,14 @@ impl ControllerAuth {
                         "AUTH_Negotiate offers no DH-HMAC-CHAP".into(),
                     );
                 }
-                let allowed_hashes: Vec<Hash> = if self.policy.hashes.is_empty() {
+                let mut allowed_hashes: Vec<Hash> = if self.policy.hashes.is_empty() {
                     vec![Hash::Sha512, Hash::Sha384, Hash::Sha256]
                 } else {
                     self.policy.hashes.clone()
                 };
+                if self.policy.concat {
+                    allowed_hashes.retain(|h| *h != Hash::Sha512);
+                }
                 let Some(hash) = allowed_hashes
                     .iter()
                     .copied()
@@ -292,11 +340,14 @@ impl ControllerAuth {
                         format!("the host offers hashes {hashes:?}, none of {allowed_hashes:?}"),
                     );
                 };
-                let allowed_groups: Vec<DhGroup> = if self.policy.groups.is_empty() {
+                let mut allowed_groups: Vec<DhGroup> = if self.policy.groups.is_empty() {
                     DhGroup::ALL.iter().rev().copied().collect()
                 } else {
                     self.policy.groups.clone()
                 };
+                if self.policy.concat {
+                    allowed_groups.retain(|g| *g != DhGroup::Null);
+                }
                 let Some(group) = allowed_groups
                     .iter()
                     .copied()
@@ -366,6 +417,7 @@ impl ControllerAuth {
                 };
                 let secret = self.policy.secret.clone();
                 let (hostnqn, subnqn, tid) = (self.hostnqn.clone(), self.subnqn.clone(), self.tid);
+                let sc_c = self.sc_c;
                 SendOutcome::Compute(Box::new(move || {
                     let dh = match &kp {
                         Some(kp) => match kp.shared(&dhv) {
@@ -382,7 +434,7 @@ impl ControllerAuth {
                         dh_secret: dh.as_deref().map(|v| &v[..]),
                         seq,
                         tid,
-                        sc_c: 0,
+                        sc_c,
                         hostnqn: &hostnqn,
                         subnqn: &subnqn,
                     };
@@ -401,7 +453,13 @@ impl ControllerAuth {
                             },
                         )
                     });
-                    Computed::Verdict(Ok(r2))
+                    let generated_psk = match (&dh, sc_c) {
+                        (Some(ks), super::SC_C_NEW_TLS_PSK) => {
+                            Some(super::generated_psk(hash, ks, &cval, &c2))
+                        }
+                        _ => None,
+                    };
+                    Computed::Verdict(Ok(Verified { r2, generated_psk }))
                 }))
             }
             (Message::Success2 { tid }, State::AwaitSuccess2) => {
@@ -522,10 +580,11 @@ impl ControllerAuth {
             }
             (State::Checking { hash }, Computed::Verdict(v)) => {
                 match v {
-                    Ok(r2) => {
+                    Ok(Verified { r2, generated_psk }) => {
                         if let Some(o) = &mut self.outcome {
                             o.2 = r2.is_some();
                         }
+                        self.generated_psk = generated_psk;
                         self.state = State::Verified { hash, r2 };
                     }
                     Err(reason) => {

@@ -19,6 +19,9 @@ pub struct HostAuth {
     pub hashes: Vec<Hash>,
     /// DH groups offered, in order of preference (default: all, null last).
     pub groups: Vec<DhGroup>,
+    /// Secure channel concatenation (nvme-cli's `--concat`): the admin queue's transaction generates a TLS
+    /// PSK, and every queue then runs TLS with it. Only SHA-256 and SHA-384 and the FFDHE groups are offered.
+    pub concat: bool,
 }
 
 impl HostAuth {
@@ -36,6 +39,7 @@ impl HostAuth {
                 DhGroup::Ffdhe2048,
                 DhGroup::Null,
             ],
+            concat: false,
         }
     }
 }
@@ -68,7 +72,6 @@ pub enum HostAuthError<E> {
 }
 
 /// What a successful transaction agreed on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Outcome {
     /// The hash.
     pub hash: Hash,
@@ -76,6 +79,25 @@ pub struct Outcome {
     pub group: DhGroup,
     /// Whether the controller was authenticated too.
     pub bidirectional: bool,
+    /// With secure channel concatenation: the generated PSK ([`super::generated_psk`]). Key material.
+    pub generated_psk: Option<zeroize::Zeroizing<Vec<u8>>>,
+}
+
+impl std::fmt::Debug for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Outcome({}, {}, bidirectional {}, generated PSK {})",
+            self.hash,
+            self.group,
+            self.bidirectional,
+            if self.generated_psk.is_some() {
+                "<redacted>"
+            } else {
+                "none"
+            }
+        )
+    }
 }
 
 /// The host's sequence numbers (S2): one counter for the process, from a random start, never 0.
@@ -108,11 +130,29 @@ pub fn authenticate<T: Transport>(
     tid: u16,
     t: &mut T,
 ) -> Result<Outcome, HostAuthError<T::Error>> {
+    let sc_c = if auth.concat {
+        super::SC_C_NEW_TLS_PSK
+    } else {
+        super::SC_C_NONE
+    };
+    // Concatenation needs a DH exchange (its secret keys the PSK) and a hash TLS pairs with.
+    let offered_hashes: Vec<Hash> = auth
+        .hashes
+        .iter()
+        .copied()
+        .filter(|h| !auth.concat || *h != Hash::Sha512)
+        .collect();
+    let offered_groups: Vec<DhGroup> = auth
+        .groups
+        .iter()
+        .copied()
+        .filter(|g| !auth.concat || *g != DhGroup::Null)
+        .collect();
     let negotiate = Message::Negotiate {
         tid,
-        sc_c: 0,
-        hashes: auth.hashes.iter().map(|h| *h as u8).collect(),
-        groups: auth.groups.iter().map(|g| *g as u8).collect(),
+        sc_c,
+        hashes: offered_hashes.iter().map(|h| *h as u8).collect(),
+        groups: offered_groups.iter().map(|g| *g as u8).collect(),
         dhchap: true,
     };
     t.send(&negotiate.encode())
@@ -146,10 +186,10 @@ pub fn authenticate<T: Transport>(
                 )));
             }
             let hash = Hash::from_id(hash)
-                .filter(|h| auth.hashes.contains(h))
+                .filter(|h| offered_hashes.contains(h))
                 .ok_or_else(|| proto(format!("Challenge with hash {hash} that was not offered")))?;
             let group = DhGroup::from_id(group)
-                .filter(|g| auth.groups.contains(g))
+                .filter(|g| offered_groups.contains(g))
                 .ok_or_else(|| {
                     proto(format!(
                         "Challenge with DH group {group} that was not offered"
@@ -192,7 +232,7 @@ pub fn authenticate<T: Transport>(
         dh_secret: dh_secret.as_deref().map(|v| &v[..]),
         seq,
         tid,
-        sc_c: 0,
+        sc_c,
         hostnqn,
         subnqn,
     };
@@ -214,6 +254,10 @@ pub fn authenticate<T: Transport>(
             (seq2, Some(r2))
         }
         None => (0, None),
+    };
+    let generated = match (&dh_secret, auth.concat) {
+        (Some(ks), true) => Some(super::generated_psk(hash, ks, &cval, &c2)),
+        _ => None,
     };
     let reply = Message::Reply {
         tid,
@@ -260,6 +304,7 @@ pub fn authenticate<T: Transport>(
                 hash,
                 group,
                 bidirectional: auth.ctrl_secret.is_some(),
+                generated_psk: generated,
             })
         }
         Message::Failure {

@@ -606,6 +606,41 @@ pub fn response(role: Role, secret: &Secret, i: &ResponseInput<'_>) -> Zeroizing
     )
 }
 
+/// SC_C of an AUTH_Negotiate: no secure channel concatenation.
+pub const SC_C_NONE: u8 = 0x00;
+/// SC_C: secure channel concatenation, a new TLS PSK generated from this transaction.
+pub const SC_C_NEW_TLS_PSK: u8 = 0x01;
+
+/// The PSK secure channel concatenation generates from a transaction: HMAC-H(KS, C1 ‖ C2), KS the DH shared
+/// secret (NVMe Base 2.1, "Generated PSK for TLS"); C2 is the host's challenge (zeroes without controller
+/// authentication).
+pub fn generated_psk(hash: Hash, ks: &[u8], c1: &[u8], c2: &[u8]) -> Zeroizing<Vec<u8>> {
+    hash.hmac(ks, &[c1, c2])
+}
+
+/// The TLS identity (`NVMe1G<hh> <hostnqn> <subnqn> <digest>`) and TLS PSK of a generated PSK, derived as a
+/// retained PSK is (HKDF-Extract, then HKDF-Expand-Label "nvme-tls-psk" with `"<hh> <digest>"`). `None` for
+/// SHA-512, which no NVMe/TCP TLS cipher suite pairs with.
+pub fn concat_tls(
+    hash: Hash,
+    generated: &[u8],
+    hostnqn: &str,
+    subnqn: &str,
+) -> Option<(String, crate::tls::Psk)> {
+    use crate::tls::{Derivation, HashAlg, IdentityVersion, RetainedKey};
+    let alg = match hash {
+        Hash::Sha256 => HashAlg::Sha256,
+        Hash::Sha384 => HashAlg::Sha384,
+        Hash::Sha512 => return None,
+    };
+    let key = RetainedKey::new(generated, alg, Derivation::Rfc8446);
+    let identity = key
+        .identity(IdentityVersion::V1, hostnqn, subnqn)
+        .replacen("NVMe1R", "NVMe1G", 1);
+    let psk = key.tls_psk(&identity);
+    Some((identity, psk))
+}
+
 /// Compares two responses in constant time.
 pub fn responses_match(a: &[u8], b: &[u8]) -> bool {
     aws_lc_rs::constant_time::verify_slices_are_equal(a, b).is_ok()
