@@ -68,6 +68,7 @@ if [ "${1:-}" = --in-guest ]; then
     cp -a "$NVPOLL_BT_DIR" /tmp/bt-nvmet || exit 2
     echo "blktests: against nvmet: ${TESTS[*]}"
     (cd /tmp/bt-nvmet && NVMET_TRTYPES=tcp ./check "${TESTS[@]}") > "$OUT/nvmet.txt" 2>&1
+    dmesg > "$OUT/dmesg.txt" 2>&1 || true
     echo done > "$OUT/finished"
     exit 0
 fi

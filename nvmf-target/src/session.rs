@@ -396,8 +396,11 @@ impl Session {
     /// [`TargetShared::wake_all`]. Returns `false` while a flush runs on the flusher thread, which does not
     /// wake anyone: the session is then polled.
     pub fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
-        if self.flushing > 0 {
+        if self.flushing > 0 || self.auth_jobs > 0 {
             return false;
+        }
+        if let Some(deadline) = self.queue.as_ref().and_then(|q| q.auth_deadline) {
+            w.deadline(deadline);
         }
         self.conn.wake_sources(w);
         if let Some((_, deadline)) = &self.closing {
@@ -457,7 +460,10 @@ impl Session {
             if q.ctrl.is_dead() {
                 return Some(format!("controller {} was torn down", q.ctrl.cntlid));
             }
-            if q.ctrl.keep_alive_expired(now_ms) {
+            // Before the admin queue authenticated, the authentication's own deadline bounds it: a host can
+            // send no Keep Alive then, and its first DH-HMAC-CHAP transaction may wait for its crypto
+            // modules to load (seconds in an emulated guest).
+            if q.authenticated() && q.ctrl.keep_alive_expired(now_ms) {
                 self.target.emit(&TargetEvent::KeepAliveExpired {
                     peer: self.peer,
                     subnqn: &q.subsys.nqn,

@@ -371,8 +371,9 @@ fn hostile_hosts_are_refused_and_nothing_blocks() {
     );
 
     // A host that stops mid-exchange: the target ends the queue by itself, after twice KATO and 10 s at least
-    // (a slow host's ffdhe8192 arithmetic can take seconds); no keep-alive here, which would end it first.
-    let (mut h5, _) = raw_admin(&t, 0);
+    // (a slow host's ffdhe8192 arithmetic, or its crypto modules loading, can take seconds); the keep-alive
+    // timer (600 ms here) does not run before the admin queue authenticated.
+    let (mut h5, _) = raw_admin(&t, 600);
     auth_send(&mut h5, &negotiate(5, DhGroup::Ffdhe2048));
     let _ = auth_recv(&mut h5);
     let t0 = Instant::now();
