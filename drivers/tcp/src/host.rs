@@ -319,6 +319,9 @@ fn fabrics_connect_auth(
     Ok(((cqe.dw0 & 0xffff) as u16, generated))
 }
 
+/// The least time a host gives each Authentication Send or Receive.
+const AUTH_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Connect's AUTHREQ: authentication transaction required.
 const AUTHREQ_ATR: u16 = 1 << 1;
 /// Connect's AUTHREQ: secure channel concatenation required.
@@ -415,10 +418,12 @@ fn authenticate(
     } else {
         auth
     };
+    // A controller's FFDHE arithmetic may take seconds (Linux nvmet's ffdhe8192 in an emulated guest took
+    // over 5 s for one challenge): the authentication commands get at least AUTH_TIMEOUT.
     let mut t = AuthCommands {
         q,
         pool,
-        timeout: opts.timeout,
+        timeout: opts.timeout.max(AUTH_TIMEOUT),
     };
     let outcome = crate::dhchap::host::authenticate(auth, &opts.hostnqn, &opts.subnqn, qid, &mut t)
         .map_err(|e| match e {
@@ -1167,6 +1172,12 @@ impl TcpController {
             return Err(Error::Protocol(
                 "the controller is reconnecting or lost".into(),
             ));
+        }
+        // Connecting queues one after another can outlast KATO (each authenticating with a large DH group
+        // takes seconds on a slow target), and nothing else polls the admin queue meanwhile: keep it alive.
+        if let Err(e) = self.service_admin() {
+            self.lose(&e.to_string());
+            return Err(e);
         }
         let qid = self.next_qid;
         let link = QueueLink {
