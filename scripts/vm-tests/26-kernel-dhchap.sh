@@ -29,7 +29,12 @@ CFG=/sys/kernel/config/nvmet
 TPID='' NVMET_MADE=0
 
 say()  { echo "$PROG: $*"; }
-fail() { echo "$PROG: FAIL $*" >&2; [ ! -s "$LOG" ] || tail -n 20 "$LOG" >&2; exit 1; }
+fail() {
+    echo "$PROG: FAIL $*" >&2
+    [ ! -s "$LOG" ] || tail -n 20 "$LOG" >&2
+    dmesg 2>/dev/null | grep -iE 'nvme|auth' | tail -n 15 >&2
+    exit 1
+}
 cleanup() {
     nvme disconnect -n "$NQN" >/dev/null 2>&1 || true
     [ -z "$TPID" ] || { kill -INT "$TPID" 2>/dev/null; wait "$TPID" 2>/dev/null; }
@@ -38,7 +43,7 @@ cleanup() {
         rmdir "$CFG/ports/9" "$CFG/subsystems/$TNQN/namespaces/1" "$CFG/subsystems/$TNQN" \
             "$CFG/hosts/$VM_HOSTNQN" 2>/dev/null
     fi
-    rm -rf "$WORK"
+    rm -rf "$WORK" /run/nvpoll-dhchap-nvmet.img
 }
 trap cleanup EXIT
 
@@ -46,7 +51,7 @@ trap cleanup EXIT
 command -v nvme >/dev/null || fail "nvme-cli is missing in the guest"
 command -v fio >/dev/null || fail "fio is missing (install it on the host: the guest runs on the host's root fs)"
 modprobe nvme-tcp 2>/dev/null || true
-nvme gen-dhchap-key --help >/dev/null 2>&1 || fail "this nvme-cli has no gen-dhchap-key"
+nvme gen-dhchap-key -n nqn.2014-08.org.nvmexpress:probe >/dev/null 2>&1 || fail "this nvme-cli has no gen-dhchap-key"
 
 HASHES=(sha256 sha384 sha512)
 [ "${NVPOLL_DHCHAP_QUICK:-0}" = 1 ] && HASHES=(sha256 sha512)
@@ -145,8 +150,12 @@ say "$(grep '^stats:' "$LOG")"
 modprobe nvmet-tcp 2>/dev/null || true
 NVMET_MADE=1
 mkdir -p "$CFG/subsystems/$TNQN" || fail "B: nvmet subsystem"
-truncate -s 64M "$WORK/nvmet.img"
-mkdir "$CFG/subsystems/$TNQN/namespaces/1" && echo "$WORK/nvmet.img" > "$CFG/subsystems/$TNQN/namespaces/1/device_path" &&
+# On /run's tmpfs, as scripts/vm.sh's own nvmet namespace (nvmet takes its block size from the file's inode,
+# which the root's overlay does not give).
+NVMET_IMG=/run/nvpoll-dhchap-nvmet.img
+truncate -s 64M "$NVMET_IMG"
+mkdir "$CFG/subsystems/$TNQN/namespaces/1" && echo "$NVMET_IMG" > "$CFG/subsystems/$TNQN/namespaces/1/device_path" &&
+    echo 1 > "$CFG/subsystems/$TNQN/namespaces/1/buffered_io" &&
     echo 1 > "$CFG/subsystems/$TNQN/namespaces/1/enable" || fail "B: nvmet namespace"
 echo 0 > "$CFG/subsystems/$TNQN/attr_allow_any_host"
 mkdir -p "$CFG/hosts/$VM_HOSTNQN" || fail "B: nvmet host"

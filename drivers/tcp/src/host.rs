@@ -460,8 +460,8 @@ fn authenticate(
     Ok(Some(crate::tls::ClientConfig::new(identity, tls_psk)))
 }
 
-/// A step that waits on the network (a reconnect), run on a thread of its own; a poller takes its result
-/// later and never waits for it.
+/// A step that waits on the network (a reconnect, or an I/O queue's connect), run on a thread of its own; the
+/// caller takes its result later and meanwhile goes on polling.
 #[derive(Debug)]
 struct Background<T>(mpsc::Receiver<Result<T, Error>>);
 
@@ -471,12 +471,12 @@ impl<T: Send + 'static> Background<T> {
     ) -> Result<Background<T>, Error> {
         let (tx, rx) = mpsc::sync_channel(1);
         std::thread::Builder::new()
-            .name("nvpoll-reconnect".into())
+            .name("nvpoll-connect".into())
             .spawn(move || {
                 // The receiver may be gone (its owner dropped): nothing to tell then.
                 let _ = tx.send(f());
             })
-            .map_err(|e| Error::io("start the reconnect thread", e))?;
+            .map_err(|e| Error::io("start the connect thread", e))?;
         Ok(Background(rx))
     }
 
@@ -1173,12 +1173,6 @@ impl TcpController {
                 "the controller is reconnecting or lost".into(),
             ));
         }
-        // Connecting queues one after another can outlast KATO (each authenticating with a large DH group
-        // takes seconds on a slow target), and nothing else polls the admin queue meanwhile: keep it alive.
-        if let Err(e) = self.service_admin() {
-            self.lose(&e.to_string());
-            return Err(e);
-        }
         let qid = self.next_qid;
         let link = QueueLink {
             opts: self.opts.clone(),
@@ -1189,7 +1183,23 @@ impl TcpController {
             incapsule_max: (self.att.info.identify.ioccsz.max(4) * 16).saturating_sub(64),
             cqt: self.cqt(),
         };
-        let q = link.connect(self.att.cntlid)?;
+        // The connect (TCP, TLS, ICReq, Connect, and an authentication that may take seconds on a slow target)
+        // runs on a thread of its own while this one keeps the admin queue alive.
+        let cntlid = self.att.cntlid;
+        let job = {
+            let link = link.clone();
+            Background::spawn(move || link.connect(cntlid))?
+        };
+        let q = loop {
+            if let Some(r) = job.poll() {
+                break r?;
+            }
+            if let Err(e) = self.service_admin() {
+                self.lose(&e.to_string());
+                return Err(e);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
         self.next_qid += 1;
         let gen = self.shared.generation.load(Ordering::Acquire);
         Ok(TcpQueuePair::new(
@@ -1219,6 +1229,10 @@ impl QueueLink {
     /// Connects the queue (TCP, TLS, ICReq) and runs Fabrics Connect for controller `cntlid`.
     fn connect(&self, cntlid: u16) -> Result<HostQueue, Error> {
         let mut q = connect_queue(&self.opts, self.qid, self.depth, self.max_transfer)?;
+        // The controller's IOCCSZ holds for every command on the queue, the authentication's among them: a
+        // DH-HMAC-CHAP Reply with ffdhe8192 (1104 bytes) goes in the capsule, as Linux sends it, since Linux
+        // nvmet answers no R2T for it.
+        q.set_incapsule_max(self.incapsule_max);
         // SQSIZE is 0's based and must be at least 1 (a queue of two entries); a depth-1 queue pair still
         // never has more than one command outstanding, since the host queue has one slot.
         fabrics_connect(
@@ -1228,7 +1242,6 @@ impl QueueLink {
             self.depth.max(2) - 1,
             cntlid,
         )?;
-        q.set_incapsule_max(self.incapsule_max);
         q.set_keep_orphans(self.opts.recovery == Recovery::Retry);
         Ok(q)
     }
