@@ -7,7 +7,6 @@
 //! AUTH_Failure1 with the reason, and the caller ends the queue ([`ControllerAuth::failed`]).
 
 use std::fmt;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use zeroize::Zeroizing;
 
@@ -149,28 +148,6 @@ impl fmt::Debug for ControllerAuth {
             self.tid,
             self.state_name()
         )
-    }
-}
-
-/// The controller's sequence numbers (S1): one counter for the process, from a random start, never 0.
-fn next_seq() -> u32 {
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-    loop {
-        let cur = SEQ.load(Ordering::Relaxed);
-        let base = if cur == 0 {
-            let mut b = [0u8; 4];
-            random(&mut b);
-            u32::from_le_bytes(b)
-        } else {
-            cur
-        };
-        let next = base.wrapping_add(1).max(1);
-        if SEQ
-            .compare_exchange(cur, next, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            return next;
-        }
     }
 }
 
@@ -559,7 +536,7 @@ impl ControllerAuth {
             (State::MakingKey { hash, group }, Computed::KeyPair(kp)) => {
                 let mut cval = vec![0u8; hash.output_len()];
                 random(&mut cval);
-                let seq = next_seq();
+                let seq = super::next_seq();
                 let msg = Message::Challenge {
                     tid: self.tid,
                     hash: hash as u8,

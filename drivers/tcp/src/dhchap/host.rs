@@ -1,8 +1,6 @@
 //! The host's side of one DH-HMAC-CHAP transaction, over any way of sending and receiving messages (the
 //! initiator runs it with Authentication Send and Receive on a queue it just connected).
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
 use super::{
     random, response, responses_match, AuthError, DhGroup, FailureReason, Hash, KeyPair, Message,
     ResponseInput, Role, Secret,
@@ -97,28 +95,6 @@ impl std::fmt::Debug for Outcome {
                 "none"
             }
         )
-    }
-}
-
-/// The host's sequence numbers (S2): one counter for the process, from a random start, never 0.
-fn next_seq() -> u32 {
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-    loop {
-        let cur = SEQ.load(Ordering::Relaxed);
-        let base = if cur == 0 {
-            let mut b = [0u8; 4];
-            random(&mut b);
-            u32::from_le_bytes(b)
-        } else {
-            cur
-        };
-        let next = base.wrapping_add(1).max(1);
-        if SEQ
-            .compare_exchange(cur, next, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            return next;
-        }
     }
 }
 
@@ -241,7 +217,7 @@ pub fn authenticate<T: Transport>(
     let (seq2, expected_r2) = match &auth.ctrl_secret {
         Some(cs) => {
             random(&mut c2);
-            let seq2 = next_seq();
+            let seq2 = super::next_seq();
             let r2 = response(
                 Role::Controller,
                 cs,

@@ -342,6 +342,30 @@ impl fmt::Display for DhGroup {
     }
 }
 
+/// The next sequence number of this process's transactions (S1 on a controller, S2 on a host): one counter
+/// from a random start, never 0.
+pub(crate) fn next_seq() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    loop {
+        let cur = SEQ.load(Ordering::Relaxed);
+        let base = if cur == 0 {
+            let mut b = [0u8; 4];
+            random(&mut b);
+            u32::from_le_bytes(b)
+        } else {
+            cur
+        };
+        let next = base.wrapping_add(1).max(1);
+        if SEQ
+            .compare_exchange(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            return next;
+        }
+    }
+}
+
 /// Random bytes from the system (aws-lc-rs).
 pub fn random(out: &mut [u8]) {
     aws_lc_rs::rand::fill(out).expect("the system's random source works");
