@@ -88,6 +88,11 @@ fn only_allowed_hosts_connect_and_every_refusal_says_why() {
 
 /// The subsystem NQNs the discovery log shows `hostnqn`.
 fn discovered(t: &TestTarget, hostnqn: &str) -> Vec<String> {
+    discovery_log(t, hostnqn).1
+}
+
+/// The discovery log `hostnqn` reads: its generation counter and subsystem NQNs.
+fn discovery_log(t: &TestTarget, hostnqn: &str) -> (u64, Vec<String>) {
     let mut h = RawHost::connect(t.addr);
     h.icreq(Digests::NONE);
     let cd = ConnectData {
@@ -112,7 +117,34 @@ fn discovered(t: &TestTarget, hostnqn: &str) -> Vec<String> {
     let log = DiscoveryLog::parse(&page).unwrap();
     let mut nqns: Vec<String> = log.entries.iter().map(|e| e.subnqn.clone()).collect();
     nqns.sort();
-    nqns
+    (log.genctr, nqns)
+}
+
+/// What blktests nvme/030 checks with nvmet's configfs: the discovery log's generation counter moves with each
+/// change a discovery host could see (a subsystem added, the host allowed, disallowed, the subsystem removed).
+#[test]
+fn the_discovery_generation_counter_moves_with_every_change() {
+    let t = two_subsystems();
+    let third = "nqn.2024-01.io.nvpoll:third";
+    let (g0, _) = discovery_log(&t, HOST2);
+    let mut cfg = SubsystemConfig::new(third).namespace(Backing::Ram(1 << 20), 512);
+    cfg = cfg.allow_host(HOST1);
+    t.handle.add_subsystem(&cfg).unwrap();
+    let (g1, _) = discovery_log(&t, HOST2);
+    assert!(g1 > g0, "adding a subsystem: {g0} -> {g1}");
+    t.handle.allow_host(third, HOST2).unwrap();
+    let (g2, seen) = discovery_log(&t, HOST2);
+    assert!(g2 > g1, "allowing the host: {g1} -> {g2}");
+    assert!(seen.iter().any(|n| n == third));
+    t.handle.disallow_host(third, HOST2).unwrap();
+    let (g3, seen) = discovery_log(&t, HOST2);
+    assert!(g3 > g2, "disallowing the host: {g2} -> {g3}");
+    assert!(!seen.iter().any(|n| n == third));
+    t.handle.remove_subsystem(third).unwrap();
+    let (g4, _) = discovery_log(&t, HOST2);
+    assert!(g4 > g3, "removing the subsystem: {g3} -> {g4}");
+    let (g5, _) = discovery_log(&t, HOST2);
+    assert_eq!(g5, g4, "no change, no move");
 }
 
 #[test]
