@@ -398,6 +398,10 @@ impl Peer {
                 return;
             }
             if ended {
+                // A hostile step ends the round's good behaviour: close our side after what it sent, so that a
+                // host left waiting for the rest of a garbage PDU sees the end instead of waiting for ever (a
+                // real host would give up after its command timeout, longer than this test waits).
+                let _ = self.s.shutdown(std::net::Shutdown::Write);
                 thread::sleep(Duration::from_micros(200));
                 continue;
             }
