@@ -8,15 +8,15 @@ mod target_common;
 
 use std::time::{Duration, Instant};
 
-use nvpoll::api::{Completion, IoOp, IoRequest, QueuePair};
+use nvpoll::api::{IoOp, IoRequest, QueuePair};
 use nvpoll::spec::fabrics::{self, FabricsCommand};
 use nvpoll::spec::{ConnectData, Sqe, Status};
 use nvpoll_target::{DhchapKey, DhchapPolicy};
 use nvpoll_tcp::dhchap::host::HostAuth;
 use nvpoll_tcp::dhchap::{self, DhGroup, FailureReason, Hash, Message, Secret};
-use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
+use nvpoll_tcp::host::{ConnectOptions, TcpController};
 use nvpoll_tcp::pdu::Digests;
-use target_common::{fill_pattern, pool, RawHost, TestTarget, HOSTNQN, NQN};
+use target_common::{fill_pattern, pool, wait_one, RawHost, TestTarget, HOSTNQN, NQN};
 
 /// Keys as nvme-cli 2.3 writes them (`gen-dhchap-key`): the host's transformed with SHA-256, the
 /// controller's with SHA-512 (64 bytes), a second host key untransformed.
@@ -52,17 +52,6 @@ fn options(t: &TestTarget, key: &str, ctrl: Option<&str>) -> ConnectOptions {
         .unwrap();
     o.timeout = Duration::from_secs(10);
     o
-}
-
-fn wait_one(qp: &mut TcpQueuePair) -> Completion {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        qp.poll(64).expect("poll");
-        if let Some(c) = qp.pop_completion() {
-            return c;
-        }
-        assert!(Instant::now() < deadline, "I/O did not complete in 20 s");
-    }
 }
 
 /// Writes a pattern through a new I/O queue and reads it back.
@@ -220,8 +209,13 @@ fn negotiate(tid: u16, group: DhGroup) -> Vec<u8> {
     .encode()
 }
 
-/// A raw admin queue that connected and was told to authenticate.
+/// A raw admin queue that connected and was told to authenticate (AUTHREQ ATR, no concatenation).
 fn raw_admin(t: &TestTarget, kato_ms: u32) -> (RawHost, u16) {
+    raw_admin_expecting(t, kato_ms, 0x2)
+}
+
+/// A raw admin queue that connected; Connect's AUTHREQ bits 2:1 must be `authreq`.
+fn raw_admin_expecting(t: &TestTarget, kato_ms: u32, authreq: u32) -> (RawHost, u16) {
     let mut h = RawHost::connect(t.addr);
     h.icreq(Digests::NONE);
     let cd = ConnectData {
@@ -232,7 +226,7 @@ fn raw_admin(t: &TestTarget, kato_ms: u32) -> (RawHost, u16) {
     };
     let cqe = h.fabrics_connect(0, 31, 0, kato_ms, &cd);
     assert!(cqe.status().is_success());
-    assert_eq!(cqe.dw0 >> 16 & 0x6, 0x2, "AUTHREQ: ATR set, ASCR clear");
+    assert_eq!(cqe.dw0 >> 16 & 0x6, authreq, "AUTHREQ bits 2:1 (ASCR, ATR)");
     (h, cqe.dw0 as u16)
 }
 
@@ -479,19 +473,7 @@ fn secure_channel_concatenation_between_our_ends() {
     assert!(e.to_string().contains("--concat"), "{e}");
 
     // The plain queue that authenticated with concatenation carries no command.
-    let (mut h, _) = {
-        let mut h = RawHost::connect(t.addr);
-        h.icreq(Digests::NONE);
-        let cd = ConnectData {
-            hostid: [7; 16],
-            cntlid: fabrics::CNTLID_DYNAMIC,
-            subnqn: NQN.into(),
-            hostnqn: HOSTNQN.into(),
-        };
-        let cqe = h.fabrics_connect(0, 31, 0, 0, &cd);
-        assert_eq!(cqe.dw0 >> 16 & 0x6, 0x6, "AUTHREQ: ATR and ASCR");
-        (h, cqe.dw0 as u16)
-    };
+    let (mut h, _) = raw_admin_expecting(&t, 0, 0x6);
     let mut neg = negotiate(1, DhGroup::Null);
     neg[6] = dhchap::SC_C_NEW_TLS_PSK;
     assert!(auth_send(&mut h, &neg).status().is_success());

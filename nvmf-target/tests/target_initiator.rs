@@ -11,7 +11,7 @@ use nvpoll::mem::DmaPool;
 use nvpoll::spec::{self, log_page, Sqe};
 use nvpoll_target::{Backing, SubsystemConfig, TargetConfig};
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
-use target_common::{fill_pattern, pool, TestTarget, HOSTNQN, NQN, NS1_BYTES, NS2_BYTES};
+use target_common::{fill_pattern, pool, wait_one, TestTarget, HOSTNQN, NQN, NS1_BYTES, NS2_BYTES};
 
 fn attach(
     t: &TestTarget,
@@ -24,17 +24,6 @@ fn attach(
     o.header_digest = header_digest;
     o.data_digest = data_digest;
     TcpController::connect(o, pool).expect("attach to our target")
-}
-
-fn wait_one(qp: &mut TcpQueuePair) -> Completion {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        qp.poll(64).expect("poll");
-        if let Some(c) = qp.pop_completion() {
-            return c;
-        }
-        assert!(Instant::now() < deadline, "I/O did not complete in 20 s");
-    }
 }
 
 fn run_one(qp: &mut TcpQueuePair, req: IoRequest) -> Completion {

@@ -507,3 +507,16 @@ impl RawHost {
         (h, cqe)
     }
 }
+
+/// Polls `qp` until one request completes (20 s at most).
+pub fn wait_one(qp: &mut nvpoll_tcp::host::TcpQueuePair) -> nvpoll::api::Completion {
+    use nvpoll::api::QueuePair;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        qp.poll(64).expect("poll");
+        if let Some(c) = qp.pop_completion() {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "I/O did not complete in 20 s");
+    }
+}
