@@ -245,9 +245,11 @@ impl DmaPool {
             capacity: class.size,
             offset: 0,
             len,
-            slot,
-            class: index as u8,
-            pool: Arc::clone(inner),
+            owner: Owner::Slot(Lease {
+                slot,
+                class: index as u8,
+                pool: Arc::clone(inner),
+            }),
         })
     }
 
@@ -476,13 +478,43 @@ pub struct DmaBuf {
     capacity: usize,
     offset: usize,
     len: usize,
+    owner: Owner,
+}
+
+/// Which pool buffer (slot) a [`DmaBuf`] holds, returned to its size class's free list when dropped.
+struct Lease {
     slot: u32,
     class: u8,
     pool: Arc<PoolInner>,
 }
 
-// SAFETY: a DmaBuf owns its bytes exclusively (its slot is off the free list until it is dropped) and keeps the
-// mapping alive through the Arc; nothing about it is tied to the allocating thread.
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // Cannot fail: the free list has room for every buffer of the class and this slot is not in it.
+        let pushed = self.pool.classes[self.class as usize].free.push(self.slot);
+        debug_assert!(pushed.is_ok(), "DMA buffer slot freed twice");
+    }
+}
+
+/// A [`DmaBuf`]'s hold on its pool buffer: the whole buffer, or a part of it ([`DmaBuf::split_at`]), whose
+/// slot goes back to the pool when the last part is dropped.
+enum Owner {
+    Slot(Lease),
+    Part(Arc<Lease>),
+}
+
+impl Owner {
+    fn pool(&self) -> &PoolInner {
+        match self {
+            Owner::Slot(l) => &l.pool,
+            Owner::Part(l) => &l.pool,
+        }
+    }
+}
+
+// SAFETY: a DmaBuf owns its bytes exclusively (its slot is off the free list until its last part is dropped,
+// and parts made by `split_at` cover disjoint bytes) and keeps the mapping alive through the Arc; nothing about
+// it is tied to the allocating thread.
 unsafe impl Send for DmaBuf {}
 // SAFETY: through `&DmaBuf` only shared reads of the bytes are possible.
 unsafe impl Sync for DmaBuf {}
@@ -547,15 +579,58 @@ impl DmaBuf {
     /// The IOVA of the first visible byte: what a device is given. The window is contiguous in IOVA space.
     pub fn iova(&self) -> u64 {
         let vaddr = self.ptr.as_ptr() as usize + self.offset;
-        (vaddr as u64).wrapping_add(self.pool.iova_offset.load(Ordering::Relaxed))
+        (vaddr as u64).wrapping_add(self.owner.pool().iova_offset.load(Ordering::Relaxed))
     }
-}
 
-impl Drop for DmaBuf {
-    fn drop(&mut self) {
-        // Cannot fail: the free list has room for every buffer of the class and this slot is not in it.
-        let pushed = self.pool.classes[self.class as usize].free.push(self.slot);
-        debug_assert!(pushed.is_ok(), "DMA buffer slot freed twice");
+    /// Splits the visible window into two buffers: the first `at` bytes and the rest. Each part's capacity is
+    /// its share of the window (bytes outside the window are no longer reachable), and each is a window of its
+    /// own. The pool buffer goes back to the pool when both parts (and any parts split from them) are dropped.
+    /// This lets a caller carve one buffer into many, e.g. to hand another program one contiguous area
+    /// (fio's I/O buffers) and still submit each piece as a `DmaBuf`. Fails with
+    /// [`Error::InvalidArgument`] if `at` is past the window.
+    pub fn split_at(self, at: usize) -> Result<(DmaBuf, DmaBuf)> {
+        if at > self.len {
+            return Err(Error::InvalidArgument(format!(
+                "cannot split a DMA buffer window of {} bytes at {at}",
+                self.len
+            )));
+        }
+        let DmaBuf {
+            ptr,
+            offset,
+            len,
+            owner,
+            ..
+        } = self;
+        let lease = match owner {
+            Owner::Slot(l) => Arc::new(l),
+            Owner::Part(l) => l,
+        };
+        // SAFETY: `offset + len <= capacity`, so both pointers stay within (or one past) the buffer, which lies
+        // inside the mapping; `ptr` is non-null and so is any pointer derived from it by an in-bounds offset.
+        let (first, second) = unsafe {
+            (
+                NonNull::new_unchecked(ptr.as_ptr().add(offset)),
+                NonNull::new_unchecked(ptr.as_ptr().add(offset + at)),
+            )
+        };
+        let part = |ptr, len, lease| DmaBuf {
+            ptr,
+            capacity: len,
+            offset: 0,
+            len,
+            owner: Owner::Part(lease),
+        };
+        Ok((
+            part(first, at, Arc::clone(&lease)),
+            part(second, len - at, lease),
+        ))
+    }
+
+    /// The address of the first visible byte, for handing the window to code outside Rust (which must not
+    /// touch it while a transport owns the buffer).
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.as_mut_slice().as_mut_ptr()
     }
 }
 
@@ -761,6 +836,51 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn split_parts_are_disjoint_and_the_slot_returns_with_the_last_part() {
+        let pool = DmaPool::builder()
+            .class(16384, 1)
+            .hugepages(HugepageMode::Off)
+            .build()
+            .unwrap();
+        let mut whole = pool.alloc(16384).unwrap();
+        let base = whole.as_mut_ptr() as usize;
+        let iova = whole.iova();
+        whole.set_window(1000, 12000).unwrap();
+        let (mut a, rest) = whole.split_at(4096).unwrap();
+        let (mut b, mut c) = rest.split_at(4096).unwrap();
+        assert_eq!((a.len(), a.capacity()), (4096, 4096));
+        assert_eq!((b.len(), c.len()), (4096, 12000 - 8192));
+        assert_eq!(a.as_mut_ptr() as usize, base + 1000);
+        assert_eq!(b.as_mut_ptr() as usize, base + 1000 + 4096);
+        assert_eq!(c.iova(), iova + 1000 + 8192);
+        a.as_mut_slice().fill(1);
+        b.as_mut_slice().fill(2);
+        c.as_mut_slice().fill(3);
+        assert!(a.iter().all(|&x| x == 1) && b.iter().all(|&x| x == 2));
+        // A part's window moves within the part only.
+        assert!(b.set_window(1, 4096).is_err());
+        b.set_window(96, 4000).unwrap();
+        assert_eq!(pool.available(16384), 0);
+        drop(a);
+        drop(c);
+        assert_eq!(pool.available(16384), 0, "one part is still out");
+        drop(b);
+        assert_eq!(pool.available(16384), 1);
+    }
+
+    #[test]
+    fn split_past_the_window_is_refused() {
+        let pool = DmaPool::builder()
+            .class(4096, 1)
+            .hugepages(HugepageMode::Off)
+            .build()
+            .unwrap();
+        let buf = pool.alloc(100).unwrap();
+        assert!(buf.split_at(101).is_err());
+        assert_eq!(pool.available(4096), 1, "the refused buffer went back");
     }
 
     #[test]
