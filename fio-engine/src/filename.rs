@@ -1,0 +1,137 @@
+//! fio's `filename` for this engine: a controller and a namespace in the form SPDK's fio plugin reads, so that
+//! an SPDK user changes only the `ioengine` line of a job file.
+//!
+//! ```text
+//! filename=trtype=tcp adrfam=IPv4 traddr=127.0.0.1 trsvcid=4420 subnqn=nqn.2016-06.io.spdk:cnode1 ns=1
+//! filename=trtype=PCIe traddr=0000.04.00.0 ns=1
+//! ```
+//!
+//! fio splits a `filename` list at every `:` that is not escaped, so in a job file an NQN's colons are written
+//! `\:` (`subnqn=nqn.2016-06.io.spdk\:cnode1`; fio removes the backslash) and a PCI address with dots
+//! (`0000.04.00.0`, as SPDK's plugin has it). The pairs are nvpoll's transport ID keys (`trtype`, `adrfam`,
+//! `traddr`, `trsvcid`, `subnqn`, `hostnqn`, with `=` or `:`) and `ns`, the namespace ID (default: the
+//! controller's first active namespace).
+
+use nvpoll::trid::TransportId;
+
+/// One fio file: a controller and the namespace on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileTarget {
+    /// The controller.
+    pub trid: TransportId,
+    /// The namespace; `None`: the first active one.
+    pub nsid: Option<u32>,
+}
+
+/// Reads a fio filename. The error says what is wrong and shows the form expected.
+pub fn parse(name: &str) -> Result<FileTarget, String> {
+    let hint = "expected e.g. 'trtype=tcp adrfam=IPv4 traddr=127.0.0.1 trsvcid=4420 subnqn=NQN ns=1' \
+                or 'trtype=PCIe traddr=0000.04.00.0 ns=1' (fio splits filenames at ':': write an NQN's \
+                colons as '\\:' and a PCI address with dots)";
+    let mut nsid = None;
+    let mut words = Vec::new();
+    let mut pcie = false;
+    for word in name.split_ascii_whitespace() {
+        let (key, value) = word.split_once(['=', ':']).unwrap_or((word, ""));
+        if key.eq_ignore_ascii_case("ns") {
+            if nsid.is_some() {
+                return Err(format!("filename '{name}': ns is given twice"));
+            }
+            let n: u32 = value
+                .parse()
+                .ok()
+                .filter(|&n| n != 0 && n != u32::MAX)
+                .ok_or_else(|| {
+                    format!("filename '{name}': ns={value} is not a namespace ID (1 to 4294967294)")
+                })?;
+            nsid = Some(n);
+            continue;
+        }
+        if key.eq_ignore_ascii_case("trtype") && value.eq_ignore_ascii_case("pcie") {
+            pcie = true;
+        }
+        words.push((key, value));
+    }
+    let mut trid = String::new();
+    for (key, value) in words {
+        let value = if pcie && key.eq_ignore_ascii_case("traddr") {
+            pci_address(value)
+        } else {
+            value.to_string()
+        };
+        if !trid.is_empty() {
+            trid.push(' ');
+        }
+        trid.push_str(key);
+        trid.push('=');
+        trid.push_str(&value);
+    }
+    if trid.is_empty() {
+        return Err(format!("filename '{name}' names no controller: {hint}"));
+    }
+    let trid: TransportId = trid
+        .parse()
+        .map_err(|e| format!("filename '{name}': {e}; {hint}"))?;
+    if let TransportId::Tcp { subnqn: None, .. } = trid {
+        return Err(format!("filename '{name}': subnqn is missing; {hint}"));
+    }
+    Ok(FileTarget { trid, nsid })
+}
+
+/// A PCI address as fio lets one be written (`0000.04.00.0`, dots for colons) in the usual form.
+fn pci_address(v: &str) -> String {
+    if v.contains(':') || v.matches('.').count() < 2 {
+        return v.to_string();
+    }
+    // domain.bus.device.function or bus.device.function: every dot but the last is a colon.
+    let last = v.rfind('.').expect("counted above");
+    let (head, tail) = v.split_at(last);
+    format!("{}{tail}", head.replace('.', ":"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvpoll::trid::PciAddress;
+
+    #[test]
+    fn spdk_plugin_filenames_parse() {
+        let t = parse(
+            "trtype=tcp adrfam=IPv4 traddr=127.0.0.1 trsvcid=4420 subnqn=nqn.2016-06.io.spdk:cnode1 ns=1",
+        )
+        .unwrap();
+        assert_eq!(t.nsid, Some(1));
+        assert_eq!(t.trid.subnqn(), Some("nqn.2016-06.io.spdk:cnode1"));
+        assert_eq!(
+            t.trid.to_string(),
+            "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:nqn.2016-06.io.spdk:cnode1"
+        );
+        let p = parse("trtype=PCIe traddr=0000.04.00.0 ns=2").unwrap();
+        let bdf: PciAddress = "0000:04:00.0".parse().unwrap();
+        assert_eq!(p.trid, TransportId::Pcie { bdf });
+        assert_eq!(p.nsid, Some(2));
+        assert_eq!(
+            parse("trtype=pcie traddr=04.00.0").unwrap().trid,
+            TransportId::Pcie { bdf }
+        );
+        // nvpoll's own form works too, and ns may be left out.
+        let n = parse("trtype:tcp traddr:127.0.0.1 subnqn:nqn.x").unwrap();
+        assert_eq!(n.nsid, None);
+    }
+
+    #[test]
+    fn bad_filenames_say_what_is_wrong() {
+        let e = parse("/dev/nvme0n1").unwrap_err();
+        assert!(e.contains("expected e.g."), "{e}");
+        let e = parse("trtype=tcp traddr=127.0.0.1 ns=1").unwrap_err();
+        assert!(e.contains("subnqn is missing"), "{e}");
+        let e = parse("trtype=tcp traddr=127.0.0.1 subnqn=x ns=0").unwrap_err();
+        assert!(e.contains("ns=0"), "{e}");
+        let e = parse("trtype=tcp traddr=127.0.0.1 subnqn=x ns=1 ns=2").unwrap_err();
+        assert!(e.contains("twice"), "{e}");
+        let e = parse("trtype=tcp traddr=localhost subnqn=x").unwrap_err();
+        assert!(e.contains("traddr"), "{e}");
+        let e = parse("").unwrap_err();
+        assert!(e.contains("names no controller"), "{e}");
+    }
+}

@@ -1,0 +1,436 @@
+//! One fio job (thread): its queue pairs, one per file; its I/O buffers, one pinned area fio carves (zero
+//! copy: each io_u's buffer is a part of it, handed to the queue pair as a `DmaBuf`); and what it reaped.
+//! Everything here is safe Rust; `ffi` translates fio's structures to and from these calls.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nvpoll::api::{IoOp, IoRequest};
+use nvpoll::mem::{DmaBuf, DmaPool};
+use nvpoll::Error;
+
+use crate::filename;
+use crate::registry::{self, AnyQueuePair, Attached};
+use crate::settings::{Idle, Settings};
+
+/// What fio asks of one io_u.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dir {
+    /// Read into the buffer.
+    Read,
+    /// Write from the buffer.
+    Write,
+    /// Deallocate the range (Dataset Management).
+    Trim,
+    /// Flush the volatile write cache (fio's fsync/fdatasync).
+    Flush,
+}
+
+/// One I/O as fio hands it over.
+#[derive(Clone, Copy, Debug)]
+pub struct Io {
+    /// The io_u's index (its buffer's part).
+    pub index: usize,
+    /// Which of the job's files (fio's fileno).
+    pub file: usize,
+    /// What to do.
+    pub dir: Dir,
+    /// Byte offset in the namespace.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Where the transfer starts in the io_u's buffer (fio's xfer_buf - buf).
+    pub buf_offset: usize,
+}
+
+/// What became of [`Job::queue`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Queued {
+    /// Accepted: it completes in a later reap.
+    Queued,
+    /// The queue pair is full: reap first.
+    Busy,
+    /// Refused at once with this errno (the reason was logged).
+    Failed(i32),
+}
+
+struct FileQp {
+    // Dropped first: the queue pair goes before its controller's last reference.
+    qp: AnyQueuePair,
+    attached: Arc<Attached>,
+    name: String,
+    nsid: u32,
+    block_size: u32,
+    blocks: u64,
+}
+
+struct Memory {
+    pool: DmaPool,
+    /// The area before fio carved it (until [`Job::carve`]).
+    whole: Option<DmaBuf>,
+    /// The controllers the pool is mapped for (PCIe).
+    mapped: Vec<Arc<Attached>>,
+}
+
+/// At most this many failed I/Os are logged one by one; the rest are counted.
+const LOGGED_ERRORS: u64 = 10;
+
+/// One fio job's state.
+pub struct Job {
+    files: Vec<FileQp>,
+    memory: Option<Memory>,
+    /// Each io_u's buffer, by io_u index; `None` while it is with a queue pair.
+    views: Vec<Option<DmaBuf>>,
+    /// What the last reap collected: io_u index and errno (0: success).
+    events: Vec<(usize, i32)>,
+    outstanding: usize,
+    idle: Idle,
+    errors: u64,
+    log: fn(&str),
+}
+
+fn errno(e: &Error) -> i32 {
+    match e {
+        Error::InvalidArgument(_) => libc::EINVAL,
+        Error::Timeout => libc::ETIMEDOUT,
+        Error::Memory(_) => libc::ENOMEM,
+        _ => libc::EIO,
+    }
+}
+
+impl Job {
+    /// Attaches (or shares) the controller of each of fio's file names and connects this job's queue pair
+    /// on each, `depth` deep. `log` prints a line where fio prints its errors.
+    pub fn open(
+        names: &[String],
+        settings: &Settings,
+        depth: u16,
+        log: fn(&str),
+    ) -> Result<Job, String> {
+        let mut files = Vec::with_capacity(names.len());
+        for name in names {
+            let t = filename::parse(name)?;
+            let attached = registry::attach(&t.trid, settings)?;
+            let ns = match t.nsid {
+                Some(n) => attached.info.namespace(n).cloned().ok_or_else(|| {
+                    let active: Vec<u32> =
+                        attached.info.namespaces.iter().map(|n| n.nsid).collect();
+                    format!(
+                        "{}: namespace {n} is not active (active: {active:?})",
+                        attached.name
+                    )
+                })?,
+                None => attached.info.namespaces.first().cloned().ok_or_else(|| {
+                    format!("{}: the controller has no active namespace", attached.name)
+                })?,
+            };
+            let qp = attached.create_queue_pair(depth, settings.send_mode)?;
+            if qp.depth() < usize::from(depth) {
+                return Err(format!(
+                    "{}: the queue pair holds {} commands, fewer than iodepth={depth}",
+                    attached.name,
+                    qp.depth()
+                ));
+            }
+            files.push(FileQp {
+                qp,
+                name: format!("{} ns={}", attached.name, ns.nsid),
+                attached,
+                nsid: ns.nsid,
+                block_size: ns.block_size,
+                blocks: ns.blocks,
+            });
+        }
+        Ok(Job {
+            files,
+            memory: None,
+            views: Vec::new(),
+            events: Vec::new(),
+            outstanding: 0,
+            idle: settings.idle,
+            errors: 0,
+            log,
+        })
+    }
+
+    /// Each file's size in bytes (its namespace's capacity), in fio's file order.
+    pub fn file_sizes(&self) -> Vec<u64> {
+        self.files
+            .iter()
+            .map(|f| f.blocks * u64::from(f.block_size))
+            .collect()
+    }
+
+    /// Refuses block sizes the namespaces or controllers cannot take: every size in `sizes` (fio's bs,
+    /// bssplit and bsrange bounds) must be a multiple of each namespace's block size, and `max_bs` within each
+    /// controller's largest transfer.
+    pub fn check_block_sizes(&self, sizes: &[u64], max_bs: u64) -> Result<(), String> {
+        for f in &self.files {
+            if let Some(bad) = sizes.iter().find(|&&s| s % u64::from(f.block_size) != 0) {
+                return Err(format!(
+                    "{}: a block size of {bad} bytes is not a multiple of the namespace's {}-byte blocks",
+                    f.name, f.block_size
+                ));
+            }
+            if max_bs > u64::from(f.attached.info.max_transfer) {
+                return Err(format!(
+                    "{}: bs={max_bs} exceeds the controller's largest transfer, {} bytes",
+                    f.name, f.attached.info.max_transfer
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Allocates the job's I/O buffer area of `bytes` (fio's iomem_alloc), pinned and, for PCIe
+    /// controllers, mapped for their devices. Returns its address for fio to carve.
+    pub fn alloc_memory(&mut self, bytes: usize) -> Result<*mut u8, String> {
+        let size = bytes.max(4096).next_power_of_two();
+        let pool = DmaPool::builder()
+            .class(size, 1)
+            .build()
+            .map_err(|e| format!("I/O buffers ({bytes} bytes): {e}"))?;
+        let mut whole = pool
+            .alloc(size)
+            .map_err(|e| format!("I/O buffers ({bytes} bytes): {e}"))?;
+        let mut mapped: Vec<Arc<Attached>> = Vec::new();
+        for f in &self.files {
+            if f.attached.is_pcie() && !mapped.iter().any(|m| Arc::ptr_eq(m, &f.attached)) {
+                f.attached.map_pool(&pool)?;
+                mapped.push(Arc::clone(&f.attached));
+            }
+        }
+        let ptr = whole.as_mut_ptr();
+        self.memory = Some(Memory {
+            pool,
+            whole: Some(whole),
+            mapped,
+        });
+        Ok(ptr)
+    }
+
+    /// Takes each io_u's buffer out of the area (fio's post_init, after it carved): `bufs` holds each io_u's
+    /// index and its buffer's address, `stride` bytes each.
+    pub fn carve(&mut self, bufs: &[(usize, usize)], stride: usize) -> Result<(), String> {
+        let mem = self
+            .memory
+            .as_mut()
+            .ok_or("fio carved I/O buffers the engine did not allocate")?;
+        let mut rest = mem
+            .whole
+            .take()
+            .ok_or("the I/O buffers were carved twice")?;
+        let base = rest.as_mut_ptr() as usize;
+        let mut sorted = bufs.to_vec();
+        sorted.sort_by_key(|b| b.1);
+        let mut at = base;
+        let n = bufs.iter().map(|b| b.0 + 1).max().unwrap_or(0);
+        self.views = (0..n).map(|_| None).collect();
+        for (index, addr) in sorted {
+            if addr < at {
+                return Err(format!(
+                    "io_u {index}'s buffer at {addr:#x} overlaps another or lies before the area at {base:#x}"
+                ));
+            }
+            let (_, tail) = rest
+                .split_at(addr - at)
+                .map_err(|e| format!("io_u {index}'s buffer is outside the area: {e}"))?;
+            let (view, tail) = tail
+                .split_at(stride)
+                .map_err(|e| format!("io_u {index}'s buffer is outside the area: {e}"))?;
+            self.views[index] = Some(view);
+            rest = tail;
+            at = addr + stride;
+        }
+        Ok(())
+    }
+
+    /// Sends one I/O (it leaves at once, or at the next commit or reap, as the send mode says).
+    pub fn queue(&mut self, io: Io) -> Queued {
+        let Some(f) = self.files.get_mut(io.file) else {
+            return self.refuse(
+                libc::EINVAL,
+                format!("file {} is not one of the job's", io.file),
+            );
+        };
+        let bs = u64::from(f.block_size);
+        let (op, needs_range) = match io.dir {
+            Dir::Read => (IoOp::Read, true),
+            Dir::Write => (IoOp::Write, true),
+            Dir::Trim => (IoOp::Deallocate, true),
+            Dir::Flush => (IoOp::Flush, false),
+        };
+        let (lba, blocks) = if needs_range {
+            if io.offset % bs != 0 || io.len % bs != 0 || io.len == 0 {
+                let msg = format!(
+                    "{}: offset {} and length {} are not whole {bs}-byte blocks",
+                    f.name, io.offset, io.len
+                );
+                return self.refuse(libc::EINVAL, msg);
+            }
+            match u32::try_from(io.len / bs) {
+                Ok(b) => (io.offset / bs, b),
+                Err(_) => return self.refuse(libc::EINVAL, format!("{} bytes in one I/O", io.len)),
+            }
+        } else {
+            (0, 0)
+        };
+        let buf = match op {
+            IoOp::Flush => None,
+            _ => {
+                let Some(mut view) = self.views.get_mut(io.index).and_then(Option::take) else {
+                    let msg = format!("io_u {} has no buffer (or is already queued)", io.index);
+                    return self.refuse(libc::EINVAL, msg);
+                };
+                let window = if op == IoOp::Deallocate {
+                    (0, nvpoll::spec::DSM_RANGE_SIZE)
+                } else {
+                    (io.buf_offset, io.len as usize)
+                };
+                if let Err(e) = view.set_window(window.0, window.1) {
+                    self.views[io.index] = Some(view);
+                    return self.refuse(libc::EINVAL, format!("io_u {}: {e}", io.index));
+                }
+                Some(view)
+            }
+        };
+        let req = IoRequest {
+            op,
+            nsid: f.nsid,
+            lba,
+            blocks,
+            buf,
+            tag: io.index as u64,
+        };
+        match f.qp.submit(req) {
+            Ok(()) => {
+                self.outstanding += 1;
+                Queued::Queued
+            }
+            Err(r) => {
+                if let Some(b) = r.request.buf {
+                    self.views[io.index] = Some(b);
+                }
+                match r.error {
+                    Error::QueueFull => Queued::Busy,
+                    e => {
+                        let msg = format!("{}: {e}", self.files[io.file].name);
+                        self.refuse(errno(&e), msg)
+                    }
+                }
+            }
+        }
+    }
+
+    fn refuse(&mut self, errno: i32, msg: String) -> Queued {
+        self.note_error(&msg);
+        Queued::Failed(errno)
+    }
+
+    fn note_error(&mut self, msg: &str) {
+        self.errors += 1;
+        if self.errors <= LOGGED_ERRORS {
+            (self.log)(&format!("nvpoll: I/O failed: {msg}"));
+        }
+    }
+
+    /// Sends what the queue pairs hold back (fio's commit).
+    pub fn commit(&mut self) {
+        for i in 0..self.files.len() {
+            if let Err(e) = self.files[i].qp.flush() {
+                let msg = format!("{}: {e}", self.files[i].name);
+                self.note_error(&msg);
+            }
+        }
+    }
+
+    /// Polls until at least `min` (and at most `max`) I/Os completed, or `timeout` passed. Returns how many;
+    /// [`Job::event`] hands them out.
+    pub fn reap(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> usize {
+        self.events.clear();
+        let start = Instant::now();
+        loop {
+            let before = self.events.len();
+            for i in 0..self.files.len() {
+                if self.events.len() >= max {
+                    break;
+                }
+                let f = &mut self.files[i];
+                let flushed = f.qp.flush();
+                let polled = f.qp.poll(max - self.events.len());
+                let mut done = Vec::new();
+                while self.events.len() + done.len() < max {
+                    match f.qp.pop_completion() {
+                        Some(c) => done.push(c),
+                        None => break,
+                    }
+                }
+                let name = f.name.clone();
+                for e in [flushed.err(), polled.err()].into_iter().flatten() {
+                    self.note_error(&format!("{name}: {e}"));
+                }
+                for c in done {
+                    let index = c.tag as usize;
+                    if let (Some(slot), Some(b)) = (self.views.get_mut(index), c.buf) {
+                        *slot = Some(b);
+                    }
+                    let err = match &c.result {
+                        Ok(()) => 0,
+                        Err(e) => {
+                            self.note_error(&format!("{name}: {e}"));
+                            errno(e)
+                        }
+                    };
+                    self.outstanding = self.outstanding.saturating_sub(1);
+                    self.events.push((index, err));
+                }
+            }
+            let n = self.events.len();
+            if n >= min || n >= max || timeout.is_some_and(|t| start.elapsed() >= t) {
+                return n;
+            }
+            if n == before && self.idle == Idle::Yield {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// The `i`th I/O the last reap collected: its io_u index and errno (0: success).
+    pub fn event(&self, i: usize) -> Option<(usize, i32)> {
+        self.events.get(i).copied()
+    }
+
+    /// I/Os queued and not yet reaped.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// How many I/Os failed (each also reported to fio).
+    pub fn errors(&self) -> u64 {
+        self.errors
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        // The queue pairs go first (no device writes the buffers any more), then the buffers' IOMMU
+        // mappings, then the buffers.
+        let files = std::mem::take(&mut self.files);
+        let attached: Vec<Arc<Attached>> = files.iter().map(|f| Arc::clone(&f.attached)).collect();
+        drop(files);
+        if let Some(mem) = &self.memory {
+            for a in &mem.mapped {
+                a.unmap_pool(&mem.pool);
+            }
+        }
+        if self.errors > LOGGED_ERRORS {
+            (self.log)(&format!(
+                "nvpoll: {} I/Os failed in all ({} logged)",
+                self.errors, LOGGED_ERRORS
+            ));
+        }
+        self.views.clear();
+        self.memory = None;
+        drop(attached);
+    }
+}
