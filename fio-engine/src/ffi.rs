@@ -140,13 +140,8 @@ fn engine() -> *mut ioengine_ops {
     *ENGINE.get_or_init(|| {
         let mut ops = Box::new(build_ops());
         if let Some(running) = running_fio_version() {
-            if running != BUILT_FOR {
-                log_line(&format!(
-                    "nvpoll: this engine was built against {BUILT_FOR}'s headers (ioengine ops version {}) \
-                     and cannot run in {running}: rebuild it against {running}'s source \
-                     (scripts/fio-source.sh, or FIO_DIR=/path/to/{running})",
-                    sys::FIO_IOOPS_VERSION
-                ));
+            if let Err(e) = crate::check_fio_version(BUILT_FOR, sys::FIO_IOOPS_VERSION, &running) {
+                log_line(&e);
                 // fio then refuses the engine itself ("bad ioops version").
                 ops.version = -1;
             }

@@ -186,13 +186,24 @@ impl Job {
     /// controllers, mapped for their devices. Returns its address for fio to carve.
     pub fn alloc_memory(&mut self, bytes: usize) -> Result<*mut u8, String> {
         let size = bytes.max(4096).next_power_of_two();
-        let pool = DmaPool::builder()
-            .class(size, 1)
-            .build()
-            .map_err(|e| format!("I/O buffers ({bytes} bytes): {e}"))?;
-        let mut whole = pool
+        let mut whole = self
+            .new_memory(size, 1)?
             .alloc(size)
-            .map_err(|e| format!("I/O buffers ({bytes} bytes): {e}"))?;
+            .map_err(|e| e.to_string())?;
+        let ptr = whole.as_mut_ptr();
+        if let Some(m) = self.memory.as_mut() {
+            m.whole = Some(whole);
+        }
+        Ok(ptr)
+    }
+
+    /// A pool of `count` buffers of `size` bytes, reachable by every controller of the job, kept as the
+    /// job's memory.
+    fn new_memory(&mut self, size: usize, count: usize) -> Result<DmaPool, String> {
+        let pool = DmaPool::builder()
+            .class(size, count)
+            .build()
+            .map_err(|e| format!("I/O buffers ({count} x {size} bytes): {e}"))?;
         let mut mapped: Vec<Arc<Attached>> = Vec::new();
         for f in &self.files {
             if f.attached.is_pcie() && !mapped.iter().any(|m| Arc::ptr_eq(m, &f.attached)) {
@@ -200,22 +211,29 @@ impl Job {
                 mapped.push(Arc::clone(&f.attached));
             }
         }
-        let ptr = whole.as_mut_ptr();
         self.memory = Some(Memory {
-            pool,
-            whole: Some(whole),
+            pool: pool.clone(),
+            whole: None,
             mapped,
         });
-        Ok(ptr)
+        Ok(pool)
     }
 
     /// Takes each io_u's buffer out of the area (fio's post_init, after it carved): `bufs` holds each io_u's
     /// index and its buffer's address, `stride` bytes each.
+    /// A job that moves no data (trim only) has no area: each io_u then gets a small buffer of its own (a
+    /// deallocate's range is written there).
     pub fn carve(&mut self, bufs: &[(usize, usize)], stride: usize) -> Result<(), String> {
-        let mem = self
-            .memory
-            .as_mut()
-            .ok_or("fio carved I/O buffers the engine did not allocate")?;
+        let n = bufs.iter().map(|b| b.0 + 1).max().unwrap_or(0);
+        self.views = (0..n).map(|_| None).collect();
+        if self.memory.is_none() {
+            let pool = self.new_memory(4096, n.max(1))?;
+            for &(index, _) in bufs {
+                self.views[index] = Some(pool.alloc(4096).map_err(|e| e.to_string())?);
+            }
+            return Ok(());
+        }
+        let mem = self.memory.as_mut().expect("checked above");
         let mut rest = mem
             .whole
             .take()
@@ -224,8 +242,6 @@ impl Job {
         let mut sorted = bufs.to_vec();
         sorted.sort_by_key(|b| b.1);
         let mut at = base;
-        let n = bufs.iter().map(|b| b.0 + 1).max().unwrap_or(0);
-        self.views = (0..n).map(|_| None).collect();
         for (index, addr) in sorted {
             if addr < at {
                 return Err(format!(

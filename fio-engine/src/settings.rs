@@ -75,9 +75,9 @@ pub const OPTIONS: [OptionDoc; 9] = [
         alias: None,
         lname: "NVMe/TCP multipath",
         default: None,
-        help: "More paths to the same subsystem, comma-separated ADDR:PORT ([ADDR]:PORT for IPv6; write \
-               each ':' as '\\:' in a job file): the filename's controller and these are joined into one \
-               multipath controller, and each job's queue fails over between them",
+        help: "More paths to the same subsystem, comma-separated ADDR:PORT ([ADDR]:PORT for IPv6): the \
+               filename's controller and these are joined into one multipath controller, and each job's \
+               queue fails over between them",
     },
     OptionDoc {
         name: "path_policy",
