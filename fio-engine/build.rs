@@ -23,7 +23,14 @@ fn main() {
     }
     let dir = match find_source() {
         Ok(d) => d,
-        Err(why) => {
+        Err((looked, why)) => {
+            // Looked for again on the next build once it appears (a missing path makes cargo rerun this).
+            if let Some(d) = looked {
+                println!(
+                    "cargo:rerun-if-changed={}",
+                    d.join("config-host.h").display()
+                );
+            }
             println!(
                 "cargo:warning=nvpoll-fio: the fio ioengine is not built: {why}. \
                  Run scripts/fio-source.sh (it fetches the installed fio's source), or set FIO_DIR \
@@ -88,21 +95,27 @@ fn main() {
     println!("cargo:rustc-env=NVPOLL_FIO_SOURCE={}", dir.display());
 }
 
-/// The configured fio source to build against, or why there is none.
-fn find_source() -> Result<PathBuf, String> {
+/// The configured fio source to build against, or where it was looked for (if anywhere) and why there is
+/// none.
+fn find_source() -> Result<PathBuf, (Option<PathBuf>, String)> {
     if let Some(d) = env::var_os("FIO_DIR") {
         let d = PathBuf::from(d);
-        return check(&d).map(|()| d);
+        return check(&d).map(|()| d.clone()).map_err(|e| (Some(d), e));
     }
-    let out = Command::new("fio")
-        .arg("--version")
-        .output()
-        .map_err(|e| format!("fio is not installed ({e}) and FIO_DIR is not set"))?;
+    let out = Command::new("fio").arg("--version").output().map_err(|e| {
+        (
+            None,
+            format!("fio is not installed ({e}) and FIO_DIR is not set"),
+        )
+    })?;
     let text = String::from_utf8_lossy(&out.stdout);
     let ver = text.trim().strip_prefix("fio-").ok_or_else(|| {
-        format!(
-            "cannot read the installed fio's version from `{}`",
-            text.trim()
+        (
+            None,
+            format!(
+                "cannot read the installed fio's version from `{}`",
+                text.trim()
+            ),
         )
     })?;
     let cache = match (
@@ -111,12 +124,13 @@ fn find_source() -> Result<PathBuf, String> {
     ) {
         (Some(c), _) => PathBuf::from(c),
         (None, Some(x)) => PathBuf::from(x).join("nvpoll-fio"),
-        (None, None) => {
-            PathBuf::from(env::var_os("HOME").ok_or("HOME is not set")?).join(".cache/nvpoll-fio")
-        }
+        (None, None) => match env::var_os("HOME") {
+            Some(h) => PathBuf::from(h).join(".cache/nvpoll-fio"),
+            None => return Err((None, "HOME is not set".into())),
+        },
     };
     let d = cache.join(format!("fio-{ver}"));
-    check(&d).map(|()| d)
+    check(&d).map(|()| d.clone()).map_err(|e| (Some(d), e))
 }
 
 fn check(d: &Path) -> Result<(), String> {

@@ -20,6 +20,12 @@ command -v c++ >/dev/null 2>&1 || need+=(g++)                     # libFuzzer (s
 # scripts/fault-test.sh: network namespaces, veth, tc (iproute2) and firewall rules (nftables)
 { command -v ip && command -v tc && command -v ss; } >/dev/null 2>&1 || need+=(iproute2)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
+# The fio ioengine (fio-engine/): fio itself, libclang for bindgen, dpkg-dev for `apt-get source fio`
+# (scripts/fio-source.sh brings fio's source).
+command -v fio >/dev/null 2>&1 || need+=(fio)
+command -v dpkg-source >/dev/null 2>&1 || need+=(dpkg-dev)
+compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null 2>&1 ||
+    compgen -G '/usr/lib/*/libclang-*.so*' >/dev/null 2>&1 || need+=(libclang-dev)
 if [ ${#need[@]} -gt 0 ]; then
     [ "$(id -u)" = 0 ] || die "missing ${need[*]}: run as root, or install them: apt-get install ${need[*]}"
     command -v apt-get >/dev/null 2>&1 || die "apt-get not found; install these by hand: ${need[*]}"

@@ -9,6 +9,9 @@ step() { printf '\n=== %s\n' "$*"; }
 
 step "what the suite needs (scripts/install-deps.sh)"
 scripts/install-deps.sh
+# The fio engine's bindings come from the installed fio's source (never committed: fio is GPL-2.0).
+step "fio's source for the fio ioengine (scripts/fio-source.sh)"
+scripts/fio-source.sh
 step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy"
