@@ -203,7 +203,8 @@ while IFS= read -r line; do
     [[ "$line" =~ \"src_path\":\"([^\"]+)\" ]] && label=${BASH_REMATCH[1]#"$ROOT"/}
     printf '%s\t%s\t%s\n' "$exe" "$dir" "$label"
 done < "$WORK/cargo.json" | sort -t "$TAB" -k3 > "$WORK/executables"
-if ! cargo build --workspace --examples "${CARGO_PROFILE[@]}"; then
+# --lib too: the fio ioengine (libnvpoll_fio.so) is a library no test links, used by scripts/vm-tests/75-*
+if ! cargo build --workspace --lib --examples "${CARGO_PROFILE[@]}"; then
     echo "vm-test: the build failed" >&2; exit 2
 fi
 # where the examples are, for the scripts in scripts/vm-tests

@@ -291,3 +291,82 @@ fn vm_tls_seed_shapes_against_nvmet() {
         );
     }
 }
+
+/// The seed's two shapes with TLS through fio and our fio ioengine (libnvpoll_fio.so, next to the examples'
+/// folder): 4 KiB random writes at qd1 x 128 jobs and at qd128 x 8 jobs, thread=1, every job's queue pair on
+/// ONE controller of nvmet-tcp on a port that requires TLS, then a crc32c verify job. fio exits non-zero on
+/// any I/O error or verify mismatch.
+#[test]
+fn vm_tls_fio_engine_against_nvmet() {
+    let Some((hostnqn, subnqn, _port)) = nvmet_tls_port() else {
+        return;
+    };
+    let examples = std::path::PathBuf::from(env("NVPOLL_EXAMPLES_DIR"));
+    let so = examples
+        .parent()
+        .expect("the examples' folder has a parent")
+        .join("libnvpoll_fio.so");
+    assert!(
+        so.is_file(),
+        "{} is not built (scripts/vm-test.sh builds it)",
+        so.display()
+    );
+    let key_file = std::env::temp_dir().join("nvpoll-fio-tls.key");
+    std::fs::write(&key_file, KEY).unwrap();
+    let filename = format!(
+        "--filename=trtype=tcp adrfam=IPv4 traddr=127.0.0.1 trsvcid=4421 subnqn={} ns=1",
+        subnqn.replace(':', "\\:")
+    );
+    let common = [
+        "--thread=1".to_string(),
+        format!("--ioengine=external:{}", so.display()),
+        format!("--hostnqn={hostnqn}"),
+        format!("--psk_path={}", key_file.display()),
+        filename,
+        "--rw=randwrite".to_string(),
+        "--bs=4k".to_string(),
+    ];
+    let jobs: [&[&str]; 3] = [
+        &[
+            "--name=qd1x128",
+            "--iodepth=1",
+            "--numjobs=128",
+            "--time_based",
+            "--runtime=2",
+            "--group_reporting",
+        ],
+        &[
+            "--name=qd128x8",
+            "--iodepth=128",
+            "--numjobs=8",
+            "--time_based",
+            "--runtime=2",
+            "--group_reporting",
+        ],
+        &[
+            "--name=verify",
+            "--iodepth=16",
+            "--size=8M",
+            "--verify=crc32c",
+            "--send_mode=deferred",
+        ],
+    ];
+    for extra in jobs {
+        let out = Command::new("fio")
+            .args(&common)
+            .args(extra)
+            .output()
+            .expect("running fio");
+        let text = String::from_utf8_lossy(&out.stdout);
+        eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "fio {extra:?} with TLS against nvmet failed"
+        );
+        assert!(
+            text.contains("err= 0"),
+            "fio {extra:?}: an error in the report"
+        );
+    }
+    std::fs::remove_file(&key_file).unwrap();
+}
