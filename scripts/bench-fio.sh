@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# scripts/bench-fio.sh - the seed's fio jobs (fio-engine/jobs/seed-qd1x128.fio and seed-qd128x8.fio, 4 KiB
+# random writes) side by side in one run, against the same target, and the ratios:
+#
+#   engine        fio + our ioengine (libnvpoll_fio.so), each job idling with sched_yield (the default)
+#   engine-spin   the same with idle=spin (each job polls without pause, as SPDK's plugin does)
+#   spdk-plugin   fio + SPDK's fio plugin (SPDK_DIR/build/fio/spdk_nvme, ioengine=spdk; SPDK built with
+#                 --with-fio against the same fio source: scripts/fio-source.sh); plain only: SPDK's nvme
+#                 plugin has no TLS option
+#   perf          our perf, the same shape (qd x jobs) on one reactor
+#
+# against our target and, with SPDK_DIR, SPDK's nvmf_tgt, plain and with TLS. The initiator side runs on ONE
+# core (ICORE: fio's cpus_allowed, perf's reactor) and the target on another (TCORE), so IOPS are IOPS per
+# initiator core. The kernel's nvme-tcp block device (io_uring and libaio) is only in a guest here (this
+# machine's kernel has no nvme-tcp): BENCH_GUEST=1 runs the same jobs there through the kernel, our engine
+# and our perf against our target in the guest (TCG: emulation-bound numbers, for the ratios only).
+#
+# Knobs: RUNTIME=10 (seconds per run; the seed used 30), ICORE=0, TCORE=1, PORT=4460, SPDK_DIR (optional),
+# BENCH_GUEST=0, SHAPES="qd1x128 qd128x8", SECURITY="plain tls". Needs root (hugepages for SPDK's plugin,
+# which cannot run without them; they are reserved for the run and released after it).
+set -euo pipefail
+PROG=bench-fio
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+die() { echo "$PROG: error: $*" >&2; exit 2; }
+say() { echo "$PROG: $*" >&2; }
+
+RUNTIME=${RUNTIME:-10}
+ICORE=${ICORE:-0}
+TCORE=${TCORE:-1}
+PORT=${PORT:-4460}
+SHAPES=${SHAPES:-qd1x128 qd128x8}
+SECURITY=${SECURITY:-plain tls}
+KEY="NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:"
+HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000b3f10
+SUBNQN=nqn.2016-06.io.spdk:fio
+SUBNQN_TLS=nqn.2016-06.io.spdk:fio-tls
+JOBS=$ROOT/fio-engine/jobs
+
+command -v fio >/dev/null 2>&1 || die "fio is not installed (apt-get install fio)"
+[[ "$RUNTIME" =~ ^[0-9]+$ ]] && [ "$RUNTIME" -gt 0 ] || die "RUNTIME=$RUNTIME is not a number of seconds"
+
+# --- in the guest: the kernel's block device against our target -------------------------------------------
+if [ "${1:-}" = --in-guest ]; then
+    BIN=${NVPOLL_EXAMPLES_DIR:?}
+    SO=$(dirname "$BIN")/libnvpoll_fio.so
+    "$BIN/target" --listen 127.0.0.1:$PORT --nqn $SUBNQN --ram 512M --cores "$TCORE" --idle poll \
+        > /tmp/bench-target.log 2>&1 &
+    tpid=$!
+    trap 'nvme disconnect -n $SUBNQN >/dev/null 2>&1 || true; kill $tpid 2>/dev/null || true' EXIT
+    for _ in $(seq 200); do grep -q "listening on" /tmp/bench-target.log && break; sleep 0.1; done
+    nvme connect -t tcp -a 127.0.0.1 -s $PORT -n $SUBNQN -i 8 >/dev/null || die "nvme connect"
+    dev=
+    for _ in $(seq 300); do
+        for d in /sys/class/nvme-subsystem/*; do
+            [ "$(cat "$d/subsysnqn" 2>/dev/null)" = "$SUBNQN" ] || continue
+            for c in "$d"/nvme*n1; do [ -b "/dev/${c##*/}" ] && dev=/dev/${c##*/}; done
+        done
+        [ -n "$dev" ] && break; sleep 0.1
+    done
+    [ -b "$dev" ] || die "no block device for $SUBNQN"
+    f="trtype=tcp traddr=127.0.0.1 trsvcid=$PORT subnqn=${SUBNQN//:/\\:} ns=1"
+    printf '%-10s %-12s %10s\n' shape initiator IOPS
+    for shape in $SHAPES; do
+        for who in engine io_uring libaio; do
+            case $who in
+                engine) fn=$f; eng=(--ioengine="external:$SO") ;;
+                *) fn=$dev; eng=(--ioengine=$who) ;;
+            esac
+            out=$(FILENAME=$fn RUNTIME=$RUNTIME timeout -k 5 $((RUNTIME + 120)) fio "${eng[@]}" \
+                --cpus_allowed="$ICORE" --output-format=json "$JOBS/seed-$shape.fio" 2>/dev/null) || out=
+            iops=$(python3 -c 'import json,sys; t=sys.stdin.read(); print(int(json.loads(t[t.index("{"):])["jobs"][0]["write"]["iops"]))' <<< "$out" 2>/dev/null || echo fail)
+            printf '%-10s %-12s %10s\n' "$shape" "$who" "$iops"
+        done
+    done
+    exit 0
+fi
+
+# --- on this machine ---------------------------------------------------------------------------------------
+say "building the engine, perf and target (release)"
+(cd "$ROOT" && cargo build -q --release -p nvpoll-fio --lib && cargo build -q --release --example perf --example target) ||
+    die "the build failed"
+meta=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps)
+[[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"
+REL=${BASH_REMATCH[1]}/release
+BIN=$REL/examples
+SO=$REL/libnvpoll_fio.so
+[ -f "$SO" ] || die "$SO was not built: the engine needs fio's source (scripts/fio-source.sh)"
+
+if [ "${BENCH_GUEST:-0}" = 1 ]; then
+    say "in the guest: the kernel's nvme-tcp (io_uring, libaio) and our engine against our target"
+    NVPOLL_EXAMPLES_DIR=$BIN "$ROOT/scripts/vm.sh" -- env RUNTIME="$RUNTIME" ICORE=0 TCORE=1 PORT="$PORT" \
+        SHAPES="$SHAPES" NVPOLL_EXAMPLES_DIR="$BIN" bash "$ROOT/scripts/bench-fio.sh" --in-guest
+    exit $?
+fi
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/bench-fio.XXXXXX")
+chmod 700 "$WORK"
+KEYFILE=$WORK/psk.key
+( umask 077; printf '%s' "$KEY" > "$KEYFILE" )
+TGT_PID=
+HUGE_BEFORE=$(cat /proc/sys/vm/nr_hugepages)
+MOUNTED_HUGE=0
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    [ -z "$TGT_PID" ] || { kill -TERM "$TGT_PID" 2>/dev/null; sleep 0.5; kill -KILL "$TGT_PID" 2>/dev/null || true; }
+    [ "$MOUNTED_HUGE" = 0 ] || umount /dev/hugepages 2>/dev/null || true
+    echo "$HUGE_BEFORE" > /proc/sys/vm/nr_hugepages 2>/dev/null || true
+    rm -rf "$WORK"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+wait_listen() {   # PORT
+    for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done
+    tail -n 20 "$WORK"/*.log >&2; die "nothing listens on 127.0.0.1:$1"
+}
+
+start_ours() {
+    cat > "$WORK/target.json" <<JSON
+{
+  "listeners": [ { "address": "127.0.0.1:$PORT", "tls": "off" }, { "address": "127.0.0.1:$((PORT + 1))", "tls": "required" } ],
+  "send_mode": "adaptive",
+  "subsystems": [
+    { "nqn": "$SUBNQN", "allow_any_host": true, "listeners": ["127.0.0.1:$PORT"], "max_io_queues": 256,
+      "namespaces": [ { "ram": "512M", "block_size": 512 } ] },
+    { "nqn": "$SUBNQN_TLS", "hosts": [ { "nqn": "$HOSTNQN", "psk_file": "$KEYFILE" } ], "max_io_queues": 256,
+      "listeners": ["127.0.0.1:$((PORT + 1))"], "namespaces": [ { "ram": "512M", "block_size": 512 } ] }
+  ]
+}
+JSON
+    "$BIN/target" --config "$WORK/target.json" --cores "$TCORE" --idle poll > "$WORK/target.log" 2>&1 &
+    TGT_PID=$!
+    wait_listen "$PORT"; wait_listen $((PORT + 1))
+}
+
+rpc() { /usr/bin/python3 "$SPDK_DIR/scripts/rpc.py" -s "$WORK/spdk.sock" "$@" >> "$WORK/rpc.log" 2>&1 || die "rpc.py $* failed"; }
+start_spdk() {
+    "$SPDK_DIR/build/bin/nvmf_tgt" -m "$((1 << TCORE))" --no-huge -s 1024 -r "$WORK/spdk.sock" > "$WORK/nvmf_tgt.log" 2>&1 &
+    TGT_PID=$!
+    for _ in $(seq 200); do [ -S "$WORK/spdk.sock" ] && break; sleep 0.05; done
+    rpc framework_wait_init
+    # 129 queue pairs per controller: the admin queue and 128 I/O queues (the qd1 x 128 shape).
+    rpc nvmf_create_transport -t TCP -i 1048576 -c 8192 -m 129
+    rpc bdev_malloc_create -b Malloc0 512 512
+    rpc bdev_malloc_create -b Malloc1 512 512
+    rpc keyring_file_add_key key0 "$KEYFILE"
+    rpc nvmf_create_subsystem "$SUBNQN" -a -s SPDK00000000000001
+    rpc nvmf_subsystem_add_ns "$SUBNQN" Malloc0
+    rpc nvmf_subsystem_add_listener "$SUBNQN" -t tcp -a 127.0.0.1 -s "$PORT"
+    rpc nvmf_create_subsystem "$SUBNQN_TLS" -s SPDK00000000000002
+    rpc nvmf_subsystem_add_ns "$SUBNQN_TLS" Malloc1
+    rpc nvmf_subsystem_add_listener "$SUBNQN_TLS" -t tcp -a 127.0.0.1 -s $((PORT + 1)) --secure-channel
+    rpc nvmf_subsystem_add_host "$SUBNQN_TLS" "$HOSTNQN" --psk key0
+    wait_listen "$PORT"
+}
+
+stop_target() { kill -TERM "$TGT_PID" 2>/dev/null || true; for _ in $(seq 50); do kill -0 "$TGT_PID" 2>/dev/null || break; sleep 0.1; done; kill -KILL "$TGT_PID" 2>/dev/null || true; wait "$TGT_PID" 2>/dev/null || true; TGT_PID=; }
+
+fio_iops() {   # JSON on stdin -> write IOPS (integer) or "fail"
+    python3 -c 'import json,sys
+t=sys.stdin.read()
+j=json.loads(t[t.index("{"):])["jobs"][0]
+print("fail" if j["error"] else int(j["write"]["iops"]))' 2>/dev/null || echo fail
+}
+
+run_one() {   # who shape sec -> IOPS
+    local who=$1 shape=$2 sec=$3 port=$PORT sub=$SUBNQN qd jobs out
+    [ "$sec" = tls ] && { port=$((PORT + 1)); sub=$SUBNQN_TLS; }
+    qd=${shape#qd}; jobs=${qd#*x}; qd=${qd%x*}
+    local fn="trtype=tcp adrfam=IPv4 traddr=127.0.0.1 trsvcid=$port subnqn=${sub//:/\\:} ns=1"
+    local tls=()
+    case $who in
+        engine|engine-spin)
+            [ "$sec" = tls ] && tls=(--psk_path="$KEYFILE")
+            local idle=yield; [ "$who" = engine-spin ] && idle=spin
+            out=$(FILENAME=$fn RUNTIME=$RUNTIME timeout -k 5 $((RUNTIME + 120)) fio --ioengine="external:$SO" \
+                --hostnqn="$HOSTNQN" --idle=$idle "${tls[@]}" --cpus_allowed="$ICORE" --output-format=json \
+                "$JOBS/seed-$shape.fio" 2>"$WORK/fio.err") || true
+            fio_iops <<< "$out" ;;
+        spdk-plugin)
+            [ "$sec" = plain ] || { echo "n/a"; return; }
+            out=$(FILENAME=$fn RUNTIME=$RUNTIME timeout -k 5 $((RUNTIME + 120)) env LD_PRELOAD="$SPDK_DIR/build/fio/spdk_nvme" \
+                fio --ioengine=spdk --hostnqn="$HOSTNQN" --cpus_allowed="$ICORE" --output-format=json \
+                "$JOBS/seed-$shape.fio" 2>"$WORK/fio.err") || true
+            fio_iops <<< "$out" ;;
+        perf)
+            [ "$sec" = tls ] && tls=(--psk "$KEY" --psk-identity-version 0)
+            out=$(timeout -k 5 $((RUNTIME + 60)) "$BIN/perf" --trid "trtype:tcp traddr:127.0.0.1 trsvcid:$port subnqn:$sub" \
+                --hostnqn "$HOSTNQN" --workload randwrite --io-size 4k --qd "$qd" --jobs "$jobs" --time "${RUNTIME}s" \
+                --warmup 2s --runs 1 --send-mode adaptive --cores "$ICORE" --json --quiet "${tls[@]}" 2>&1) || true
+            if [[ "$out" =~ \"iops\":([0-9.]+) ]]; then echo "${BASH_REMATCH[1]%.*}"; else echo fail; fi ;;
+    esac
+}
+
+WHO=(engine engine-spin perf)
+TARGETS=(ours)
+if [ -n "${SPDK_DIR:-}" ]; then
+    [ -f "$SPDK_DIR/build/fio/spdk_nvme" ] || die "SPDK_DIR=$SPDK_DIR has no build/fio/spdk_nvme (configure SPDK --with-fio=<fio source>)"
+    WHO+=(spdk-plugin)
+    TARGETS+=(spdk)
+    # SPDK's plugin needs hugepages (DPDK's EAL): 1 GiB of 2 MiB pages, and hugetlbfs mounted.
+    echo 512 > /proc/sys/vm/nr_hugepages
+    if ! grep -q " /dev/hugepages hugetlbfs" /proc/mounts; then
+        mkdir -p /dev/hugepages && mount -t hugetlbfs nodev /dev/hugepages && MOUNTED_HUGE=1
+    fi
+else
+    say "SPDK_DIR is not set: no SPDK target and no SPDK plugin rows (point it at an SPDK v26.05 build with --with-fio)"
+fi
+
+printf '%-6s %-9s %-6s %-12s %10s %11s %11s\n' target shape sec initiator IOPS "vs perf" "vs spdk"
+for t in "${TARGETS[@]}"; do
+    for shape in $SHAPES; do
+        for sec in $SECURITY; do
+            declare -A R=()
+            [ "$t" = ours ] && start_ours || start_spdk
+            for who in "${WHO[@]}"; do R[$who]=$(run_one "$who" "$shape" "$sec"); done
+            stop_target
+            for who in "${WHO[@]}"; do
+                ratio() { [[ "${R[$who]}" =~ ^[0-9]+$ && "${R[$1]:-}" =~ ^[0-9]+$ && "${R[$1]}" -gt 0 ]] &&
+                    awk -v a="${R[$who]}" -v b="${R[$1]}" 'BEGIN { printf "%.2f", a / b }' || echo -; }
+                printf '%-6s %-9s %-6s %-12s %10s %11s %11s\n' "$t" "$shape" "$sec" "$who" "${R[$who]}" \
+                    "$(ratio perf)" "$(ratio spdk-plugin)"
+            done
+            unset R
+        done
+    done
+done
