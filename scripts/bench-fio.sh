@@ -8,6 +8,7 @@
 #                 --with-fio against the same fio source: scripts/fio-source.sh); plain only: SPDK's nvme
 #                 plugin has no TLS option
 #   perf          our perf, the same shape (qd x jobs) on one reactor
+#   fio-null      fio's null engine on the same core: fio's own ceiling for the job (no I/O at all)
 #
 # against our target and, with SPDK_DIR, SPDK's nvmf_tgt, plain and with TLS. The initiator side runs on ONE
 # core (ICORE: fio's cpus_allowed, perf's reactor) and the target on another (TCORE), so IOPS are IOPS per
@@ -16,7 +17,8 @@
 # and our perf against our target in the guest (TCG: emulation-bound numbers, for the ratios only).
 #
 # Knobs: RUNTIME=10 (seconds per run; the seed used 30), ICORE=0, TCORE=1, PORT=4460, SPDK_DIR (optional),
-# BENCH_GUEST=0, SHAPES="qd1x128 qd128x8", SECURITY="plain tls". Needs root (hugepages for SPDK's plugin,
+# BENCH_GUEST=0, SHAPES="qd1x128 qd128x8", SECURITY="plain tls", INITIATORS (a subset of the rows above),
+# TARGETS_ONLY ("ours" or "spdk"). Needs root (hugepages for SPDK's plugin,
 # which cannot run without them; they are reserved for the run and released after it).
 set -euo pipefail
 PROG=bench-fio
@@ -125,9 +127,9 @@ start_ours() {
   "send_mode": "adaptive",
   "subsystems": [
     { "nqn": "$SUBNQN", "allow_any_host": true, "listeners": ["127.0.0.1:$PORT"], "max_io_queues": 256,
-      "namespaces": [ { "ram": "512M", "block_size": 512 } ] },
+      "namespaces": [ { "ram": "256M", "block_size": 512 } ] },
     { "nqn": "$SUBNQN_TLS", "hosts": [ { "nqn": "$HOSTNQN", "psk_file": "$KEYFILE" } ], "max_io_queues": 256,
-      "listeners": ["127.0.0.1:$((PORT + 1))"], "namespaces": [ { "ram": "512M", "block_size": 512 } ] }
+      "listeners": ["127.0.0.1:$((PORT + 1))"], "namespaces": [ { "ram": "256M", "block_size": 512 } ] }
   ]
 }
 JSON
@@ -144,8 +146,8 @@ start_spdk() {
     rpc framework_wait_init
     # 129 queue pairs per controller: the admin queue and 128 I/O queues (the qd1 x 128 shape).
     rpc nvmf_create_transport -t TCP -i 1048576 -c 8192 -m 129
-    rpc bdev_malloc_create -b Malloc0 512 512
-    rpc bdev_malloc_create -b Malloc1 512 512
+    rpc bdev_malloc_create -b Malloc0 256 512
+    rpc bdev_malloc_create -b Malloc1 256 512
     rpc keyring_file_add_key key0 "$KEYFILE"
     rpc nvmf_create_subsystem "$SUBNQN" -a -s SPDK00000000000001
     rpc nvmf_subsystem_add_ns "$SUBNQN" Malloc0
@@ -186,6 +188,11 @@ run_one() {   # who shape sec -> IOPS
                 fio --ioengine=spdk --hostnqn="$HOSTNQN" --cpus_allowed="$ICORE" --output-format=json \
                 "$JOBS/seed-$shape.fio" 2>"$WORK/fio.err") || true
             fio_iops <<< "$out" ;;
+        fio-null)
+            [ "$t" = ours ] || { echo "-"; return; }
+            out=$(FILENAME=null RUNTIME=$RUNTIME timeout -k 5 $((RUNTIME + 60)) fio --ioengine=null --size=1g \
+                --cpus_allowed="$ICORE" --output-format=json "$JOBS/seed-$shape.fio" 2>"$WORK/fio.err") || true
+            fio_iops <<< "$out" ;;
         perf)
             [ "$sec" = tls ] && tls=(--psk "$KEY" --psk-identity-version 0)
             out=$(timeout -k 5 $((RUNTIME + 60)) "$BIN/perf" --trid "trtype:tcp traddr:127.0.0.1 trsvcid:$port subnqn:$sub" \
@@ -195,7 +202,7 @@ run_one() {   # who shape sec -> IOPS
     esac
 }
 
-WHO=(engine engine-spin perf)
+WHO=(engine engine-spin perf fio-null)
 TARGETS=(ours)
 if [ -n "${SPDK_DIR:-}" ]; then
     [ -f "$SPDK_DIR/build/fio/spdk_nvme" ] || die "SPDK_DIR=$SPDK_DIR has no build/fio/spdk_nvme (configure SPDK --with-fio=<fio source>)"
@@ -210,13 +217,15 @@ else
     say "SPDK_DIR is not set: no SPDK target and no SPDK plugin rows (point it at an SPDK v26.05 build with --with-fio)"
 fi
 
+[ -z "${INITIATORS:-}" ] || read -r -a WHO <<< "$INITIATORS"
+[ -z "${TARGETS_ONLY:-}" ] || read -r -a TARGETS <<< "$TARGETS_ONLY"
 printf '%-6s %-9s %-6s %-12s %10s %11s %11s\n' target shape sec initiator IOPS "vs perf" "vs spdk"
 for t in "${TARGETS[@]}"; do
     for shape in $SHAPES; do
         for sec in $SECURITY; do
             declare -A R=()
             [ "$t" = ours ] && start_ours || start_spdk
-            for who in "${WHO[@]}"; do R[$who]=$(run_one "$who" "$shape" "$sec"); done
+            for who in "${WHO[@]}"; do R[$who]=$(t=$t run_one "$who" "$shape" "$sec"); done
             stop_target
             for who in "${WHO[@]}"; do
                 ratio() { [[ "${R[$who]}" =~ ^[0-9]+$ && "${R[$1]:-}" =~ ^[0-9]+$ && "${R[$1]}" -gt 0 ]] &&

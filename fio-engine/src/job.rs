@@ -84,6 +84,8 @@ pub struct Job {
     /// What the last reap collected: io_u index and errno (0: success).
     events: Vec<(usize, i32)>,
     outstanding: usize,
+    /// I/Os queued since the last flush (not yet on the wire in the deferred mode).
+    unsent: usize,
     idle: Idle,
     errors: u64,
     log: fn(&str),
@@ -147,6 +149,7 @@ impl Job {
             views: Vec::new(),
             events: Vec::new(),
             outstanding: 0,
+            unsent: 0,
             idle: settings.idle,
             errors: 0,
             log,
@@ -321,6 +324,7 @@ impl Job {
         match f.qp.submit(req) {
             Ok(()) => {
                 self.outstanding += 1;
+                self.unsent += 1;
                 Queued::Queued
             }
             Err(r) => {
@@ -350,8 +354,14 @@ impl Job {
         }
     }
 
-    /// Sends what the queue pairs hold back (fio's commit).
-    pub fn commit(&mut self) {
+    /// fio's commit. With the deferred send mode it sends nothing: fio commits after every queued I/O
+    /// (iodepth_batch=1, its default), so what was queued leaves at the next reap, together, in one write
+    /// (with TLS, in as few records). The other modes have sent already.
+    pub fn commit(&mut self) {}
+
+    /// Sends everything queued on every queue pair.
+    fn flush_all(&mut self) {
+        self.unsent = 0;
         for i in 0..self.files.len() {
             if let Err(e) = self.files[i].qp.flush() {
                 let msg = format!("{}: {e}", self.files[i].name);
@@ -360,53 +370,77 @@ impl Job {
         }
     }
 
+    /// Hands out up to `max` completions the queue pairs already hold, without a system call.
+    fn take_done(&mut self, max: usize) {
+        for i in 0..self.files.len() {
+            while self.events.len() < max {
+                let Some(c) = self.files[i].qp.pop_completion() else {
+                    break;
+                };
+                let index = c.tag as usize;
+                if let (Some(slot), Some(b)) = (self.views.get_mut(index), c.buf) {
+                    *slot = Some(b);
+                }
+                let err = match &c.result {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        let msg = format!("{}: {e}", self.files[i].name);
+                        self.note_error(&msg);
+                        errno(e)
+                    }
+                };
+                self.outstanding = self.outstanding.saturating_sub(1);
+                self.events.push((index, err));
+            }
+        }
+    }
+
     /// Polls until at least `min` (and at most `max`) I/Os completed, or `timeout` passed. Returns how many;
     /// [`Job::event`] hands them out.
+    ///
+    /// fio reaps one completion at a time by default (iodepth_batch_complete_max defaults to its _min, 1), so
+    /// a reap takes from the transport everything that has arrived, keeps what is past `max` for the next
+    /// reaps, and touches the socket only when that is used up: then it sends what was queued since (one
+    /// write for many I/Os in the deferred mode) and polls.
     pub fn reap(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> usize {
         self.events.clear();
-        let start = Instant::now();
+        self.take_done(max);
+        if self.events.len() >= min.max(1) {
+            return self.events.len();
+        }
+        // When everything in flight left just now (qd1 jobs), nothing can have come back yet: a yielding job
+        // lets the others run before it looks.
+        let just_sent = self.unsent > 0 && self.unsent >= self.outstanding;
+        self.flush_all();
+        if just_sent && self.idle == Idle::Yield && min > 0 {
+            std::thread::yield_now();
+        }
+        let start = timeout.map(|_| Instant::now());
         loop {
             let before = self.events.len();
             for i in 0..self.files.len() {
-                if self.events.len() >= max {
-                    break;
-                }
-                let f = &mut self.files[i];
-                let flushed = f.qp.flush();
-                let polled = f.qp.poll(max - self.events.len());
-                let mut done = Vec::new();
-                while self.events.len() + done.len() < max {
-                    match f.qp.pop_completion() {
-                        Some(c) => done.push(c),
-                        None => break,
-                    }
-                }
-                let name = f.name.clone();
-                for e in [flushed.err(), polled.err()].into_iter().flatten() {
-                    self.note_error(&format!("{name}: {e}"));
-                }
-                for c in done {
-                    let index = c.tag as usize;
-                    if let (Some(slot), Some(b)) = (self.views.get_mut(index), c.buf) {
-                        *slot = Some(b);
-                    }
-                    let err = match &c.result {
-                        Ok(()) => 0,
-                        Err(e) => {
-                            self.note_error(&format!("{name}: {e}"));
-                            errno(e)
-                        }
-                    };
-                    self.outstanding = self.outstanding.saturating_sub(1);
-                    self.events.push((index, err));
+                let depth = self.files[i].qp.depth();
+                if let Err(e) = self.files[i].qp.poll(depth) {
+                    // The queue pair failed: its commands come back with errors.
+                    let msg = format!("{}: {e}", self.files[i].name);
+                    self.note_error(&msg);
                 }
             }
+            self.take_done(max);
             let n = self.events.len();
-            if n >= min || n >= max || timeout.is_some_and(|t| start.elapsed() >= t) {
+            let expired = match (start, timeout) {
+                (Some(s), Some(t)) => s.elapsed() >= t,
+                _ => false,
+            };
+            if n >= min || n >= max || expired {
                 return n;
             }
-            if n == before && self.idle == Idle::Yield {
-                std::thread::yield_now();
+            if n == before {
+                // Anything a retry or a reconnect queued goes out too.
+                self.flush_all();
+                if self.idle == Idle::Yield {
+                    std::thread::yield_now();
+                }
             }
         }
     }

@@ -43,9 +43,10 @@ pub const OPTIONS: [OptionDoc; 9] = [
         name: "send_mode",
         alias: None,
         lname: "NVMe/TCP send mode",
-        default: Some("inline"),
-        help: "When a queue sends what it posted: inline (from queue), deferred (coalesced at fio's \
-               commit and while reaping: with TLS, into few 16 KiB records) or adaptive",
+        default: Some("deferred"),
+        help: "When a queue sends what it posted: deferred (when fio reaps: everything queued since, in \
+               one write and, with TLS, few 16 KiB records), inline (from queue) or adaptive (inline \
+               while idle, deferred under load)",
     },
     OptionDoc {
         name: "digest",
@@ -156,7 +157,7 @@ impl Settings {
             }
         };
         let send_mode = match send_mode.as_deref() {
-            None | Some("") => SendMode::Inline,
+            None | Some("") => SendMode::Deferred,
             Some(m) => m.parse().map_err(|e| format!("send_mode: {e}"))?,
         };
         let digests = match digest.as_deref().map(str::to_ascii_lowercase).as_deref() {
@@ -292,7 +293,7 @@ mod tests {
     #[test]
     fn defaults_and_values() {
         let s = Settings::parse(&RawOptions::default()).unwrap();
-        assert_eq!(s.send_mode, SendMode::Inline);
+        assert_eq!(s.send_mode, SendMode::Deferred);
         assert_eq!(s.digests, (false, false));
         assert_eq!(s.idle, Idle::Yield);
         let s = Settings::parse(&raw(&[
