@@ -140,6 +140,7 @@ JSON
 
 rpc() { /usr/bin/python3 "$SPDK_DIR/scripts/rpc.py" -s "$WORK/spdk.sock" "$@" >> "$WORK/rpc.log" 2>&1 || die "rpc.py $* failed"; }
 start_spdk() {
+    rm -f "$WORK/spdk.sock"   # the last nvmf_tgt's, which would answer nothing
     "$SPDK_DIR/build/bin/nvmf_tgt" -m "$((1 << TCORE))" --no-huge -s 1024 -r "$WORK/spdk.sock" > "$WORK/nvmf_tgt.log" 2>&1 &
     TGT_PID=$!
     for _ in $(seq 200); do [ -S "$WORK/spdk.sock" ] && break; sleep 0.05; done
