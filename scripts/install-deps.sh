@@ -24,8 +24,9 @@ command -v nft >/dev/null 2>&1 || need+=(nftables)
 # (scripts/fio-source.sh brings fio's source).
 command -v fio >/dev/null 2>&1 || need+=(fio)
 command -v dpkg-source >/dev/null 2>&1 || need+=(dpkg-dev)
-compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null 2>&1 ||
-    compgen -G '/usr/lib/*/libclang-*.so*' >/dev/null 2>&1 || need+=(libclang-dev)
+# bindgen needs libclang itself and clang's own headers (stddef.h): libclang-dev brings both.
+{ compgen -G '/usr/lib/llvm-*/lib/libclang.so' && compgen -G '/usr/lib/llvm-*/lib/clang/*/include/stddef.h'; } \
+    >/dev/null 2>&1 || need+=(libclang-dev)
 if [ ${#need[@]} -gt 0 ]; then
     [ "$(id -u)" = 0 ] || die "missing ${need[*]}: run as root, or install them: apt-get install ${need[*]}"
     command -v apt-get >/dev/null 2>&1 || die "apt-get not found; install these by hand: ${need[*]}"
