@@ -449,16 +449,6 @@ impl Job {
     pub fn event(&self, i: usize) -> Option<(usize, i32)> {
         self.events.get(i).copied()
     }
-
-    /// I/Os queued and not yet reaped.
-    pub fn outstanding(&self) -> usize {
-        self.outstanding
-    }
-
-    /// How many I/Os failed (each also reported to fio).
-    pub fn errors(&self) -> u64 {
-        self.errors
-    }
 }
 
 impl Drop for Job {
