@@ -7,7 +7,7 @@
 
 use crate::mem::DmaBuf;
 use crate::send::SendMode;
-use crate::spec::{Cqe, Sqe};
+use crate::spec::{CommandKind, Cqe, Sqe};
 use crate::Error;
 
 /// What an I/O request does.
@@ -66,7 +66,7 @@ impl Completion {
     pub fn from_result(tag: u64, buf: Option<DmaBuf>, result: Result<Cqe, Error>) -> Completion {
         let result = match result {
             Ok(cqe) if cqe.status().is_success() => Ok(()),
-            Ok(cqe) => Err(Error::Nvme(cqe.status())),
+            Ok(cqe) => Err(Error::Nvme(cqe.status().named_in(CommandKind::Nvm))),
             Err(e) => Err(e),
         };
         Completion { tag, buf, result }

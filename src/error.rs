@@ -1,4 +1,4 @@
-use crate::spec::Status;
+use crate::spec::{Status, StatusIn};
 
 /// A lower layer's error, kept whole as the [`std::error::Error::source`] of an [`Error`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -11,9 +11,10 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The controller completed the command with a non-success status.
+    /// The controller completed the command with a non-success status, named for the kind of command it
+    /// answered (an I/O command of the queue-pair API is [`crate::spec::CommandKind::Nvm`]).
     #[error("NVMe status {0}")]
-    Nvme(Status),
+    Nvme(StatusIn),
     /// The peer (a controller or a target) broke the protocol: a malformed PDU or completion, a termination
     /// request, a completion for a command that was not outstanding. The connection or queue is not usable.
     #[error("protocol violation by the peer: {0}")]
@@ -22,10 +23,16 @@ pub enum Error {
     /// loss timeout. The command did not complete; another path or a reconnect may serve it.
     #[error("connection lost: {0}")]
     ConnectionLost(#[source] BoxError),
-    /// The target refused the host (Fabrics Connect completed with this status: an unknown subsystem, a
-    /// host it does not allow, no queue left). Trying again unchanged will not help.
-    #[error("refused by the target: NVMe status {0}")]
-    Refused(Status),
+    /// The target refused the host: Fabrics Connect completed with `status` (an unknown subsystem, a host it
+    /// does not allow, no queue left). Trying again unchanged will not help.
+    #[error("{reason}")]
+    Refused {
+        /// The Connect's status.
+        status: Status,
+        /// Why, in words: which parameter the target refused (the completion's IATTR and IPO) and the value
+        /// the host sent.
+        reason: String,
+    },
     /// The TLS layer failed: an alert from the peer or sent to it (a wrong or missing PSK, a bad record).
     #[error("TLS: {0}")]
     Tls(#[source] BoxError),
@@ -79,8 +86,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum ErrorClass {
     /// A command completed with this status: [`Error::Nvme`].
-    Nvme(Status),
-    /// Fabrics Connect completed with this status: [`Error::Refused`].
+    Nvme(StatusIn),
+    /// Fabrics Connect completed with this status: [`Error::Refused`], with the error's words as the reason.
     Refused(Status),
     /// [`Error::Timeout`].
     Timeout,
@@ -110,7 +117,10 @@ impl Error {
     pub fn from_transport<E: TransportError>(e: E) -> Error {
         match e.class() {
             ErrorClass::Nvme(status) => Error::Nvme(status),
-            ErrorClass::Refused(status) => Error::Refused(status),
+            ErrorClass::Refused(status) => Error::Refused {
+                status,
+                reason: e.to_string(),
+            },
             ErrorClass::Timeout => Error::Timeout,
             ErrorClass::QueueFull => Error::QueueFull,
             ErrorClass::InvalidArgument(msg) => Error::InvalidArgument(msg),

@@ -592,10 +592,13 @@ proptest! {
     }
 
     #[test]
-    fn statuses_have_names(raw in any::<u16>(), opcode in any::<u8>()) {
+    fn statuses_have_names(raw in any::<u16>(), opcode in any::<u8>(), qid in 0u16..3, fctype in any::<u8>()) {
         let s = Status::from_raw(raw);
         prop_assert_eq!(s.raw(), raw & 0x7fff);
-        prop_assert!(!s.name_for(opcode).is_empty());
+        let sqe = Sqe { opcode, nsid: u32::from(fctype), ..Sqe::default() };
+        let kind = nvpoll::spec::CommandKind::of(&sqe, qid);
+        prop_assert!(!s.name_in(kind).is_empty());
+        prop_assert!(s.named_in(kind).to_string().starts_with(s.name_in(kind)));
         let code = format!("sc {:#04x}", s.sc());
         prop_assert!(s.to_string().contains(&code));
         prop_assert!(Status::new(s.sct(), s.sc()).with_dnr().dnr());

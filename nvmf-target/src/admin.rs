@@ -129,9 +129,9 @@ pub(crate) fn connect(
         r.reason = reason;
         Err(r)
     };
-    let invalid = |mut r: Refusal, p: InvalidParameter, reason: String| {
+    let reject = |mut r: Refusal, status: Status, p: InvalidParameter, reason: String| {
         let (dw0, status) = ConnectResponse::Rejected {
-            status: Status::CONNECT_INVALID_PARAMETERS,
+            status,
             invalid: Some(p),
         }
         .to_dw0_status();
@@ -139,6 +139,20 @@ pub(crate) fn connect(
         r.dw0 = dw0;
         r.reason = reason;
         Err(r)
+    };
+    let invalid = |r: Refusal, p: InvalidParameter, reason: String| {
+        reject(r, Status::CONNECT_INVALID_PARAMETERS, p, reason)
+    };
+    // Connect Invalid Host for a host the subsystem does not allow (NVMe Base 2.0, Connect: "If the host is
+    // not allowed to establish an association to any controller in the NVM subsystem"), pointing at the
+    // host NQN as Linux nvmet and SPDK do.
+    let not_allowed = |r: Refusal, reason: String| {
+        reject(
+            r,
+            Status::CONNECT_INVALID_HOST,
+            InvalidParameter::HOSTNQN,
+            reason,
+        )
     };
     let Some(fabrics::FabricsCommand::Connect(c)) = fabrics::FabricsCommand::from_sqe(sqe) else {
         let status = Status::COMMAND_SEQUENCE_ERROR.with_dnr();
@@ -207,7 +221,7 @@ pub(crate) fn connect(
         } else {
             "the host is not among the subsystem's allowed hosts".to_string()
         };
-        return invalid(refusal, InvalidParameter::HOSTNQN, reason);
+        return not_allowed(refusal, reason);
     }
     if c.sqsize == 0 || c.sqsize >= subsys.limits.queue_entries {
         let reason = format!(

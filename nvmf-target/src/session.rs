@@ -43,6 +43,10 @@ const TX_HIGH_WATER: usize = 4 << 20;
 const C2H_CHUNK: usize = 128 * 1024;
 /// How long a closing connection may take to get its last PDUs (a C2HTermReq) out.
 const DRAIN_TIME: Duration = Duration::from_secs(1);
+
+/// How long an I/O queue stays open after its Disconnect completed while the host sends nothing more: it
+/// answers what still arrives ([`Session::on_capsule`]) and closes when the host does, or after this.
+const DISCONNECT_LINGER: Duration = Duration::from_secs(2);
 /// The most bytes of data fetched with R2T for a command other than an NVM write (Connect: 1 KiB).
 const MAX_ADMIN_DATA: u32 = 4096;
 
@@ -172,6 +176,9 @@ pub(crate) struct Session {
     auth_jobs: usize,
     connect_deadline: Instant,
     closing: Option<(String, Instant)>,
+    /// The host sent Disconnect on this I/O queue: every command behind it is answered with Command Aborted
+    /// due to SQ Deletion, and the connection closes at this time unless another command moves it on.
+    disconnected: Option<Instant>,
     stats: SessionStats,
     published: SessionStats,
 }
@@ -237,6 +244,7 @@ impl Session {
             auth_jobs: 0,
             connect_deadline,
             closing: None,
+            disconnected: None,
             stats: SessionStats::default(),
             published: SessionStats::default(),
             target,
@@ -271,6 +279,13 @@ impl Session {
         if let Some((_, deadline)) = &self.closing {
             let deadline = *deadline;
             return self.drain(deadline);
+        }
+        if self
+            .disconnected
+            .is_some_and(|until| Instant::now() >= until)
+        {
+            self.close(None, "host sent Disconnect".into());
+            return Progress::Busy;
         }
         let now_ms = self.target.now_ms();
         if let Some(why) = self.check_timers(now_ms) {
@@ -406,6 +421,9 @@ impl Session {
         if let Some((_, deadline)) = &self.closing {
             w.deadline(*deadline);
             return true;
+        }
+        if let Some(until) = self.disconnected {
+            w.deadline(until);
         }
         match &self.queue {
             None => w.deadline(self.connect_deadline),
@@ -633,6 +651,17 @@ impl Session {
     /// A command capsule: checks its data pointer, then executes it or asks for its data.
     fn on_capsule(&mut self, sqe: Sqe, data: Range<usize>) -> Result<(), Fatal> {
         self.stats.commands += 1;
+        if let Some(until) = &mut self.disconnected {
+            // Behind a Disconnect (SPDK's nvme_fuzz sends commands there): each still gets its one answer.
+            // Disconnect deleted this I/O queue's submission queue, and these commands were submitted to it
+            // before the host could see that, so they end as commands on a deleted SQ do (NVMe Base 2.0,
+            // Delete I/O Submission Queue): Command Aborted due to SQ Deletion, which the host may retry on
+            // another queue (no DNR). Command Sequence Error would tell it that it broke a command sequence,
+            // and a host cannot know where in the stream the target processed its Disconnect.
+            *until = Instant::now() + DISCONNECT_LINGER;
+            self.stats.aborted_after_disconnect += 1;
+            return self.complete(sqe.cid, Status::ABORTED_SQ_DELETION, 0, 0);
+        }
         if self.busy_slots > 0 {
             if let Some(i) = self
                 .slots
@@ -1092,8 +1121,12 @@ impl Session {
                 Ok(())
             }
             Reply::CompleteAndClose => {
+                // What the queue still holds is answered first (the queue is going), then the Disconnect;
+                // the connection stays to answer what the host sent behind it, and closes when the host
+                // closes it or falls silent.
+                self.abort_outstanding();
                 self.complete(sqe.cid, Status::SUCCESS, 0, 0)?;
-                self.close(None, "host sent Disconnect".into());
+                self.disconnected = Some(Instant::now() + DISCONNECT_LINGER);
                 Ok(())
             }
         }

@@ -116,6 +116,9 @@ counters! {
         /// Held Asynchronous Event Requests retired without a completion because the host gave up on them
         /// (it reused their command ID, as SPDK does at detach, or their queue entry).
         aers_retired,
+        /// Commands that arrived on an I/O queue after its Disconnect, answered with Command Aborted due to
+        /// SQ Deletion.
+        aborted_after_disconnect,
     }
     target {
         /// TCP connections accepted.
@@ -146,7 +149,8 @@ impl fmt::Display for TargetCounters {
             f,
             "connections {} accepted, {} closed, {} dropped; commands {} ({} errors); reads {} ({:.1} MiB); \
              writes {} ({:.1} MiB); R2T {}; C2HTermReq {}; connects refused {}; keep-alive expiries {}; \
-             internal errors {}; AERs retired {}; authenticated {}, authentication failures {}",
+             internal errors {}; AERs retired {}; aborted after Disconnect {}; authenticated {}, \
+             authentication failures {}",
             self.accepted,
             self.closed,
             self.dropped,
@@ -162,6 +166,7 @@ impl fmt::Display for TargetCounters {
             self.keep_alive_expired,
             self.internal_errors,
             self.aers_retired,
+            self.aborted_after_disconnect,
             self.authentications,
             self.auth_failures
         )

@@ -188,8 +188,9 @@ fn a_good_file_becomes_its_target_config_and_serves_our_initiator() {
     assert_eq!(secure.namespaces().len(), 3);
     // H3 is not allowed on A.
     match TcpController::connect(opts(t.addr, A, H3), pool()) {
-        Err(nvpoll_tcp::Error::Command { status, .. }) => {
-            assert!(status.is(Status::CONNECT_INVALID_PARAMETERS), "{status:?}")
+        Err(nvpoll_tcp::Error::Refused(r)) => {
+            assert!(r.status.is(Status::CONNECT_INVALID_HOST), "{r:?}");
+            assert!(r.to_string().contains("does not allow host"), "{r}");
         }
         other => panic!("H3 should be refused, got {other:?}"),
     }

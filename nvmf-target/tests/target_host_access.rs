@@ -42,9 +42,10 @@ fn admin_connect(t: &TestTarget, subnqn: &str, hostnqn: &str) -> ConnectResponse
     ConnectResponse::from_cqe(&h.fabrics_connect(0, 31, 0, 0, &cd))
 }
 
+/// A host the subsystem does not allow: Connect Invalid Host, pointing at the host NQN (as nvmet and SPDK).
 fn refused_hostnqn() -> ConnectResponse {
     ConnectResponse::Rejected {
-        status: Status::CONNECT_INVALID_PARAMETERS.with_dnr(),
+        status: Status::CONNECT_INVALID_HOST.with_dnr(),
         invalid: Some(InvalidParameter::HOSTNQN),
     }
 }
@@ -79,8 +80,13 @@ fn only_allowed_hosts_connect_and_every_refusal_says_why() {
     assert_eq!(t.counters().connects_rejected, 2);
     // Our initiator sees a refused Connect as such.
     match TcpController::connect(ConnectOptions::new(t.addr, CLOSED, HOST2), pool()) {
-        Err(nvpoll_tcp::Error::Command { status, .. }) => {
-            assert!(status.is(Status::CONNECT_INVALID_PARAMETERS), "{status:?}")
+        Err(nvpoll_tcp::Error::Refused(r)) => {
+            assert!(r.status.is(Status::CONNECT_INVALID_HOST), "{r:?}");
+            assert!(
+                r.to_string()
+                    .contains(&format!("subsystem {CLOSED} does not allow host {HOST2}")),
+                "{r}"
+            );
         }
         other => panic!("expected a refused Connect, got {other:?}"),
     }

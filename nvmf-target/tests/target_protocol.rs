@@ -99,8 +99,27 @@ fn unknown_subsystem_is_refused_with_the_offending_field() {
     // Our initiator reports it as a failed Connect.
     let o = nvpoll_tcp::host::ConnectOptions::new(t.addr, "nqn.2024-01.io.nvpoll:nope", HOSTNQN);
     match nvpoll_tcp::host::TcpController::connect(o, target_common::pool()) {
-        Err(nvpoll_tcp::Error::Command { status, .. }) => {
-            assert!(status.is(Status::CONNECT_INVALID_PARAMETERS))
+        Err(e @ nvpoll_tcp::Error::Refused(_)) => {
+            let nvpoll_tcp::Error::Refused(r) = &e else {
+                unreachable!()
+            };
+            assert!(r.status.is(Status::CONNECT_INVALID_PARAMETERS));
+            assert_eq!(r.invalid, Some(InvalidParameter::SUBNQN));
+            // Named for a Fabrics Connect, with the parameter in words.
+            assert_eq!(
+                e.to_string(),
+                "Fabrics Connect (admin queue) refused: the target has no subsystem \
+                 nqn.2024-01.io.nvpoll:nope: Connect Invalid Parameters (sct 0x1 sc 0x82), invalid \
+                 parameter: the subsystem NQN (IATTR 1, IPO 256)"
+            );
+            // The API error says the same.
+            let api = nvpoll::Error::from(e);
+            assert!(
+                matches!(&api, nvpoll::Error::Refused { status, .. } if status.is(Status::CONNECT_INVALID_PARAMETERS))
+            );
+            assert!(api
+                .to_string()
+                .contains("the target has no subsystem nqn.2024-01.io.nvpoll:nope"));
         }
         other => panic!("expected a refused Connect, got {other:?}"),
     }
@@ -481,4 +500,80 @@ fn dataset_management_deallocates_ranges() {
     // An inactive namespace.
     let (cqe, _) = q.run(Sqe::dsm_deallocate(9, 0), &ranges(&[(0, 1)]), 0, &[]);
     assert!(cqe.status().is(Status::INVALID_NAMESPACE));
+}
+
+/// Every command the target reads gets one answer, those behind a Disconnect too (SPDK's nvme_fuzz sends
+/// them): a write still waiting for its data and the commands sent after the Disconnect end with Command
+/// Aborted due to SQ Deletion, the Disconnect succeeds, and the target closes the queue once the host falls
+/// silent.
+#[test]
+fn commands_behind_a_disconnect_are_answered() {
+    let t = TestTarget::start(|c| c);
+    let (_admin, cntlid) = RawHost::admin_queue(t.addr, NQN, 0);
+    let (mut h, cqe) = RawHost::io_queue(t.addr, cntlid, 1, 31, 0, Digests::NONE);
+    assert!(cqe.status().is_success());
+    // A write whose data the target asks for and never gets.
+    let mut write = Sqe::write(1, 0, 0);
+    write.cid = 0x100;
+    h.send_cmd(write, &[], 512);
+    match h.recv() {
+        Some(Resp::R2T(r)) => assert_eq!(r.cccid, 0x100),
+        other => panic!("expected an R2T, got {other:?}"),
+    }
+    // Disconnect, then more commands in the same write.
+    let mut bytes = Vec::new();
+    let mut disconnect = Sqe::fabrics_disconnect();
+    disconnect.cid = 0x101;
+    disconnect.set_sgl(&nvpoll::spec::SglDescriptor::transport_data_block(0));
+    pdu::encode_capsule_cmd(&mut bytes, &disconnect, &[], Digests::NONE, 0);
+    let behind = [0x102u16, 0x103, 0x104];
+    for &cid in &behind {
+        let mut read = Sqe::read(1, 0, 0);
+        read.cid = cid;
+        read.set_sgl(&nvpoll::spec::SglDescriptor::transport_data_block(512));
+        pdu::encode_capsule_cmd(&mut bytes, &read, &[], Digests::NONE, 0);
+    }
+    h.send(&bytes);
+    let mut answers = Vec::new();
+    for _ in 0..2 + behind.len() {
+        match h.recv() {
+            Some(Resp::Cqe(cqe)) => answers.push((cqe.cid, cqe.status())),
+            other => panic!("expected a completion, got {other:?} after {answers:?}"),
+        }
+    }
+    let status = |cid| {
+        let got: Vec<_> = answers.iter().filter(|a| a.0 == cid).collect();
+        assert_eq!(
+            got.len(),
+            1,
+            "command {cid:#x}: one answer, got {answers:?}"
+        );
+        got[0].1
+    };
+    assert!(status(0x100).is(Status::ABORTED_SQ_DELETION));
+    assert!(!status(0x100).dnr());
+    assert!(status(0x101).is_success());
+    for cid in behind {
+        assert!(status(cid).is(Status::ABORTED_SQ_DELETION), "{answers:?}");
+    }
+    // The Disconnect's answer comes after what the queue held, before what came behind it.
+    assert_eq!(answers[0].0, 0x100);
+    assert_eq!(answers[1].0, 0x101);
+    // One more, a while later: still answered.
+    let mut flush = Sqe::flush(1);
+    flush.cid = 0x105;
+    h.send_cmd(flush, &[], 0);
+    match h.recv() {
+        Some(Resp::Cqe(cqe)) => {
+            assert_eq!(cqe.cid, 0x105);
+            assert!(cqe.status().is(Status::ABORTED_SQ_DELETION));
+        }
+        other => panic!("expected a completion, got {other:?}"),
+    }
+    // Silent host: the target closes the queue by itself, without a termination request.
+    assert_eq!(h.expect_close(), None);
+    let c = t.wait_counters("the aborted commands counted", |c| {
+        c.aborted_after_disconnect == 4
+    });
+    assert_eq!(c.term_reqs, 0);
 }

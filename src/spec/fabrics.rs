@@ -15,7 +15,7 @@
 //! The data pointer and the PSDT bits (fabrics commands always use SGLs) are the transport's to fill in.
 
 use super::cmd::{Cqe, Sqe};
-use super::status::Status;
+use super::status::{CommandKind, Status};
 use super::wire::{bytes_at, need, put_bytes, put_str, put_u16, u16_at, utf8_at, Pad, ParseError};
 
 /// The opcode of every fabrics command.
@@ -338,6 +338,42 @@ impl InvalidParameter {
         in_data: false,
         offset: 44,
     };
+
+    /// The Connect field this points at, in words ("the subsystem NQN"), or `None` for an offset that
+    /// starts no field this module knows.
+    pub fn field(self) -> Option<&'static str> {
+        Some(match self {
+            InvalidParameter::SUBNQN => "the subsystem NQN",
+            InvalidParameter::HOSTNQN => "the host NQN",
+            InvalidParameter::CNTLID => "the controller ID",
+            InvalidParameter::QID => "the queue ID",
+            InvalidParameter::SQSIZE => "the queue size",
+            InvalidParameter {
+                in_data: true,
+                offset: 0,
+            } => "the host identifier",
+            _ => return None,
+        })
+    }
+}
+
+/// "the subsystem NQN (IATTR 1, IPO 256)", or "byte 300 of the Connect data (IATTR 1, IPO 300)".
+impl std::fmt::Display for InvalidParameter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.field() {
+            Some(name) => f.write_str(name)?,
+            None => {
+                let place = if self.in_data { "data" } else { "command" };
+                write!(f, "byte {} of the Connect {place}", self.offset)?
+            }
+        }
+        write!(
+            f,
+            " (IATTR {}, IPO {})",
+            u8::from(self.in_data),
+            self.offset
+        )
+    }
 }
 
 /// The outcome of a Connect, as its completion carries it.
@@ -369,13 +405,14 @@ impl ConnectResponse {
                 authreq: (cqe.dw0 >> 16) as u16,
             }
         } else {
-            let invalid =
-                status
-                    .is(Status::CONNECT_INVALID_PARAMETERS)
-                    .then_some(InvalidParameter {
-                        in_data: (cqe.dw0 >> 16) & 1 != 0,
-                        offset: cqe.dw0 as u16,
-                    });
+            // Invalid Parameters always points at one; Invalid Host may (Linux nvmet and SPDK point at the
+            // host NQN, others leave dword 0 zero).
+            let points = status.is(Status::CONNECT_INVALID_PARAMETERS)
+                || (status.is(Status::CONNECT_INVALID_HOST) && cqe.dw0 != 0);
+            let invalid = points.then_some(InvalidParameter {
+                in_data: (cqe.dw0 >> 16) & 1 != 0,
+                offset: cqe.dw0 as u16,
+            });
             ConnectResponse::Rejected { status, invalid }
         }
     }
@@ -402,16 +439,9 @@ impl std::fmt::Display for ConnectResponse {
                 write!(f, "connected to controller {cntlid}")
             }
             ConnectResponse::Rejected { status, invalid } => {
-                write!(
-                    f,
-                    "{} (sct {:#x} sc {:#04x})",
-                    status.name_for(FABRICS),
-                    status.sct(),
-                    status.sc()
-                )?;
+                write!(f, "{}", status.named_in(CommandKind::Fabrics))?;
                 if let Some(p) = invalid {
-                    let place = if p.in_data { "data" } else { "command" };
-                    write!(f, ", invalid parameter at byte {} of the {place}", p.offset)?;
+                    write!(f, ", invalid parameter: {p}")?;
                 }
                 Ok(())
             }
@@ -564,7 +594,7 @@ mod tests {
         assert_eq!(r.to_dw0_status(), (0x0001_0200, status));
         assert_eq!(
             r.to_string(),
-            "Connect Invalid Parameters (sct 0x1 sc 0x82), invalid parameter at byte 512 of the data"
+            "Connect Invalid Parameters (sct 0x1 sc 0x82), invalid parameter: the host NQN (IATTR 1, IPO 512)"
         );
         let sqe_param = ConnectResponse::Rejected {
             status,
@@ -577,8 +607,9 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(ConnectResponse::from_cqe(&cqe), sqe_param);
-        let host = Cqe {
-            dw0: 0x1234,
+        // Invalid Host: dword 0 may point at the host NQN (nvmet, SPDK, ours) or be zero.
+        let mut host = Cqe {
+            dw0: 0,
             status_phase: Status::CONNECT_INVALID_HOST.raw() << 1,
             ..Default::default()
         };
@@ -587,6 +618,14 @@ mod tests {
             ConnectResponse::Rejected {
                 status: Status::CONNECT_INVALID_HOST,
                 invalid: None
+            }
+        );
+        host.dw0 = 0x0001_0200;
+        assert_eq!(
+            ConnectResponse::from_cqe(&host),
+            ConnectResponse::Rejected {
+                status: Status::CONNECT_INVALID_HOST,
+                invalid: Some(InvalidParameter::HOSTNQN)
             }
         );
     }

@@ -48,5 +48,5 @@ pub use log::{
 pub use opcodes::{admin, cns, feature, io, log_page};
 pub use regs::{reg, Aqa, Cap, Cc, Csts, Vs};
 pub use sgl::{subtype as sgl_subtype, SglDescriptor, SglType, SGL_DESCRIPTOR_SIZE};
-pub use status::{sct, Status};
+pub use status::{sct, CommandKind, Status, StatusIn};
 pub use wire::ParseError;

@@ -181,30 +181,108 @@ impl Status {
         self.sct() == other.sct() && self.sc() == other.sc()
     }
 
-    /// The status's name as the specification words it, e.g. "Invalid Field in Command".
+    /// The status's name as the specification words it, e.g. "Invalid Field in Command", for a completion of
+    /// an NVM command set I/O command.
     ///
-    /// Command-specific codes from 0x80 mean different things for different commands; this gives the NVM I/O
-    /// meaning. Use [`Status::name_for`] when the opcode is known (it knows the fabrics Connect codes).
+    /// Command-specific codes mean different things for different commands (82h is Attempted Write to Read
+    /// Only Range for a Write and Connect Invalid Parameters for a Fabrics Connect): use [`Status::name_in`]
+    /// whenever the command is known.
     pub fn name(self) -> &'static str {
-        self.name_for(0)
+        self.name_in(CommandKind::Nvm)
     }
 
-    /// The status's name for a completion of the command with `opcode`: as [`Status::name`], except that for
-    /// the fabrics opcode (0x7f) the command-specific codes from 0x80 are the fabrics ones.
-    pub fn name_for(self, opcode: u8) -> &'static str {
+    /// The status's name for a completion of a command of `kind`.
+    pub fn name_in(self, kind: CommandKind) -> &'static str {
         match self.sct() {
             sct::GENERIC => generic_name(self.sc()),
-            sct::COMMAND_SPECIFIC
-                if opcode == crate::spec::fabrics::FABRICS && self.sc() >= 0x80 =>
-            {
-                fabrics_name(self.sc())
-            }
-            sct::COMMAND_SPECIFIC => command_specific_name(self.sc()),
+            sct::COMMAND_SPECIFIC => match (kind, self.sc()) {
+                // Fabrics-wide: any command on a queue that has not authenticated, and a discovery log read
+                // that must start again.
+                (_, 0x91) => "Authentication Required",
+                (CommandKind::Admin, 0x90) => "Discovery Restart",
+                (CommandKind::Fabrics | CommandKind::Authentication, sc) if sc >= 0x80 => {
+                    fabrics_name(sc)
+                }
+                (CommandKind::Admin, sc) if sc >= 0x80 => "Unknown Command Specific Status",
+                (CommandKind::Nvm, sc) if sc >= 0x80 => nvm_command_specific_name(sc),
+                (_, sc) => command_specific_name(sc),
+            },
             sct::MEDIA => media_name(self.sc()),
             sct::PATH => path_name(self.sc()),
             sct::VENDOR => "Vendor Specific",
             _ => "Reserved Status Code Type",
         }
+    }
+
+    /// The status as a completion of a command of `kind` words it: displays as
+    /// "Connect Invalid Parameters (sct 0x1 sc 0x82)".
+    pub const fn named_in(self, kind: CommandKind) -> StatusIn {
+        StatusIn { status: self, kind }
+    }
+}
+
+/// The command set of the command a completion answers: command-specific status codes from 80h mean
+/// different things in each (NVMe Base 2.0 "Command Specific Status Values", NVM Command Set 1.0, and the
+/// Fabrics command status values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CommandKind {
+    /// An admin command (not a fabrics command).
+    Admin,
+    /// An I/O command of the NVM command set (Read, Write, Flush, Dataset Management, ...).
+    Nvm,
+    /// A fabrics command other than authentication: Connect, Property Get and Set, Disconnect.
+    Fabrics,
+    /// Fabrics Authentication Send or Receive.
+    Authentication,
+}
+
+impl CommandKind {
+    /// The kind of `sqe`, submitted on queue `qid` (0: the admin queue).
+    pub fn of(sqe: &crate::spec::Sqe, qid: u16) -> CommandKind {
+        use crate::spec::fabrics;
+        if sqe.opcode == fabrics::FABRICS {
+            match (sqe.nsid & 0xff) as u8 {
+                fabrics::AUTH_SEND | fabrics::AUTH_RECV => CommandKind::Authentication,
+                _ => CommandKind::Fabrics,
+            }
+        } else if qid == 0 {
+            CommandKind::Admin
+        } else {
+            CommandKind::Nvm
+        }
+    }
+
+    /// The command set in words: "admin", "NVM", "Fabrics" or "Authentication".
+    pub fn label(self) -> &'static str {
+        match self {
+            CommandKind::Admin => "admin",
+            CommandKind::Nvm => "NVM",
+            CommandKind::Fabrics => "Fabrics",
+            CommandKind::Authentication => "Authentication",
+        }
+    }
+}
+
+/// A status named for the command it answers ([`Status::named_in`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StatusIn {
+    /// The status.
+    pub status: Status,
+    /// The kind of command it completed.
+    pub kind: CommandKind,
+}
+
+/// Formats as "Connect Invalid Parameters (sct 0x1 sc 0x82)".
+impl std::fmt::Display for StatusIn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.status;
+        write!(
+            f,
+            "{} (sct {:#x} sc {:#04x})",
+            s.name_in(self.kind),
+            s.sct(),
+            s.sc()
+        )
     }
 }
 
@@ -301,6 +379,14 @@ fn command_specific_name(sc: u8) -> &'static str {
         0x2b => "I/O Command Set Combination Rejected",
         0x2c => "Invalid I/O Command Set",
         0x2d => "Identifier Unavailable",
+        _ => "Unknown Command Specific Status",
+    }
+}
+
+/// Command-specific codes from 80h of the NVM command set's I/O commands (NVM Command Set 1.0, Zoned
+/// Namespace 1.1).
+fn nvm_command_specific_name(sc: u8) -> &'static str {
+    match sc {
         0x80 => "Conflicting Attributes",
         0x81 => "Invalid Protection Information",
         0x82 => "Attempted Write to Read Only Range",
@@ -324,8 +410,8 @@ fn fabrics_name(sc: u8) -> &'static str {
         0x82 => "Connect Invalid Parameters",
         0x83 => "Connect Restart Discovery",
         0x84 => "Connect Invalid Host",
+        0x85 => "Invalid Queue Type",
         0x90 => "Discovery Restart",
-        0x91 => "Authentication Required",
         _ => "Unknown Fabrics Status",
     }
 }
@@ -374,16 +460,11 @@ impl std::fmt::Debug for Status {
     }
 }
 
-/// Formats as "Invalid Field in Command (sct 0x0 sc 0x02)".
+/// Formats as "Invalid Field in Command (sct 0x0 sc 0x02)", naming a command-specific code as an NVM I/O
+/// command's ([`Status::name`]); [`Status::named_in`] names it for the command it answers.
 impl std::fmt::Display for Status {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} (sct {:#x} sc {:#04x})",
-            self.name(),
-            self.sct(),
-            self.sc()
-        )
+        self.named_in(CommandKind::Nvm).fmt(f)
     }
 }
 
@@ -427,9 +508,9 @@ mod tests {
         assert_eq!(Status::new(7, 0x12).name(), "Vendor Specific");
         assert_eq!(Status::new(5, 0).name(), "Reserved Status Code Type");
         assert_eq!(Status::new(0, 0xfe).name(), "Unknown Generic Status");
-        let fabrics = crate::spec::fabrics::FABRICS;
+        let fabrics = CommandKind::Fabrics;
         assert_eq!(
-            Status::CONNECT_INVALID_HOST.name_for(fabrics),
+            Status::CONNECT_INVALID_HOST.name_in(fabrics),
             "Connect Invalid Host"
         );
         assert_eq!(
@@ -437,11 +518,17 @@ mod tests {
             "Attempted Write to Read Only Range"
         );
         assert_eq!(
-            Status::CONNECT_INVALID_PARAMETERS.name_for(fabrics),
+            Status::CONNECT_INVALID_PARAMETERS.name_in(fabrics),
             "Connect Invalid Parameters"
         );
         assert_eq!(
-            Status::INVALID_QUEUE_SIZE.name_for(fabrics),
+            Status::CONNECT_INVALID_PARAMETERS
+                .named_in(fabrics)
+                .to_string(),
+            "Connect Invalid Parameters (sct 0x1 sc 0x82)"
+        );
+        assert_eq!(
+            Status::INVALID_QUEUE_SIZE.name_in(fabrics),
             "Invalid Queue Size"
         );
         assert_eq!(
@@ -451,10 +538,63 @@ mod tests {
     }
 
     #[test]
+    fn command_specific_codes_are_named_for_their_command() {
+        use CommandKind::*;
+        let s = |sc| Status::new(sct::COMMAND_SPECIFIC, sc);
+        // 82h: the NVM table's meaning for a Write, the Fabrics one for a Connect, none for an admin command.
+        assert_eq!(s(0x82).name_in(Nvm), "Attempted Write to Read Only Range");
+        assert_eq!(s(0x82).name_in(Fabrics), "Connect Invalid Parameters");
+        assert_eq!(
+            s(0x82).name_in(Authentication),
+            "Connect Invalid Parameters"
+        );
+        assert_eq!(s(0x82).name_in(Admin), "Unknown Command Specific Status");
+        assert_eq!(s(0x80).name_in(Fabrics), "Connect Incompatible Format");
+        assert_eq!(s(0x80).name_in(Nvm), "Conflicting Attributes");
+        assert_eq!(s(0x85).name_in(Fabrics), "Invalid Queue Type");
+        // Below 80h the base table holds for every command.
+        assert_eq!(s(0x02).name_in(Admin), "Invalid Queue Size");
+        assert_eq!(s(0x09).name_in(Admin), "Invalid Log Page");
+        // Fabrics-wide codes.
+        for k in [Admin, Nvm, Fabrics, Authentication] {
+            assert_eq!(s(0x91).name_in(k), "Authentication Required");
+        }
+        assert_eq!(s(0x90).name_in(Admin), "Discovery Restart");
+        // Generic codes do not depend on the command.
+        assert_eq!(
+            Status::INVALID_FIELD.name_in(Fabrics),
+            Status::INVALID_FIELD.name_in(Nvm)
+        );
+    }
+
+    #[test]
+    fn the_kind_of_a_command() {
+        use crate::spec::{fabrics, Sqe};
+        let mut sqe = Sqe {
+            opcode: fabrics::FABRICS,
+            nsid: u32::from(fabrics::CONNECT),
+            ..Sqe::default()
+        };
+        assert_eq!(CommandKind::of(&sqe, 0), CommandKind::Fabrics);
+        assert_eq!(CommandKind::of(&sqe, 3), CommandKind::Fabrics);
+        sqe.nsid = u32::from(fabrics::AUTH_RECV);
+        assert_eq!(CommandKind::of(&sqe, 0), CommandKind::Authentication);
+        sqe.opcode = 0x02;
+        assert_eq!(CommandKind::of(&sqe, 0), CommandKind::Admin);
+        assert_eq!(CommandKind::of(&sqe, 1), CommandKind::Nvm);
+    }
+
+    #[test]
     fn every_raw_value_has_a_name() {
         for raw in 0..=0x7fffu16 {
-            assert!(!Status::from_raw(raw).name().is_empty());
-            assert!(!Status::from_raw(raw).name_for(0x7f).is_empty());
+            for kind in [
+                CommandKind::Admin,
+                CommandKind::Nvm,
+                CommandKind::Fabrics,
+                CommandKind::Authentication,
+            ] {
+                assert!(!Status::from_raw(raw).name_in(kind).is_empty());
+            }
         }
     }
 }

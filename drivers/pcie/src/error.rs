@@ -149,10 +149,12 @@ pub enum Error {
     #[error("timed out waiting for {0}")]
     Timeout(&'static str),
     /// A command completed with an error status where the driver needed success.
-    #[error("{what} failed with NVMe status {status}")]
+    #[error("{what} failed with NVMe status {}", status.named_in(*kind))]
     Command {
         /// Which command.
         what: &'static str,
+        /// Its command set, which names the status (command-specific codes differ between them).
+        kind: nvpoll::spec::CommandKind,
         /// Its status.
         status: Status,
     },
@@ -188,7 +190,7 @@ impl nvpoll::TransportError for Error {
     fn class(&self) -> nvpoll::ErrorClass {
         use nvpoll::ErrorClass;
         match self {
-            Error::Command { status, .. } => ErrorClass::Nvme(*status),
+            Error::Command { status, kind, .. } => ErrorClass::Nvme(status.named_in(*kind)),
             Error::Timeout(_) => ErrorClass::Timeout,
             Error::InvalidArgument(s) => ErrorClass::InvalidArgument(s.clone()),
             Error::QueueFull => ErrorClass::QueueFull,

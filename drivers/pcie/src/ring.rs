@@ -757,6 +757,7 @@ impl<D: Device> Queue<D> {
         } else {
             Err(Error::Command {
                 what,
+                kind: nvpoll::spec::CommandKind::of(&sqe, self.qid()),
                 status: cqe.status(),
             })
         }

@@ -506,7 +506,7 @@ fn unmapped_buffers_fail_like_an_iommu_fault() {
         .unwrap();
     let c = wait_one(&mut qp);
     assert!(
-        matches!(c.result, Err(nvpoll::Error::Nvme(s)) if s == nvpoll::spec::Status::DATA_TRANSFER_ERROR)
+        matches!(c.result, Err(nvpoll::Error::Nvme(s)) if s.status == nvpoll::spec::Status::DATA_TRANSFER_ERROR)
     );
     assert_eq!(dev.stats().dma_faults, 1);
 }

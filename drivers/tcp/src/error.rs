@@ -1,6 +1,6 @@
 //! The error type of the NVMe/TCP crate.
 
-use nvpoll::spec::Status;
+use nvpoll::spec::{CommandKind, InvalidParameter, Status};
 
 /// Everything that can go wrong in NVMe/TCP, initiator or target.
 #[derive(Debug, thiserror::Error)]
@@ -37,14 +37,19 @@ pub enum Error {
         /// Fatal error information.
         fei: u32,
     },
-    /// A command completed with an error status where the caller needed success (e.g. Fabrics Connect).
-    #[error("{what} failed with NVMe status {status}")]
+    /// A command completed with an error status where the caller needed success.
+    #[error("{what} failed with NVMe status {}", status.named_in(*kind))]
     Command {
         /// Which command.
         what: &'static str,
+        /// Its command set, which names the status (command-specific codes differ between them).
+        kind: CommandKind,
         /// Its status.
         status: Status,
     },
+    /// The target refused Fabrics Connect: which parameter and why.
+    #[error("{0}")]
+    Refused(Box<ConnectRefusal>),
     /// The TLS handshake or a record failed (wrong PSK, unknown identity, bad record MAC, ...).
     #[error("TLS: {0}")]
     Tls(#[from] crate::tls::TlsError),
@@ -72,8 +77,87 @@ impl Error {
     }
 }
 
-/// The `what` of the [`Error::Command`] a host gets when Fabrics Connect fails: the target refused it.
-pub const FABRICS_CONNECT: &str = "Fabrics Connect";
+/// A Fabrics Connect the target refused: its status, the parameter the completion points at (IATTR and
+/// IPO), and what the host sent, so that the refusal can be said in words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectRefusal {
+    /// The Connect's status (command-specific ones are the Fabrics codes).
+    pub status: Status,
+    /// For Connect Invalid Parameters, the parameter the target refused.
+    pub invalid: Option<InvalidParameter>,
+    /// The queue the Connect was for (0: the admin queue).
+    pub qid: u16,
+    /// The queue size asked for (0-based, as SQSIZE).
+    pub sqsize: u16,
+    /// The subsystem NQN sent.
+    pub subnqn: String,
+    /// The host NQN sent.
+    pub hostnqn: String,
+    /// The controller ID sent (0xffff: any, for an admin queue).
+    pub cntlid: u16,
+}
+
+impl ConnectRefusal {
+    /// Why, in words, from the status and the parameter the completion names.
+    pub fn reason(&self) -> String {
+        let (sub, host) = (&self.subnqn, &self.hostnqn);
+        match self.invalid {
+            Some(InvalidParameter::SUBNQN) => format!("the target has no subsystem {sub}"),
+            Some(InvalidParameter::HOSTNQN) if self.status.is(Status::CONNECT_INVALID_HOST) => {
+                format!("subsystem {sub} does not allow host {host}")
+            }
+            Some(InvalidParameter::HOSTNQN) => format!("the target refused the host NQN {host}"),
+            Some(InvalidParameter::CNTLID) => format!(
+                "subsystem {sub} has no controller {} for host {host} (it may have been deleted)",
+                self.cntlid
+            ),
+            Some(InvalidParameter::QID) => format!(
+                "queue {} is beyond the I/O queues the controller granted",
+                self.qid
+            ),
+            Some(InvalidParameter::SQSIZE) => format!(
+                "a queue of {} entries is more than the controller allows",
+                u32::from(self.sqsize) + 1
+            ),
+            Some(p) => format!("the target refused {p}"),
+            None if self.status.is(Status::CONNECT_INVALID_HOST) => {
+                format!("subsystem {sub} does not allow host {host}")
+            }
+            None if self.status.is(Status::CONNECT_CONTROLLER_BUSY) => {
+                format!("subsystem {sub} has no controller or queue to spare")
+            }
+            None if self.status.is(Status::CONNECT_INCOMPATIBLE_FORMAT) => {
+                "the target does not support this Connect format".into()
+            }
+            None if self.status.is(Status::CONNECT_RESTART_DISCOVERY) => {
+                format!("subsystem {sub} moved: the target asks the host to restart discovery")
+            }
+            None => format!("subsystem {sub} refused host {host}"),
+        }
+    }
+}
+
+/// "Fabrics Connect (admin queue) refused: the target has no subsystem nqn.x: Connect Invalid Parameters
+/// (sct 0x1 sc 0x82), invalid parameter: the subsystem NQN (IATTR 1, IPO 256)".
+impl std::fmt::Display for ConnectRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let queue = if self.qid == 0 {
+            "admin queue".to_string()
+        } else {
+            format!("I/O queue {}", self.qid)
+        };
+        write!(
+            f,
+            "Fabrics Connect ({queue}) refused: {}: {}",
+            self.reason(),
+            self.status.named_in(CommandKind::Fabrics)
+        )?;
+        if let Some(p) = self.invalid {
+            write!(f, ", invalid parameter: {p}")?;
+        }
+        Ok(())
+    }
+}
 
 impl nvpoll::TransportError for Error {
     fn class(&self) -> nvpoll::ErrorClass {
@@ -81,10 +165,8 @@ impl nvpoll::TransportError for Error {
         match self {
             Error::Io { .. } | Error::Closed | Error::Lost(_) => ErrorClass::ConnectionLost,
             Error::Pdu(_) | Error::Protocol(_) | Error::TermReq { .. } => ErrorClass::PeerProtocol,
-            Error::Command { what, status } if *what == FABRICS_CONNECT => {
-                ErrorClass::Refused(*status)
-            }
-            Error::Command { status, .. } => ErrorClass::Nvme(*status),
+            Error::Refused(r) => ErrorClass::Refused(r.status),
+            Error::Command { status, kind, .. } => ErrorClass::Nvme(status.named_in(*kind)),
             Error::Tls(_) => ErrorClass::Tls,
             Error::Timeout(_) => ErrorClass::Timeout,
             Error::InvalidArgument(s) => ErrorClass::InvalidArgument(s.clone()),

@@ -18,7 +18,7 @@ use nvpoll::api::{
 };
 use nvpoll::mem::{DmaBuf, DmaPool};
 use nvpoll::send::SendMode;
-use nvpoll::spec::{self, AnaState, Cqe, IdentifyController, Sqe};
+use nvpoll::spec::{self, AnaState, CommandKind, Cqe, IdentifyController, Sqe};
 
 use crate::queue::{DataDir, Done, HostQueue, Orphan, Parked, QueueParams};
 use crate::Error;
@@ -310,7 +310,22 @@ fn fabrics_connect_auth(
         spec::fabrics::CONNECT_DATA_SIZE as u32,
         opts.timeout,
     )?;
-    HostQueue::check(crate::error::FABRICS_CONNECT, &cqe)?;
+    if !cqe.status().is_success() {
+        let spec::ConnectResponse::Rejected { status, invalid } =
+            spec::ConnectResponse::from_cqe(&cqe)
+        else {
+            unreachable!("a completion with an error status is a rejection");
+        };
+        return Err(Error::Refused(Box::new(crate::error::ConnectRefusal {
+            status,
+            invalid,
+            qid: q.qid(),
+            sqsize,
+            subnqn: data.subnqn,
+            hostnqn: data.hostnqn,
+            cntlid,
+        })));
+    }
     let authreq = (cqe.dw0 >> 16) as u16;
     let mut generated = None;
     if authreq & (AUTHREQ_ATR | AUTHREQ_ASCR) != 0 {
@@ -357,7 +372,7 @@ impl crate::dhchap::host::Transport for AuthCommands<'_> {
             msg.len() as u32,
             self.timeout,
         )?;
-        HostQueue::check("Authentication Send", &cqe)
+        HostQueue::check("Authentication Send", CommandKind::Authentication, &cqe)
     }
 
     fn receive(&mut self) -> Result<Vec<u8>, Error> {
@@ -380,7 +395,7 @@ impl crate::dhchap::host::Transport for AuthCommands<'_> {
             len as u32,
             self.timeout,
         )?;
-        HostQueue::check("Authentication Receive", &cqe)?;
+        HostQueue::check("Authentication Receive", CommandKind::Authentication, &cqe)?;
         let buf =
             buf.ok_or_else(|| Error::Protocol("Authentication Receive returned no buffer".into()))?;
         Ok(buf.as_slice()[..len].to_vec())
@@ -701,7 +716,7 @@ fn bring_up(opts: &ConnectOptions, pool: &DmaPool) -> Result<Attached, Error> {
             4096,
             t,
         )?;
-        HostQueue::check("Get Log Page (ANA)", &cqe)?;
+        HostQueue::check("Get Log Page (ANA)", CommandKind::Admin, &cqe)?;
         let buf = buf.expect("Get Log Page hands its buffer back");
         ana.states = parse_ana_states(buf.as_slice())?;
     }
@@ -755,7 +770,7 @@ fn set_number_of_queues(admin: &mut HostQueue, t: Duration, want: u16) -> Result
     }
     let sqe = Sqe::set_features(feature::NUMBER_OF_QUEUES, feature::num_queues(want, want));
     let (cqe, _) = admin.run(sqe, DataDir::None, None, 0, t)?;
-    HostQueue::check("Set Features (Number of Queues)", &cqe)?;
+    HostQueue::check("Set Features (Number of Queues)", CommandKind::Admin, &cqe)?;
     let (nsq, ncq) = feature::num_queues_granted(cqe.dw0);
     Ok(nsq.min(ncq).min(u32::from(want)) as u16)
 }
@@ -871,11 +886,11 @@ impl TcpController {
             if d.tag == KEEP_ALIVE_TAG {
                 self.keep_alive_outstanding = false;
                 let cqe = d.result?;
-                HostQueue::check("Keep Alive", &cqe)?;
+                HostQueue::check("Keep Alive", CommandKind::Admin, &cqe)?;
             } else if d.tag == ANA_TAG {
                 self.ana_outstanding = false;
                 let cqe = d.result?;
-                HostQueue::check("Get Log Page (ANA)", &cqe)?;
+                HostQueue::check("Get Log Page (ANA)", CommandKind::Admin, &cqe)?;
                 let buf = d.buf.expect("Get Log Page hands its buffer back");
                 let states = parse_ana_states(buf.as_slice())?;
                 self.att.ana.states = states;
@@ -1061,7 +1076,7 @@ impl TcpController {
 
 fn property_get(q: &mut HostQueue, offset: u32, eight: bool, t: Duration) -> Result<u64, Error> {
     let (cqe, _) = q.run(Sqe::property_get(offset, eight), DataDir::None, None, 0, t)?;
-    HostQueue::check("Property Get", &cqe)?;
+    HostQueue::check("Property Get", CommandKind::Fabrics, &cqe)?;
     Ok(u64::from(cqe.dw0) | (u64::from(cqe.dw1) << 32))
 }
 
@@ -1079,7 +1094,7 @@ fn property_set(
         0,
         t,
     )?;
-    HostQueue::check("Property Set", &cqe)
+    HostQueue::check("Property Set", CommandKind::Fabrics, &cqe)
 }
 
 fn identify(
@@ -1099,7 +1114,7 @@ fn identify(
         4096,
         t,
     )?;
-    HostQueue::check("Identify", &cqe)?;
+    HostQueue::check("Identify", CommandKind::Admin, &cqe)?;
     Ok(buf.expect("identify hands its buffer back"))
 }
 

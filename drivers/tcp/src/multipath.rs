@@ -455,9 +455,9 @@ impl MultipathQueuePair {
         let now = Instant::now();
         let retry_at = match &err {
             // The controller answered: the command did not run. Another path may take it now.
-            nvpoll::Error::Nvme(st) if is_path_status(*st) => {
+            nvpoll::Error::Nvme(st) if is_path_status(st.status) => {
                 let nsid = r.nsid;
-                self.paths[p].note_path_status(nsid, *st);
+                self.paths[p].note_path_status(nsid, st.status);
                 self.stats.path_errors += 1;
                 Some(now)
             }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use nvpoll::mem::DmaBuf;
 use nvpoll::send::{SendMode, SendPolicy};
-use nvpoll::spec::{Cqe, SglDescriptor, Sqe, Status};
+use nvpoll::spec::{CommandKind, Cqe, SglDescriptor, Sqe, Status};
 
 use crate::conn::{Conn, DIRECT_SEND_MIN};
 use crate::pdu::{self, Decoded, Pdu};
@@ -1100,13 +1100,13 @@ impl HostQueue {
         }
     }
 
-    /// Status of a completion as a `Result`, naming the command on failure.
-    pub fn check(what: &'static str, cqe: &Cqe) -> Result<(), Error> {
+    /// Status of a completion as a `Result`, naming the command (of `kind`) on failure.
+    pub fn check(what: &'static str, kind: CommandKind, cqe: &Cqe) -> Result<(), Error> {
         let status: Status = cqe.status();
         if status.is_success() {
             Ok(())
         } else {
-            Err(Error::Command { what, status })
+            Err(Error::Command { what, kind, status })
         }
     }
 

@@ -258,8 +258,8 @@ fn posing(
 fn expect_refused(t: &TestTarget, o: ConnectOptions, field: &str) {
     use nvpoll::spec::Status;
     match TcpController::connect(o, pool()) {
-        Err(Error::Command { status, .. }) => {
-            assert!(status.is(Status::CONNECT_INVALID_PARAMETERS), "{status:?}")
+        Err(Error::Refused(r)) => {
+            assert!(r.status.is(Status::CONNECT_INVALID_PARAMETERS), "{r:?}")
         }
         Err(e) => panic!("expected Connect Invalid Parameters ({field}), got {e:?}"),
         Ok(_) => panic!("a host got in as another"),
