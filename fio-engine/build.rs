@@ -18,6 +18,8 @@ fn main() {
         "XDG_CACHE_HOME",
         "HOME",
         "PATH",
+        "LIBCLANG_PATH",
+        "LLVM_CONFIG_PATH",
     ] {
         println!("cargo:rerun-if-env-changed={v}");
     }
@@ -50,7 +52,16 @@ fn main() {
         println!("cargo:rerun-if-changed={}", dir.join(f).display());
     }
     let version = fio_version(&dir);
-    let bindings = bindgen::Builder::default()
+    // bindgen panics when it cannot load libclang: ask first, and build without the engine (as without fio's
+    // source) rather than fail the whole workspace.
+    if let Err(e) = clang_sys::load() {
+        skip(&format!(
+            "libclang, which generates the bindings to fio's headers in {}, cannot be loaded ({e})",
+            dir.display()
+        ));
+        return;
+    }
+    let generated = bindgen::Builder::default()
         .header_contents(
             "nvpoll-fio.h",
             "#include \"fio.h\"\n#include \"optgroup.h\"\n",
@@ -75,14 +86,18 @@ fn main() {
         // header the bindings would get wrong fails the build instead of corrupting fio's memory.
         .layout_tests(true)
         .generate_comments(false)
-        .generate()
-        .unwrap_or_else(|e| {
-            panic!(
-                "nvpoll-fio: bindgen failed on fio's headers in {} ({e}); is libclang installed \
-                 (apt-get install libclang-dev)?",
+        .generate();
+    let bindings = match generated {
+        Ok(b) => b,
+        Err(e) => {
+            skip(&format!(
+                "bindgen failed on fio's headers in {} ({e}; without clang's own headers, stddef.h is \
+                 missing)",
                 dir.display()
-            )
-        });
+            ));
+            return;
+        }
+    };
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     bindings
         .write_to_file(out.join("fio.rs"))
@@ -93,6 +108,15 @@ fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     println!("cargo:rustc-env=NVPOLL_FIO_BUILT_FOR={version}");
     println!("cargo:rustc-env=NVPOLL_FIO_SOURCE={}", dir.display());
+}
+
+/// Builds the crate without the engine, saying why and what to install.
+fn skip(why: &str) {
+    println!(
+        "cargo:warning=nvpoll-fio: the fio ioengine is not built: {why}. Install libclang and clang's \
+         headers (Debian: apt-get install libclang-dev), or point LIBCLANG_PATH at a directory holding \
+         libclang.so."
+    );
 }
 
 /// The configured fio source to build against, or where it was looked for (if anywhere) and why there is

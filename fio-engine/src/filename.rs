@@ -72,10 +72,45 @@ pub fn parse(name: &str) -> Result<FileTarget, String> {
     let trid: TransportId = trid
         .parse()
         .map_err(|e| format!("filename '{name}': {e}; {hint}"))?;
-    if let TransportId::Tcp { subnqn: None, .. } = trid {
-        return Err(format!("filename '{name}': subnqn is missing; {hint}"));
+    match trid.subnqn() {
+        None if matches!(trid, TransportId::Tcp { .. }) => {
+            return Err(format!("filename '{name}': subnqn is missing; {hint}"))
+        }
+        None => {}
+        Some(nqn) if !is_nqn(nqn) => {
+            // Most likely fio cut the filename at the NQN's first unescaped colon, and the Connect would go
+            // to a subsystem nobody meant.
+            return Err(format!(
+                "filename '{name}': subnqn '{nqn}' is not an NQN (nqn.yyyy-mm.reverse.domain:name). fio \
+                 splits filenames at every ':' that is not escaped, so write an NQN's colons as '\\:' \
+                 (subnqn={nqn}\\:name); fio removes the backslash"
+            ));
+        }
+        Some(_) => {}
     }
     Ok(FileTarget { trid, nsid })
+}
+
+/// Whether `s` has the form of an NQN (NVMe Base 2.0, "NVM Qualified Names"): `nqn.`, a `yyyy-mm` date, `.`,
+/// a reverse domain name, then `:` and a name the domain's owner picks; or the well-known discovery NQN, the
+/// one NQN without a colon.
+fn is_nqn(s: &str) -> bool {
+    if s == nvpoll::spec::fabrics::DISCOVERY_NQN {
+        return true;
+    }
+    let Some(rest) = s.strip_prefix("nqn.") else {
+        return false;
+    };
+    let b = rest.as_bytes();
+    let dated = b.len() > 8
+        && b[..4].iter().all(u8::is_ascii_digit)
+        && b[4] == b'-'
+        && b[5..7].iter().all(u8::is_ascii_digit)
+        && b[7] == b'.';
+    dated
+        && rest[8..]
+            .split_once(':')
+            .is_some_and(|(domain, name)| !domain.is_empty() && !name.is_empty())
 }
 
 /// A PCI address as fio lets one be written (`0000.04.00.0`, dots for colons) in the usual form.
@@ -115,7 +150,7 @@ mod tests {
             TransportId::Pcie { bdf }
         );
         // nvpoll's own form works too, and ns may be left out.
-        let n = parse("trtype:tcp traddr:127.0.0.1 subnqn:nqn.x").unwrap();
+        let n = parse("trtype:tcp traddr:127.0.0.1 subnqn:nqn.2024-01.io.nvpoll:x").unwrap();
         assert_eq!(n.nsid, None);
     }
 
@@ -133,5 +168,39 @@ mod tests {
         assert!(e.contains("traddr"), "{e}");
         let e = parse("").unwrap_err();
         assert!(e.contains("names no controller"), "{e}");
+        // What fio hands over when a job file leaves an NQN's colon unescaped: the part before it.
+        let e = parse(
+            "trtype=tcp adrfam=IPv4 traddr=127.0.0.1 trsvcid=4420 subnqn=nqn.2016-06.io.spdk",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("'nqn.2016-06.io.spdk' is not an NQN")
+                && e.contains("fio splits filenames at every ':'")
+                && e.contains("subnqn=nqn.2016-06.io.spdk\\:name"),
+            "{e}"
+        );
+        // The discovery NQN has no colon and is one.
+        parse("trtype=tcp traddr=127.0.0.1 subnqn=nqn.2014-08.org.nvmexpress.discovery").unwrap();
+    }
+
+    #[test]
+    fn nqn_forms() {
+        for ok in [
+            "nqn.2016-06.io.spdk:cnode1",
+            "nqn.2014-08.org.nvmexpress:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6",
+            "nqn.2014-08.org.nvmexpress.discovery",
+        ] {
+            assert!(is_nqn(ok), "{ok}");
+        }
+        for bad in [
+            "nqn.2016-06.io.spdk",
+            "nqn.x",
+            "cnode1",
+            "nqn.2016-06.io.spdk:",
+            "nqn.2016-6.io.spdk:x",
+            "nqn.2016-06.:x",
+        ] {
+            assert!(!is_nqn(bad), "{bad}");
+        }
     }
 }

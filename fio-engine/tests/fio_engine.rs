@@ -148,10 +148,13 @@ impl Drop for TempFile {
     }
 }
 
-/// Runs fio with the engine and `args`, bounded in time.
+/// Runs fio with the engine and `args`, bounded in time, saving no verify state.
 fn fio(so: &Path, args: &[String]) -> Output {
     Command::new("timeout")
         .args(["-k", "10", "240", "fio", "--thread=1"])
+        // fio saves each verify job's state in the current directory (local-NAME-N-verify.state) unless told
+        // not to: these jobs need none, and a test leaves nothing in the checkout.
+        .arg("--verify_state_save=0")
         .arg(format!("--ioengine=external:{}", so.display()))
         .args(args)
         .output()
@@ -464,6 +467,19 @@ fn bad_input_is_refused_with_a_reason() {
                 NQN.replace(':', "\\:")
             )],
             "connecting to",
+        ),
+        // A subsystem the target does not have: the refused Connect says so in words.
+        (
+            vec![good.replace(
+                &NQN.replace(':', "\\:"),
+                "nqn.2016-06.io.spdk\\:nothere",
+            )],
+            "Fabrics Connect (admin queue) refused: the target has no subsystem nqn.2016-06.io.spdk:nothere",
+        ),
+        // An NQN whose colon is not escaped: fio cuts the filename there.
+        (
+            vec![good.replace(&NQN.replace(':', "\\:"), NQN)],
+            "fio splits filenames at every ':' that is not escaped",
         ),
     ];
     for (extra, needle) in cases {
