@@ -19,13 +19,18 @@
 # within its run time plus 10 s, a target that died or logged a connection closed on the host's account.
 # It prints one table (IOPS, MiB/s, result per cell) and exits non-zero if any cell failed.
 #
+# Then SPDK's fuzzer against our target: nvme_fuzz (SPDK_DIR/test/app/fuzz/nvme_fuzz/nvme_fuzz, built with
+# `make -C test/app/fuzz`) with admin and I/O commands, once per seed. It sends Fabrics Disconnect on I/O queues
+# and more commands behind it, and waits for every answer: a run fails when nvme_fuzz does not end by itself
+# within its time plus 15 s (a command left unanswered), or when our target died or logged an internal error.
+#
 # Knobs (environment):
 #   SPDK_DIR                 the SPDK build (required)
 #   SPDK_RPC_PYTHON          the python3 that runs rpc.py (default /usr/bin/python3)
 #   NVPOLL_EXAMPLES_DIR      folder with our built perf and target (default: cargo build --release)
 #   INTEROP_TIME=2           seconds per cell
 #   INTEROP_WORKLOAD=randrw  randrw (50% reads) | randread | randwrite | read | write
-#   INTEROP_DIRECTIONS       ours-spdk,spdk-ours (default both)
+#   INTEROP_DIRECTIONS       ours-spdk,spdk-ours (default both; "" runs only nvme_fuzz)
 #   INTEROP_SIZES            512,4k,128k,1m
 #   INTEROP_QDS              1,128
 #   INTEROP_QPAIRS           1,16
@@ -34,6 +39,8 @@
 #   INTEROP_PORT=4520        first TCP port used on 127.0.0.1 (four are used)
 #   INTEROP_TARGET_CORE=0    core of the target under test (ours or SPDK's); the initiator gets the other
 #   INTEROP_INITIATOR_CORE=1
+#   INTEROP_FUZZ_SEEDS       seeds for nvme_fuzz against our target (default "1234 1 7 42 2026"; "" skips it)
+#   INTEROP_FUZZ_TIME=10     seconds per nvme_fuzz run
 #   INTEROP_KEEP=0           1: keep the work folder (logs of every cell)
 set -euo pipefail
 
@@ -46,13 +53,17 @@ TIME=${INTEROP_TIME:-2}
 WORKLOAD=${INTEROP_WORKLOAD:-randrw}
 case "$WORKLOAD" in randrw|randread|randwrite|read|write) ;; *) die "INTEROP_WORKLOAD: unknown workload '$WORKLOAD'" ;; esac
 [[ "$TIME" =~ ^[0-9]+$ ]] && [ "$TIME" -gt 0 ] || die "INTEROP_TIME must be a whole number of seconds"
-IFS=, read -r -a DIRECTIONS <<< "${INTEROP_DIRECTIONS:-ours-spdk,spdk-ours}"
+IFS=, read -r -a DIRECTIONS <<< "${INTEROP_DIRECTIONS-ours-spdk,spdk-ours}"
 IFS=, read -r -a SIZES <<< "${INTEROP_SIZES:-512,4k,128k,1m}"
 IFS=, read -r -a QDS <<< "${INTEROP_QDS:-1,128}"
 IFS=, read -r -a QPAIRS <<< "${INTEROP_QPAIRS:-1,16}"
 IFS=, read -r -a SECURITY <<< "${INTEROP_SECURITY:-plain,tls}"
 IFS=, read -r -a DIGESTS <<< "${INTEROP_DIGESTS:-none,hd}"
 PORT=${INTEROP_PORT:-4520}
+FUZZ_SEEDS=${INTEROP_FUZZ_SEEDS-1234 1 7 42 2026}
+FUZZ_TIME=${INTEROP_FUZZ_TIME:-10}
+[[ "$FUZZ_TIME" =~ ^[0-9]+$ ]] && [ "$FUZZ_TIME" -gt 0 ] || die "INTEROP_FUZZ_TIME must be a whole number of seconds"
+for seed in $FUZZ_SEEDS; do [[ "$seed" =~ ^[0-9]+$ ]] || die "INTEROP_FUZZ_SEEDS: '$seed' is not a number"; done
 TCORE=${INTEROP_TARGET_CORE:-0}
 ICORE=${INTEROP_INITIATOR_CORE:-1}
 
@@ -244,9 +255,48 @@ for dir in "${DIRECTIONS[@]}"; do
     if [ "$dir" = ours-spdk ]; then stop_target "$SPDK_TGT_PID"; else stop_target "$OUR_TGT_PID"; fi
 done
 
+# ---------------------------------------------------------------------------------------------------------------
+# SPDK's nvme_fuzz against our target: it must end by itself (every command answered)
+# ---------------------------------------------------------------------------------------------------------------
+FUZZ_ROWS=()
+NVME_FUZZ=$SPDK_DIR/test/app/fuzz/nvme_fuzz/nvme_fuzz
+if [ -z "$FUZZ_SEEDS" ]; then
+    say "nvme_fuzz: skipped (INTEROP_FUZZ_SEEDS is empty)"
+elif [ ! -x "$NVME_FUZZ" ]; then
+    say "nvme_fuzz: NOT RUN: $NVME_FUZZ is not built (make -C \$SPDK_DIR/test/app/fuzz); a failed check"
+    FAILED=$((FAILED + 1))
+    FUZZ_ROWS+=("| nvme_fuzz | -    | not built: make -C test/app/fuzz |")
+else
+    start_our_target
+    for seed in $FUZZ_SEEDS; do
+        log=$WORK/nvme-fuzz-$seed.log rc=0 t0=$SECONDS
+        before=$(wc -l < "$WORK/our-target.log")
+        timeout -k 2 $((FUZZ_TIME + 15)) "$NVME_FUZZ" -m "$((1 << ICORE))" --no-huge -s 512 -S "$seed" \
+            -t "$FUZZ_TIME" -a -U -F "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$OUR_PLAIN_PORT subnqn:$SUBNQN" \
+            > "$log" 2>&1 || rc=$?
+        took=$((SECONDS - t0))
+        result=ok
+        if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then result="did not end in ${FUZZ_TIME}+15 s"; fi
+        kill -0 "$OUR_TGT_PID" 2>/dev/null || result="our target died"
+        bug=$(tail -n +"$((before + 1))" "$WORK/our-target.log" | grep -iE 'panicked|internal error' || true)
+        [ -z "$bug" ] || result="target: $(head -n 1 <<< "$bug" | cut -c1-50)"
+        [ "$result" = ok ] || { FAILED=$((FAILED + 1)); echo "---- $log ----"; tail -n 15 "$log"; }
+        FUZZ_ROWS+=("$(printf '| nvme_fuzz | %5s | exit %3s in %3s s | %-28s |' "$seed" "$rc" "$took" "$result")")
+        echo "${FUZZ_ROWS[-1]}"
+    done
+    stop_target "$OUR_TGT_PID"
+fi
+
 echo
 echo "$PROG: results ($WORKLOAD, ${TIME}s per cell, loopback, target on core $TCORE, initiator on core $ICORE)"
 echo "$header"; echo "$rule"
 printf '%s\n' "${ROWS[@]}"
-echo "$PROG: ${#ROWS[@]} cells, $FAILED failed"
+if [ "${#FUZZ_ROWS[@]}" -gt 0 ]; then
+    echo
+    echo "$PROG: SPDK's nvme_fuzz -a (admin and I/O commands) against our target, ${FUZZ_TIME}s per seed"
+    echo "| fuzzer    | seed  | ended             | result                       |"
+    echo "|-----------|-------|-------------------|------------------------------|"
+    printf '%s\n' "${FUZZ_ROWS[@]}"
+fi
+echo "$PROG: ${#ROWS[@]} cells and ${#FUZZ_ROWS[@]} fuzz runs, $FAILED failed"
 [ "$FAILED" = 0 ]
