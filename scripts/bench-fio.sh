@@ -16,7 +16,8 @@
 # machine's kernel has no nvme-tcp): BENCH_GUEST=1 runs the same jobs there through the kernel, our engine
 # and our perf against our target in the guest (TCG: emulation-bound numbers, for the ratios only).
 #
-# Knobs: RUNTIME=10 (seconds per run; the seed used 30), ICORE=0, TCORE=1, PORT=4460, SPDK_DIR (optional),
+# Knobs: RUNTIME=10 (seconds per run; the seed used 30), ROUNDS=3 (each cell is the median of ROUNDS runs, the
+# initiators taking turns within a round; the table also prints the spread, min-max), ICORE=0, TCORE=1, PORT=4460, SPDK_DIR (optional),
 # BENCH_GUEST=0, SHAPES="qd1x128 qd128x8", SECURITY="plain tls", INITIATORS (a subset of the rows above),
 # TARGETS_ONLY ("ours" or "spdk"). Needs root (hugepages for SPDK's plugin,
 # which cannot run without them; they are reserved for the run and released after it).
@@ -27,6 +28,7 @@ die() { echo "$PROG: error: $*" >&2; exit 2; }
 say() { echo "$PROG: $*" >&2; }
 
 RUNTIME=${RUNTIME:-10}
+ROUNDS=${ROUNDS:-3}
 ICORE=${ICORE:-0}
 TCORE=${TCORE:-1}
 PORT=${PORT:-4460}
@@ -40,6 +42,7 @@ JOBS=$ROOT/fio-engine/jobs
 
 command -v fio >/dev/null 2>&1 || die "fio is not installed (apt-get install fio)"
 [[ "$RUNTIME" =~ ^[0-9]+$ ]] && [ "$RUNTIME" -gt 0 ] || die "RUNTIME=$RUNTIME is not a number of seconds"
+[[ "$ROUNDS" =~ ^[0-9]+$ ]] && [ "$ROUNDS" -gt 0 ] || die "ROUNDS=$ROUNDS is not a positive number"
 
 # --- in the guest: the kernel's block device against our target -------------------------------------------
 if [ "${1:-}" = --in-guest ]; then
@@ -141,11 +144,15 @@ JSON
 rpc() { /usr/bin/python3 "$SPDK_DIR/scripts/rpc.py" -s "$WORK/spdk.sock" "$@" >> "$WORK/rpc.log" 2>&1 || die "rpc.py $* failed"; }
 start_spdk() {
     rm -f "$WORK/spdk.sock"   # the last nvmf_tgt's, which would answer nothing
-    "$SPDK_DIR/build/bin/nvmf_tgt" -m "$((1 << TCORE))" --no-huge -s 1024 -r "$WORK/spdk.sock" > "$WORK/nvmf_tgt.log" 2>&1 &
+    # 4 GiB, as benches/scale.rs gives it: with 1 GiB, the two 256 MiB RAM disks and 128 queue pairs of 128
+    # requests with 8 KiB in-capsule buffers did not fit, and nvmf_tgt reset the 128th Connect ("Unable to
+    # allocate bufs on tqpair"), which failed our perf's qd1 x 128 cell.
+    "$SPDK_DIR/build/bin/nvmf_tgt" -m "$((1 << TCORE))" --no-huge -s 4096 -r "$WORK/spdk.sock" > "$WORK/nvmf_tgt.log" 2>&1 &
     TGT_PID=$!
     for _ in $(seq 200); do [ -S "$WORK/spdk.sock" ] && break; sleep 0.05; done
     rpc framework_wait_init
-    # 129 queue pairs per controller: the admin queue and 128 I/O queues (the qd1 x 128 shape).
+    # -m: I/O queue pairs per controller (max_io_qpairs_per_ctrlr; 127 without it): the qd1 x 128 shape takes
+    # 128, and one to spare.
     rpc nvmf_create_transport -t TCP -i 1048576 -c 8192 -m 129
     rpc bdev_malloc_create -b Malloc0 256 512
     rpc bdev_malloc_create -b Malloc1 256 512
@@ -199,7 +206,8 @@ run_one() {   # who shape sec -> IOPS
             out=$(timeout -k 5 $((RUNTIME + 60)) "$BIN/perf" --trid "trtype:tcp traddr:127.0.0.1 trsvcid:$port subnqn:$sub" \
                 --hostnqn "$HOSTNQN" --workload randwrite --io-size 4k --qd "$qd" --jobs "$jobs" --time "${RUNTIME}s" \
                 --warmup 2s --runs 1 --send-mode adaptive --cores "$ICORE" --json --quiet "${tls[@]}" 2>&1) || true
-            if [[ "$out" =~ \"iops\":([0-9.]+) ]]; then echo "${BASH_REMATCH[1]%.*}"; else echo fail; fi ;;
+            if [[ "$out" =~ \"iops\":([0-9.]+) ]]; then echo "${BASH_REMATCH[1]%.*}"
+            else echo fail; say "perf failed ($t $shape $sec): $(tail -n 3 <<< "$out" | tr '\n' ' ')" >&2; fi ;;
     esac
 }
 
@@ -220,21 +228,44 @@ fi
 
 [ -z "${INITIATORS:-}" ] || read -r -a WHO <<< "$INITIATORS"
 [ -z "${TARGETS_ONLY:-}" ] || read -r -a TARGETS <<< "$TARGETS_ONLY"
-printf '%-6s %-9s %-6s %-12s %10s %11s %11s\n' target shape sec initiator IOPS "vs perf" "vs spdk"
+median() {   # values... -> the median of the numeric ones ("fail" when a run failed, or what all said: n/a, -)
+    local nums=() v
+    for v in "$@"; do [[ "$v" =~ ^[0-9]+$ ]] && nums+=("$v"); done
+    if [ "${#nums[@]}" -ne "$#" ]; then
+        for v in "$@"; do [[ "$v" =~ ^[0-9]+$ ]] || { [ "$v" = fail ] && echo fail && return; }; done
+        echo "$1"; return
+    fi
+    printf '%s\n' "${nums[@]}" | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : int((v[NR / 2] + v[NR / 2 + 1]) / 2) }'
+}
+spread() {   # values... -> min-max of the numeric ones
+    printf '%s\n' "$@" | grep -E '^[0-9]+$' | sort -n | awk 'NR == 1 { lo = $1 } { hi = $1 } END { if (NR > 1) printf "%d-%d\n", lo, hi; else print "-" }'
+}
+
+say "$ROUNDS round(s) of ${RUNTIME} s per cell; the initiators take turns within each round"
+printf '%-6s %-9s %-6s %-12s %10s %9s %9s %s\n' target shape sec initiator IOPS "vs perf" "vs spdk" "spread (min-max)"
 for t in "${TARGETS[@]}"; do
     for shape in $SHAPES; do
         for sec in $SECURITY; do
-            declare -A R=()
+            declare -A ALL=() R=()
             [ "$t" = ours ] && start_ours || start_spdk
-            for who in "${WHO[@]}"; do R[$who]=$(t=$t run_one "$who" "$shape" "$sec"); done
+            for round in $(seq "$ROUNDS"); do
+                for who in "${WHO[@]}"; do
+                    v=$(t=$t run_one "$who" "$shape" "$sec")
+                    ALL[$who]="${ALL[$who]:-} $v"
+                    [ "$ROUNDS" = 1 ] || say "$t $shape $sec round $round: $who $v"
+                done
+            done
             stop_target
+            # shellcheck disable=SC2086 # the values are words
+            for who in "${WHO[@]}"; do R[$who]=$(median ${ALL[$who]}); done
             for who in "${WHO[@]}"; do
                 ratio() { [[ "${R[$who]}" =~ ^[0-9]+$ && "${R[$1]:-}" =~ ^[0-9]+$ && "${R[$1]}" -gt 0 ]] &&
                     awk -v a="${R[$who]}" -v b="${R[$1]}" 'BEGIN { printf "%.2f", a / b }' || echo -; }
-                printf '%-6s %-9s %-6s %-12s %10s %11s %11s\n' "$t" "$shape" "$sec" "$who" "${R[$who]}" \
-                    "$(ratio perf)" "$(ratio spdk-plugin)"
+                # shellcheck disable=SC2086
+                printf '%-6s %-9s %-6s %-12s %10s %9s %9s %s\n' "$t" "$shape" "$sec" "$who" "${R[$who]}" \
+                    "$(ratio perf)" "$(ratio spdk-plugin)" "$(spread ${ALL[$who]})"
             done
-            unset R
+            unset R ALL
         done
     done
 done
