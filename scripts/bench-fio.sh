@@ -228,14 +228,14 @@ fi
 
 [ -z "${INITIATORS:-}" ] || read -r -a WHO <<< "$INITIATORS"
 [ -z "${TARGETS_ONLY:-}" ] || read -r -a TARGETS <<< "$TARGETS_ONLY"
-median() {   # values... -> the median of the numeric ones ("fail" when a run failed, or what all said: n/a, -)
-    local nums=() v
-    for v in "$@"; do [[ "$v" =~ ^[0-9]+$ ]] && nums+=("$v"); done
-    if [ "${#nums[@]}" -ne "$#" ]; then
-        for v in "$@"; do [[ "$v" =~ ^[0-9]+$ ]] || { [ "$v" = fail ] && echo fail && return; }; done
-        echo "$1"; return
-    fi
-    printf '%s\n' "${nums[@]}" | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : int((v[NR / 2] + v[NR / 2 + 1]) / 2) }'
+median() {   # values... -> the median of the numeric ones, "+Nfail" when N runs failed; "fail" when all did
+    local nums=() v fails=0
+    for v in "$@"; do
+        if [[ "$v" =~ ^[0-9]+$ ]]; then nums+=("$v"); elif [ "$v" = fail ]; then fails=$((fails + 1)); fi
+    done
+    if [ "${#nums[@]}" = 0 ]; then [ "$fails" -gt 0 ] && echo fail || echo "$1"; return; fi
+    printf '%s\n' "${nums[@]}" | sort -n | awk -v f="$fails" '{ v[NR] = $1 } END {
+        m = (NR % 2) ? v[(NR + 1) / 2] : int((v[NR / 2] + v[NR / 2 + 1]) / 2); printf "%d%s\n", m, f ? "+" f "fail" : "" }'
 }
 spread() {   # values... -> min-max of the numeric ones
     printf '%s\n' "$@" | grep -E '^[0-9]+$' | sort -n | awk 'NR == 1 { lo = $1 } { hi = $1 } END { if (NR > 1) printf "%d-%d\n", lo, hi; else print "-" }'
@@ -259,8 +259,9 @@ for t in "${TARGETS[@]}"; do
             # shellcheck disable=SC2086 # the values are words
             for who in "${WHO[@]}"; do R[$who]=$(median ${ALL[$who]}); done
             for who in "${WHO[@]}"; do
-                ratio() { [[ "${R[$who]}" =~ ^[0-9]+$ && "${R[$1]:-}" =~ ^[0-9]+$ && "${R[$1]}" -gt 0 ]] &&
-                    awk -v a="${R[$who]}" -v b="${R[$1]}" 'BEGIN { printf "%.2f", a / b }' || echo -; }
+                ratio() { local a=${R[$who]%%+*} b=${R[$1]:-}; b=${b%%+*}
+                    [[ "$a" =~ ^[0-9]+$ && "$b" =~ ^[0-9]+$ && "$b" -gt 0 ]] &&
+                    awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", a / b }' || echo -; }
                 # shellcheck disable=SC2086
                 printf '%-6s %-9s %-6s %-12s %10s %9s %9s %s\n' "$t" "$shape" "$sec" "$who" "${R[$who]}" \
                     "$(ratio perf)" "$(ratio spdk-plugin)" "$(spread ${ALL[$who]})"
