@@ -333,7 +333,19 @@ fn from_flags(args: &Args) -> Result<TargetConfig, String> {
     Ok(config)
 }
 
+/// Connections one process can hold before its descriptor limit says the target's last word.
+const FEW_DESCRIPTORS: u64 = 4096;
+
 fn run(args: Args) -> Result<(), String> {
+    // Each connection holds a descriptor: take the hard limit, and say so when even that is low.
+    match nvpoll_target::raise_descriptor_limit() {
+        Ok(Some(n)) if n < FEW_DESCRIPTORS => eprintln!(
+            "target: at most {n} open descriptors (RLIMIT_NOFILE's hard limit), so fewer connections than \
+             that; raise it for more (ulimit -Hn as root, systemd's LimitNOFILE=)"
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!("target: could not raise the descriptor limit: {e}"),
+    }
     let mut config = match &args.config {
         Some(path) => config::load(path, &open_pcie).map_err(|e| e.to_string())?,
         None => from_flags(&args)?,

@@ -76,7 +76,7 @@ mod subsystem;
 pub use device::{BlockDevice, QueuePairDevice};
 pub use events::{EventHook, TargetEvent};
 pub use options::{ListenerConfig, TargetConfig, TargetTls, TlsMode};
-pub use server::{NamespaceInfo, SubsystemInfo, Target, TargetHandle};
+pub use server::{raise_descriptor_limit, NamespaceInfo, SubsystemInfo, Target, TargetHandle};
 pub use shared::TargetCounters;
 pub use subsystem::{
     AnaSetting, Backing, CntlidRange, DhchapKey, DhchapPolicy, HostAccess, HostKey,

@@ -150,6 +150,7 @@ impl Target {
                         next: 0,
                         id: Rc::clone(&id),
                         failing: false,
+                        told: false,
                     },
                 );
                 id.set(Some(pid));
@@ -567,6 +568,21 @@ struct Acceptor {
     /// The last accept failed with something other than "nothing to accept" (out of file descriptors, say):
     /// the listener stays readable, so a sleeping reactor would wake at once; retry once per period instead.
     failing: bool,
+    /// Said why accepting fails, in this streak of failures (said once, again after an accept succeeds).
+    told: bool,
+}
+
+/// Raises the process's soft limit on open descriptors (RLIMIT_NOFILE) to its hard limit: each connection the
+/// target serves holds one (its socket), so the soft limit, often 1024, caps the connections. Returns the
+/// soft limit in force afterwards (`None`: unlimited).
+pub fn raise_descriptor_limit() -> std::io::Result<Option<u64>> {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut lim = getrlimit(Resource::Nofile);
+    if lim.current != lim.maximum {
+        lim.current = lim.maximum;
+        setrlimit(Resource::Nofile, lim.clone())?;
+    }
+    Ok(lim.current)
 }
 
 /// How often the listeners are looked at for new connections.
@@ -626,11 +642,25 @@ impl Poller for Acceptor {
                         continue
                     }
                     // Out of file descriptors and the like: try again on a later poll.
-                    Err(_) => {
+                    Err(e) => {
+                        if !self.told {
+                            self.told = true;
+                            let limit =
+                                rustix::process::getrlimit(rustix::process::Resource::Nofile)
+                                    .current
+                                    .map_or("unlimited".to_string(), |n| n.to_string());
+                            eprintln!(
+                                "nvpoll-target: {}: cannot accept connections: {e}; the process may hold \
+                                 {limit} descriptors (RLIMIT_NOFILE) and each connection takes one: raise \
+                                 it (ulimit -n, systemd's LimitNOFILE=); retrying",
+                                listener.addr
+                            );
+                        }
                         self.failing = true;
                         break;
                     }
                 };
+                self.told = false;
                 status = PollStatus::Busy;
                 self.shared.stats.accepted.fetch_add(1, Ordering::Relaxed);
                 let reactor = self.next % ctx.reactor_count();
