@@ -580,7 +580,7 @@ pub fn raise_descriptor_limit() -> std::io::Result<Option<u64>> {
     let mut lim = getrlimit(Resource::Nofile);
     if lim.current != lim.maximum {
         lim.current = lim.maximum;
-        setrlimit(Resource::Nofile, lim.clone())?;
+        setrlimit(Resource::Nofile, lim)?;
     }
     Ok(lim.current)
 }
