@@ -387,9 +387,16 @@ fn host_bring_up_commands_byte_for_byte() {
         }
     );
     resp.set_status(Status::CONNECT_INVALID_HOST.with_dnr(), false);
+    resp.dw0 = 0;
     assert_eq!(
         ConnectResponse::from_cqe(&resp).to_string(),
         "Connect Invalid Host (sct 0x1 sc 0x84)",
+    );
+    // nvmet, SPDK and our target point Invalid Host at the host NQN.
+    resp.dw0 = 1 << 16 | 512;
+    assert_eq!(
+        ConnectResponse::from_cqe(&resp).to_string(),
+        "Connect Invalid Host (sct 0x1 sc 0x84), invalid parameter: the host NQN (IATTR 1, IPO 512)",
     );
 
     let mut csts = Csts::default();
