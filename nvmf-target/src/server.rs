@@ -763,7 +763,7 @@ fn look_at(session: &mut Session) -> Next {
 /// whatever a hostile host leaves half-open (connection floods, slowloris ICReqs, TLS garbage). The sessions
 /// that were busy when last looked at are polled on every iteration (nothing when there are none: no clock
 /// read, no system call); the idle ones once per [`SETUP_POLL_PERIOD`], and those with something to do move
-/// to the hot list. A session that reaches Ready becomes its own [`SessionPoller`], polled on every iteration.
+/// to the hot list. A session that reaches Ready moves to the reactor's [`ReadyGroup`] for the target.
 struct SetupPoller {
     key: usize,
     shared: Arc<TargetShared>,
@@ -815,6 +815,7 @@ impl SetupPoller {
     /// Looks at every session of one list; returns whether one was busy.
     fn look_at_list(
         ctx: &mut ReactorContext,
+        shared: &Arc<TargetShared>,
         cold: bool,
         list: &mut Vec<Session>,
         other: &mut Vec<Session>,
@@ -833,13 +834,8 @@ impl SetupPoller {
                     let _ = catch_unwind(AssertUnwindSafe(|| drop(gone)));
                 }
                 Next::Ready => {
-                    // Connected: from now on polled on every iteration, by its own poller.
-                    let id = Rc::new(Cell::new(None));
-                    let pid = ctx.add_poller(SessionPoller {
-                        session: Some(list.swap_remove(i)),
-                        id: Rc::clone(&id),
-                    });
-                    id.set(Some(pid));
+                    // Connected: from now on in the reactor's ready group for this target.
+                    ReadyGroup::adopt(ctx, shared, list.swap_remove(i));
                 }
             }
         }
@@ -862,14 +858,14 @@ impl Poller for SetupPoller {
         }
         let mut busy = false;
         if !self.hot.is_empty() {
-            busy |= Self::look_at_list(ctx, false, &mut self.hot, &mut self.cold);
+            busy |= Self::look_at_list(ctx, &self.shared, false, &mut self.hot, &mut self.cold);
         }
         if !self.cold.is_empty() {
             let now = Instant::now();
             // After a sleep at once: the wake may be one of these sessions' sockets.
             if now >= self.next_cold || ctx.woke_up() {
                 self.next_cold = now + SETUP_POLL_PERIOD;
-                busy |= Self::look_at_list(ctx, true, &mut self.cold, &mut self.hot);
+                busy |= Self::look_at_list(ctx, &self.shared, true, &mut self.cold, &mut self.hot);
             }
         }
         PollStatus::busy_if(busy)
@@ -885,61 +881,330 @@ impl Poller for SetupPoller {
     }
 }
 
-/// A connection that finished Fabrics Connect, as a reactor poller. A panic inside the session (a bug, never the
-/// host's input) closes that connection only: it must not take the reactor and every other connection down
-/// with it.
-struct SessionPoller {
-    session: Option<Session>,
+/// How often a ready group looks at its quiet sessions (timers, notices, a stop) when nothing woke them: each
+/// look costs a few clock reads and checks per session, which beside a thousand idle sessions every 5 ms
+/// still cost a qd1 host a tenth of its IOPS (benches/connections.rs); their timers (keep-alive, a
+/// Disconnect's linger) are seconds long, and a notice or a controller's death may wait this long.
+const READY_SWEEP_PERIOD: Duration = Duration::from_millis(20);
+
+thread_local! {
+    /// The ready groups' inboxes on this reactor's thread, keyed by target.
+    static READY_SETS: RefCell<Vec<(usize, Incoming)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One connected session in a [`ReadyGroup`].
+struct Member {
+    session: Session,
+    /// Its socket is not in the group's epoll set (adding it failed): read on every iteration.
+    unwatched: bool,
+    /// The iteration that last put it on the group's `active` list (each session is looked at once per
+    /// iteration at most).
+    active_at: u64,
+    /// The iteration whose end put it on the `hot` list for the next one.
+    hot_at: u64,
+}
+
+/// The sessions that finished Fabrics Connect, per reactor and target, as one poller. One `epoll_wait` with a
+/// zero timeout per iteration says whose socket has bytes; only those are read. A session that was busy, or
+/// has work of its own (a close, flushes, authentication, unsent bytes), is looked at on the next iteration
+/// without a read; the quiet rest once per [`READY_SWEEP_PERIOD`] (their timers, notices and the stop flag)
+/// and at once after the reactor slept. Between sweeps an iteration's work follows the sessions that are
+/// ready, not the sessions connected: the lists it walks hold only those.
+///
+/// Why: one poller per connection, each with a `recv` on every iteration, made the reactor's loop as long as
+/// its connection count: beside 256 idle connections a queue-depth-1 host got a fourteenth of its IOPS, beside
+/// 1024 a fiftieth (benches/connections.rs), where a sock group like SPDK's costs one system call.
+struct ReadyGroup {
+    key: usize,
+    shared: Arc<TargetShared>,
+    incoming: Incoming,
+    members: Vec<Option<Member>>,
+    free: Vec<usize>,
+    count: usize,
+    /// The readiness set (None when epoll_create failed: every session is then unwatched).
+    epoll: Option<std::os::fd::OwnedFd>,
+    events: Vec<rustix::event::epoll::Event>,
+    /// Slots whose sockets are not in the readiness set: read on every iteration.
+    unwatched: Vec<usize>,
+    /// This iteration's sessions, with whether to read their sockets: polled, then flushed.
+    active: Vec<(usize, bool)>,
+    /// Sessions to look at on the next iteration without a read (busy, or with work of their own).
+    hot: Vec<usize>,
+    /// The previous iteration's `hot`, walked by this one (kept to reuse its allocation).
+    was_hot: Vec<usize>,
+    iteration: u64,
+    next_sweep: Instant,
     id: Rc<Cell<Option<PollerId>>>,
 }
 
-impl SessionPoller {
-    /// The session panicked (the default hook printed where): count it and close the connection.
-    fn internal_error(&mut self, ctx: &mut ReactorContext) {
-        if let Some(s) = self.session.as_mut() {
-            s.note_internal_error();
-        }
-        self.finish(ctx);
+impl ReadyGroup {
+    /// Hands a connected `session` to this reactor's group for `shared`, registering the group on first use.
+    fn adopt(ctx: &mut ReactorContext, shared: &Arc<TargetShared>, session: Session) {
+        let key = Arc::as_ptr(shared) as usize;
+        READY_SETS.with(|sets| {
+            let mut sets = sets.borrow_mut();
+            if let Some((_, incoming)) = sets.iter().find(|(k, _)| *k == key) {
+                incoming.borrow_mut().push(session);
+                return;
+            }
+            let incoming = Rc::new(RefCell::new(vec![session]));
+            sets.push((key, Rc::clone(&incoming)));
+            let epoll = match rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)
+            {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    eprintln!(
+                        "nvpoll-target: reactor {}: no epoll set for connected sessions ({e}); each is read on every iteration",
+                        ctx.index()
+                    );
+                    None
+                }
+            };
+            let id = Rc::new(Cell::new(None));
+            let pid = ctx.add_poller(ReadyGroup {
+                key,
+                shared: Arc::clone(shared),
+                incoming,
+                members: Vec::new(),
+                free: Vec::new(),
+                count: 0,
+                epoll,
+                events: Vec::new(),
+                unwatched: Vec::new(),
+                active: Vec::new(),
+                hot: Vec::new(),
+                was_hot: Vec::new(),
+                iteration: 1,
+                next_sweep: Instant::now(),
+                id: Rc::clone(&id),
+            });
+            id.set(Some(pid));
+        });
     }
 
-    fn finish(&mut self, ctx: &mut ReactorContext) {
+    /// Takes over the sessions handed over since the last poll; each is looked at on this iteration.
+    fn take_incoming(&mut self) {
+        let Ok(mut incoming) = self.incoming.try_borrow_mut() else {
+            return;
+        };
+        for session in incoming.drain(..) {
+            let slot = self.free.pop().unwrap_or_else(|| {
+                self.members.push(None);
+                self.members.len() - 1
+            });
+            // Level-triggered, not edge-triggered: a socket stays in the ready list for as long as it has
+            // unread bytes, so a session that stops reading part-way (its send buffer is full, or a PDU's
+            // handling waits) is reported again on the next `epoll_wait` and nothing is lost. Edge-triggered
+            // would report only new arrivals, and every path that leaves bytes unread would have to remember
+            // the session itself; the price of level-triggered is only that a session that deliberately leaves
+            // bytes in the socket is reported (and looked at) on every iteration until it reads them.
+            let unwatched = match &self.epoll {
+                Some(ep) => rustix::event::epoll::add(
+                    ep,
+                    session.socket(),
+                    rustix::event::epoll::EventData::new_u64(slot as u64),
+                    rustix::event::epoll::EventFlags::IN,
+                )
+                .map_err(|e| {
+                    eprintln!(
+                        "nvpoll-target: connection from {}: not in the reactor's epoll set ({e}); read on every iteration",
+                        session.peer()
+                    )
+                })
+                .is_err(),
+                None => true,
+            };
+            if unwatched {
+                self.unwatched.push(slot);
+            }
+            self.members[slot] = Some(Member {
+                session,
+                unwatched,
+                active_at: 0,
+                hot_at: 0,
+            });
+            self.hot.push(slot);
+            self.count += 1;
+        }
+    }
+
+    /// Closes and forgets the session in `slot` (finished, or it panicked).
+    fn remove(&mut self, slot: usize) {
+        let Some(m) = self.members[slot].take() else {
+            return;
+        };
+        if m.unwatched {
+            self.unwatched.retain(|&s| s != slot);
+        } else if let Some(ep) = &self.epoll {
+            // Closing the socket would remove it too; an error here changes nothing.
+            let _ = rustix::event::epoll::delete(ep, m.session.socket());
+        }
         // Dropping the session closes the socket and releases its queue or controller.
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(self.session.take())));
-        if let Some(id) = self.id.take() {
-            ctx.remove_poller(id);
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(m)));
+        self.free.push(slot);
+        self.count -= 1;
+    }
+
+    /// Puts `slot` on this iteration's list, once; `read`: its socket is to be read.
+    fn activate(&mut self, slot: usize, read: bool) {
+        let iteration = self.iteration;
+        if let Some(Some(m)) = self.members.get_mut(slot) {
+            if m.active_at != iteration {
+                m.active_at = iteration;
+                self.active.push((slot, read));
+            }
+        }
+    }
+
+    /// Puts `slot` on the next iteration's list, once.
+    fn keep_hot(&mut self, slot: usize) {
+        let iteration = self.iteration;
+        if let Some(Some(m)) = self.members.get_mut(slot) {
+            if m.hot_at != iteration {
+                m.hot_at = iteration;
+                self.hot.push(slot);
+            }
+        }
+    }
+
+    /// Activates the members whose sockets are readable (one `epoll_wait`, no waiting), to be read.
+    fn collect_readable(&mut self) {
+        let Some(ep) = &self.epoll else {
+            return;
+        };
+        let want = self.count.clamp(1, 1024);
+        if self.events.len() < want {
+            self.events.resize(
+                want,
+                rustix::event::epoll::Event {
+                    flags: rustix::event::epoll::EventFlags::empty(),
+                    data: rustix::event::epoll::EventData::new_u64(0),
+                },
+            );
+        }
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // An error (EINTR) is a poll with nothing readable; the next iteration asks again. More than `want`
+        // ready at once: the rest stay ready (level-triggered) and come with the next call.
+        let n = rustix::event::epoll::wait(ep, &mut self.events[..want], Some(&zero)).unwrap_or(0);
+        for i in 0..n {
+            let slot = self.events[i].data.u64() as usize;
+            self.activate(slot, true);
         }
     }
 }
 
-impl Poller for SessionPoller {
-    fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
-        self.session.as_ref().is_none_or(|s| s.wake_sources(w))
-    }
-
+impl Poller for ReadyGroup {
     fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus {
-        let Some(session) = self.session.as_mut() else {
-            return PollStatus::Idle;
-        };
-        match catch_unwind(AssertUnwindSafe(|| session.poll())) {
-            Ok(Progress::Busy) => PollStatus::Busy,
-            Ok(Progress::Idle) => PollStatus::Idle,
-            Ok(Progress::Finished) => {
-                self.finish(ctx);
-                PollStatus::Busy
+        self.iteration += 1;
+        self.active.clear();
+        self.take_incoming();
+        let stopping = self.shared.stopping();
+        if stopping && self.count == 0 {
+            READY_SETS.with(|sets| sets.borrow_mut().retain(|(k, _)| *k != self.key));
+            if let Some(id) = self.id.take() {
+                ctx.remove_poller(id);
             }
-            Err(_) => {
-                self.internal_error(ctx);
-                PollStatus::Busy
+            return PollStatus::Idle;
+        }
+        if self.count == 0 {
+            self.hot.clear();
+            return PollStatus::Idle;
+        }
+        // Readable sockets and unwatched ones are read; last iteration's hot ones, and on a sweep every one,
+        // are looked at without a read (a session on two lists is taken once, with a read if either says so).
+        self.collect_readable();
+        for i in 0..self.unwatched.len() {
+            let slot = self.unwatched[i];
+            self.activate(slot, true);
+        }
+        std::mem::swap(&mut self.hot, &mut self.was_hot);
+        self.hot.clear();
+        for i in 0..self.was_hot.len() {
+            let slot = self.was_hot[i];
+            self.activate(slot, false);
+        }
+        let sweep = stopping || ctx.woke_up() || {
+            let now = Instant::now();
+            if now >= self.next_sweep {
+                self.next_sweep = now + READY_SWEEP_PERIOD;
+                true
+            } else {
+                false
+            }
+        };
+        if sweep {
+            for slot in 0..self.members.len() {
+                self.activate(slot, false);
+            }
+        }
+        let mut busy = false;
+        for i in 0..self.active.len() {
+            let (slot, read) = self.active[i];
+            let Some(m) = self.members[slot].as_mut() else {
+                continue;
+            };
+            let session = &mut m.session;
+            let progress = catch_unwind(AssertUnwindSafe(|| {
+                if read {
+                    session.poll()
+                } else {
+                    session.tick()
+                }
+            }));
+            match progress {
+                Ok(Progress::Finished) => {
+                    self.remove(slot);
+                    busy = true;
+                }
+                Err(_) => {
+                    // The session panicked (the default hook printed where): count it and close the
+                    // connection; the other sessions go on.
+                    m.session.note_internal_error();
+                    self.remove(slot);
+                    busy = true;
+                }
+                Ok(p) => {
+                    let b = matches!(p, Progress::Busy);
+                    busy |= b;
+                    if b || m.session.needs_poll() {
+                        self.keep_hot(slot);
+                    }
+                }
+            }
+        }
+        PollStatus::busy_if(busy)
+    }
+
+    /// Sends what this iteration's sessions queued.
+    fn flush(&mut self, _ctx: &mut ReactorContext) {
+        for i in 0..self.active.len() {
+            let (slot, _) = self.active[i];
+            let Some(m) = self.members[slot].as_mut() else {
+                continue;
+            };
+            let session = &mut m.session;
+            if catch_unwind(AssertUnwindSafe(|| session.flush())).is_err() {
+                m.session.note_internal_error();
+                self.remove(slot);
+                continue;
+            }
+            // Bytes the socket did not take, or a close the flush started: look again next iteration.
+            if m.session.needs_poll() {
+                self.keep_hot(slot);
             }
         }
     }
 
-    fn flush(&mut self, ctx: &mut ReactorContext) {
-        let Some(session) = self.session.as_mut() else {
-            return;
-        };
-        if catch_unwind(AssertUnwindSafe(|| session.flush())).is_err() {
-            self.internal_error(ctx);
+    fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
+        if !self.incoming.try_borrow().is_ok_and(|v| v.is_empty()) || !self.hot.is_empty() {
+            return false;
         }
+        self.members
+            .iter()
+            .flatten()
+            .all(|m| m.session.wake_sources(w))
     }
 }

@@ -276,6 +276,29 @@ impl Session {
 
     /// Reads and handles whatever the host sent, and checks the timers. Never blocks.
     pub fn poll(&mut self) -> Progress {
+        self.poll_with(true)
+    }
+
+    /// What [`Session::poll`] does but the read: the timers, notices, finished flushes and authentication
+    /// jobs, and what is already in the receive buffer. For a session whose socket has nothing to read (its
+    /// reactor's readiness set said so): no system call.
+    pub fn tick(&mut self) -> Progress {
+        self.poll_with(false)
+    }
+
+    /// Whether the session has work of its own that no readable socket announces: a close in progress,
+    /// flushes or authentication jobs on other threads, or bytes its socket has not taken yet. Such a session
+    /// is polled on every iteration; one without is polled when its socket is readable and periodically.
+    pub fn needs_poll(&self) -> bool {
+        self.closing.is_some() || self.flushing > 0 || self.auth_jobs > 0 || self.conn.wants_flush()
+    }
+
+    /// The connection's socket (for a readiness set).
+    pub fn socket(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.conn.socket()
+    }
+
+    fn poll_with(&mut self, read: bool) -> Progress {
         if let Some((_, deadline)) = &self.closing {
             let deadline = *deadline;
             return self.drain(deadline);
@@ -333,10 +356,12 @@ impl Session {
             self.publish_stats();
             return Progress::Idle;
         }
-        match self.conn.fill() {
-            Ok(0) => {}
-            Ok(_) => busy = true,
-            Err(e) => return self.close_on(e),
+        if read {
+            match self.conn.fill() {
+                Ok(0) => {}
+                Ok(_) => busy = true,
+                Err(e) => return self.close_on(e),
+            }
         }
         let before = self.stats.commands;
         if let Err(f) = self.handle_received() {

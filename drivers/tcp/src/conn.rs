@@ -226,6 +226,19 @@ impl Conn {
         self.tx.len() - self.tx_sent + self.tls.as_ref().map_or(0, |t| t.out_end - t.out_sent)
     }
 
+    /// Whether [`Conn::flush`] has anything to do: bytes not yet sent, or TLS records or alerts not yet
+    /// sealed.
+    pub fn wants_flush(&self) -> bool {
+        self.tx_pending() > 0 || self.tls.as_ref().is_some_and(|t| t.session.has_pending())
+    }
+
+    /// The socket, for a readiness set (epoll) that tells when it has something to read. Reading or writing
+    /// through it directly would bypass the connection's buffers and TLS: don't.
+    pub fn socket(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.stream.as_fd()
+    }
+
     /// For a reactor that wants to sleep ([`nvpoll::reactor::Poller::wake_sources`]): wake when the socket
     /// has something to read, and, while bytes wait that the socket refused, when it takes more.
     pub fn wake_sources<'a>(&'a self, w: &mut nvpoll::reactor::WakeSources<'a>) {
