@@ -887,6 +887,11 @@ impl Poller for SetupPoller {
 /// Disconnect's linger) are seconds long, and a notice or a controller's death may wait this long.
 const READY_SWEEP_PERIOD: Duration = Duration::from_millis(20);
 
+/// Up to this many connected sessions, a ready group reads every one on every iteration instead of asking
+/// epoll: a `recv` on each costs about what one `epoll_wait` does when most of them have something, and the
+/// extra system call cost all-active loads (qd128 x 8 on one core) an eighth of their IOPS.
+const READY_DIRECT_MAX: usize = 8;
+
 thread_local! {
     /// The ready groups' inboxes on this reactor's thread, keyed by target.
     static READY_SETS: RefCell<Vec<(usize, Incoming)>> = const { RefCell::new(Vec::new()) };
@@ -1113,12 +1118,19 @@ impl Poller for ReadyGroup {
             self.hot.clear();
             return PollStatus::Idle;
         }
-        // Readable sockets and unwatched ones are read; last iteration's hot ones, and on a sweep every one,
-        // are looked at without a read (a session on two lists is taken once, with a read if either says so).
-        self.collect_readable();
-        for i in 0..self.unwatched.len() {
-            let slot = self.unwatched[i];
-            self.activate(slot, true);
+        // Readable sockets and unwatched ones are read (all of them, in a small group); last iteration's hot
+        // ones, and on a sweep every one, are looked at without a read (a session on two lists is taken once,
+        // with a read if either says so).
+        if self.count <= READY_DIRECT_MAX {
+            for slot in 0..self.members.len() {
+                self.activate(slot, true);
+            }
+        } else {
+            self.collect_readable();
+            for i in 0..self.unwatched.len() {
+                let slot = self.unwatched[i];
+                self.activate(slot, true);
+            }
         }
         std::mem::swap(&mut self.hot, &mut self.was_hot);
         self.hot.clear();
