@@ -61,7 +61,10 @@ for _ in $(seq 300); do
         for d in /sys/class/nvme-subsystem/* /sys/class/nvme/*; do
             [ "$(cat "$d/subsysnqn" 2>/dev/null)" = "$NQN" ] || continue
             for b in "$d"/nvme*; do
-                [[ "${b##*/}" =~ ^nvme[0-9]+n$nsid$ ]] && [ -b "/dev/${b##*/}" ] && { devs+=("/dev/${b##*/}"); break 2; }
+                # By the namespace's ID (sysfs nsid), not by the device's name: the kernel scans namespaces
+                # concurrently and numbers their nodes in the order they come, so nvmeXn1 may be NSID 2.
+                [[ "${b##*/}" =~ ^nvme[0-9]+n[0-9]+$ ]] && [ -b "/dev/${b##*/}" ] || continue
+                [ "$(cat "$b/nsid" 2>/dev/null)" = "$nsid" ] && { devs+=("/dev/${b##*/}"); break 2; }
             done
         done
     done
@@ -104,7 +107,8 @@ for d in "${devs[@]}"; do
     [ "$d" != "${devs[1]}" ] || before=$(du -k "$WORK/ns.img" | cut -f1)
     blkdiscard -o $((1 << 20)) -l $((1 << 20)) "$d" || fail "step 4: blkdiscard on $d"
     # 8 blocks (32 KiB) at block 768 (3 MiB).
-    out=$(nvme dsm "$d" --namespace-id="${d##*n}" --ad --slbs=768 --blocks=8 2>&1) || fail "step 4: nvme dsm on $d: $out"
+    nsid=$(cat "/sys/block/${d#/dev/}/nsid") || fail "step 4: no nsid in sysfs for $d"
+    out=$(nvme dsm "$d" --namespace-id="$nsid" --ad --slbs=768 --blocks=8 2>&1) || fail "step 4: nvme dsm on $d (NSID $nsid): $out"
     cp "$WORK/pattern" "$WORK/want"
     dd if=/dev/zero of="$WORK/want" bs=1M seek=1 count=1 conv=notrunc status=none
     dd if=/dev/zero of="$WORK/want" bs=4096 seek=768 count=8 conv=notrunc status=none
