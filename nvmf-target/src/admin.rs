@@ -259,7 +259,14 @@ pub(crate) fn connect(
             return refuse(refusal, Status::CONNECT_CONTROLLER_BUSY, reason);
         };
         return Ok(proven_by_tls(
-            Queue::new(0, c.sqsize, c.cattr, subsys, ctrl),
+            Queue::new(
+                0,
+                c.sqsize,
+                c.cattr,
+                subsys,
+                ctrl,
+                target.limits.auth_step_timeout,
+            ),
             identity,
         ));
     }
@@ -291,7 +298,14 @@ pub(crate) fn connect(
         return invalid(refusal, InvalidParameter::QID, reason);
     }
     Ok(proven_by_tls(
-        Queue::new(c.qid, c.sqsize, c.cattr, subsys, ctrl),
+        Queue::new(
+            c.qid,
+            c.sqsize,
+            c.cattr,
+            subsys,
+            ctrl,
+            target.limits.auth_step_timeout,
+        ),
         identity,
     ))
 }

@@ -119,15 +119,12 @@ pub(crate) struct Queue {
     /// In-band authentication, for a host with DH-HMAC-CHAP keys on the subsystem: until it succeeds only
     /// Authentication Send and Receive run.
     pub auth: Option<Box<nvpoll_tcp::dhchap::controller::ControllerAuth>>,
-    /// When the transaction under way must be over ([`auth_timeout`]).
+    /// When the host's next authentication message must have come.
     pub auth_deadline: Option<std::time::Instant>,
+    /// The time a host has for each step of a DH-HMAC-CHAP transaction: twice the controller's keep-alive
+    /// timeout, and at least the target's `auth_step_timeout`.
+    pub auth_step: std::time::Duration,
 }
-
-/// The least time a DH-HMAC-CHAP transaction may take: a host's ffdhe8192 arithmetic can take seconds on a
-/// slow or busy machine. The Linux host in an emulated guest took over 5 s on one machine, and more than 10 s
-/// on another (an AMD EPYC VM under TCG, where 10 s failed vm-tests/26 with the target of before and after);
-/// 30 s is what our own host gives each authentication command.
-pub(crate) const AUTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Queue {
     pub fn new(
@@ -136,6 +133,7 @@ impl Queue {
         cattr: u8,
         subsys: Arc<Subsystem>,
         ctrl: Arc<Controller>,
+        auth_step_timeout: std::time::Duration,
     ) -> Queue {
         let admin = (qid == 0).then(|| AdminState::new(subsys.kind));
         let sqflow_disabled = cattr & fabrics::CATTR_DISABLE_SQFLOW != 0;
@@ -149,9 +147,9 @@ impl Queue {
                 p,
             ))
         });
-        let auth_deadline = auth
-            .as_ref()
-            .map(|_| std::time::Instant::now() + auth_timeout(&ctrl));
+        let auth_step =
+            std::time::Duration::from_millis(2 * u64::from(ctrl.kato_ms())).max(auth_step_timeout);
+        let auth_deadline = auth.as_ref().map(|_| std::time::Instant::now() + auth_step);
         Queue {
             qid,
             sqsize,
@@ -166,6 +164,7 @@ impl Queue {
             ana_gen,
             auth,
             auth_deadline,
+            auth_step,
         }
     }
 
@@ -235,10 +234,4 @@ pub(crate) struct Ctx<'a> {
     pub xfer_len: u32,
     /// Number of Asynchronous Event Requests held on this queue.
     pub held_aers: usize,
-}
-
-/// The time a DH-HMAC-CHAP transaction may take: twice the controller's keep-alive timeout, and at least
-/// [`AUTH_TIMEOUT`].
-pub(crate) fn auth_timeout(ctrl: &Controller) -> std::time::Duration {
-    std::time::Duration::from_millis(2 * u64::from(ctrl.kato_ms())).max(AUTH_TIMEOUT)
 }

@@ -86,6 +86,11 @@ pub struct TargetConfig {
     pub max_io_queues: u16,
     /// Time a new connection has for ICReq and Fabrics Connect (default 10 s).
     pub connect_timeout: Duration,
+    /// Time a host has for each step of a DH-HMAC-CHAP transaction, from its Connect or its previous
+    /// authentication command to the next one, at least (default 60 s, what the Linux host gives each admin
+    /// command; twice the controller's keep-alive timeout when that is longer). A host's ffdhe8192 arithmetic
+    /// can take seconds: the Linux host in an emulated guest took 16.7 s for its first.
+    pub auth_step_timeout: Duration,
     /// Who hears about connections.
     pub events: Option<EventHook>,
     /// When responses leave (see [`nvpoll::send`]): inline as each is made, at the end-of-iteration flush, or
@@ -156,6 +161,7 @@ impl fmt::Debug for TargetConfig {
             .field("queue_entries", &self.queue_entries)
             .field("max_io_queues", &self.max_io_queues)
             .field("connect_timeout", &self.connect_timeout)
+            .field("auth_step_timeout", &self.auth_step_timeout)
             .field("tcp_congestion", &self.tcp_congestion)
             .finish_non_exhaustive()
     }
@@ -174,6 +180,7 @@ impl TargetConfig {
             queue_entries: 128,
             max_io_queues: 128,
             connect_timeout: Duration::from_secs(10),
+            auth_step_timeout: Duration::from_secs(60),
             events: None,
             send_mode: SendMode::Deferred,
             tls: None,
@@ -232,6 +239,7 @@ impl TargetConfig {
             maxh2cdata: self.maxh2cdata,
             incapsule_data: self.incapsule_data,
             connect_timeout: self.connect_timeout,
+            auth_step_timeout: self.auth_step_timeout,
             defaults,
         })
     }
@@ -243,6 +251,7 @@ pub(crate) struct Limits {
     pub maxh2cdata: u32,
     pub incapsule_data: u32,
     pub connect_timeout: Duration,
+    pub auth_step_timeout: Duration,
     /// What subsystems get unless they say otherwise.
     pub defaults: subsystem::Limits,
 }

@@ -491,8 +491,8 @@ impl Session {
         if let (Some(a), Some(deadline)) = (&q.auth, q.auth_deadline) {
             if (a.in_progress() || !a.authenticated()) && Instant::now() >= deadline {
                 let why = format!(
-                    "DH-HMAC-CHAP: the host did not finish authenticating within {:?} ({a:?})",
-                    crate::handler::auth_timeout(&q.ctrl)
+                    "DH-HMAC-CHAP: the host sent no next authentication message within {:?} ({a:?})",
+                    q.auth_step
                 );
                 self.emit_auth_failed(&why);
                 return Some(why);
@@ -1386,7 +1386,12 @@ impl Session {
                     )))
                 }
             }
-            q.auth_deadline = Some(Instant::now() + crate::handler::auth_timeout(&q.ctrl));
+            q.auth_deadline = Some(Instant::now() + q.auth_step);
+        } else if q.auth_deadline.is_some() {
+            // A step of the transaction under way: the host's time runs afresh from each of its messages, as
+            // nvmet's does (its next message comes after arithmetic of its own, which on a slow machine is
+            // the long part).
+            q.auth_deadline = Some(Instant::now() + q.auth_step);
         }
         let Some(auth) = q.auth.as_mut() else {
             let why = "Authentication Receive before any AUTH_Negotiate".to_string();

@@ -133,7 +133,7 @@ c=''; for _ in $(seq 200); do c=$(ctrl_of "$NQN"); [ -n "$c" ] && break; sleep 0
 rpc dhchap_key_set nqn="$NQN" host="$VM_HOSTNQN" key="$KEY2"
 before=$(grep -c "queue 0 of .* authenticated" "$LOG")
 echo "$KEY2" > "/sys/class/nvme/$c/dhchap_secret" || fail "A: writing the new secret to sysfs"
-for _ in $(seq 200); do [ "$(grep -c "queue 0 of .* authenticated" "$LOG")" -gt "$before" ] && break; sleep 0.05; done
+for _ in $(seq 1200); do [ "$(grep -c "queue 0 of .* authenticated" "$LOG")" -gt "$before" ] && break; sleep 0.05; done
 [ "$(grep -c "queue 0 of .* authenticated" "$LOG")" -gt "$before" ] || fail "A: no re-authentication in our log"
 [ "$(cat "/sys/class/nvme/$c/state")" = live ] || fail "A: the controller is not live after re-authentication"
 d=$(dev_of "$c" "$NQN"); fio_verify "$d" || fail "A: fio verify after re-authentication"

@@ -334,8 +334,9 @@ fn fabrics_connect_auth(
     Ok(((cqe.dw0 & 0xffff) as u16, generated))
 }
 
-/// The least time a host gives each Authentication Send or Receive.
-const AUTH_TIMEOUT: Duration = Duration::from_secs(30);
+/// The least time a host gives each Authentication Send or Receive: what the Linux host gives each admin
+/// command (nvme_core.admin_timeout), and what our target gives a host for each step.
+const AUTH_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Connect's AUTHREQ: authentication transaction required.
 const AUTHREQ_ATR: u16 = 1 << 1;
