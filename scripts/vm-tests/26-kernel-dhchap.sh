@@ -106,10 +106,10 @@ for h in "${HASHES[@]}"; do
             before=$(grep -c "authenticated (DH-HMAC-CHAP, $want)" "$LOG")
             t0=$EPOCHREALTIME
             out=$(connect_ours "$KEY" "$ck") || fail "A: nvme connect ($want): $out"
-            c=''; for _ in $(seq 200); do c=$(ctrl_of "$NQN"); [ -n "$c" ] && break; sleep 0.05; done
+            c=''; for _ in $(seq 600); do c=$(ctrl_of "$NQN"); [ -n "$c" ] && break; sleep 0.05; done
             [ -n "$c" ] || fail "A: no live controller ($want)"
             secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
-            d=''; for _ in $(seq 100); do d=$(dev_of "$c" "$NQN"); [ -n "$d" ] && break; sleep 0.05; done
+            d=''; for _ in $(seq 600); do d=$(dev_of "$c" "$NQN"); [ -n "$d" ] && break; sleep 0.05; done
             [ -n "$d" ] || fail "A: no block device ($want)"
             fio_verify "$d" || fail "A: fio verify on $d ($want)"
             after=$(grep -c "authenticated (DH-HMAC-CHAP, $want)" "$LOG")
@@ -128,7 +128,7 @@ say "ok A: a wrong host key is refused (nvme connect: $(echo "$out" | tail -1));
 
 # Re-authentication: the target's key changes, then the kernel host is given the new secret.
 out=$(connect_ours "$KEY" '') || fail "A: nvme connect for re-authentication: $out"
-c=''; for _ in $(seq 200); do c=$(ctrl_of "$NQN"); [ -n "$c" ] && break; sleep 0.05; done
+c=''; for _ in $(seq 600); do c=$(ctrl_of "$NQN"); [ -n "$c" ] && break; sleep 0.05; done
 [ -n "$c" ] || fail "A: no live controller"
 rpc dhchap_key_set nqn="$NQN" host="$VM_HOSTNQN" key="$KEY2"
 before=$(grep -c "queue 0 of .* authenticated" "$LOG")
@@ -136,7 +136,9 @@ echo "$KEY2" > "/sys/class/nvme/$c/dhchap_secret" || fail "A: writing the new se
 for _ in $(seq 1200); do [ "$(grep -c "queue 0 of .* authenticated" "$LOG")" -gt "$before" ] && break; sleep 0.05; done
 [ "$(grep -c "queue 0 of .* authenticated" "$LOG")" -gt "$before" ] || fail "A: no re-authentication in our log"
 [ "$(cat "/sys/class/nvme/$c/state")" = live ] || fail "A: the controller is not live after re-authentication"
-d=$(dev_of "$c" "$NQN"); fio_verify "$d" || fail "A: fio verify after re-authentication"
+d=''; for _ in $(seq 600); do d=$(dev_of "$c" "$NQN"); [ -n "$d" ] && break; sleep 0.05; done
+[ -n "$d" ] || fail "A: no block device after re-authentication"
+fio_verify "$d" || fail "A: fio verify after re-authentication"
 nvme disconnect -n "$NQN" >/dev/null 2>&1
 say "ok A: re-authentication of the live controller with the target's new key (sysfs dhchap_secret), fio verify after"
 kill -INT "$TPID"; rc=0; wait "$TPID" || rc=$?; TPID=
