@@ -36,7 +36,7 @@
 use std::any::Any;
 use std::cell::Cell;
 use std::fmt;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::str::FromStr;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -225,6 +225,8 @@ pub trait Poller {
 /// What a sleeping reactor waits for, collected from its pollers ([`Poller::wake_sources`]).
 pub struct WakeSources<'a> {
     fds: Vec<PollFd<'a>>,
+    /// What each of `fds` is watched for (PollFd does not say).
+    interest: Vec<PollFlags>,
     deadline: Option<Instant>,
 }
 
@@ -232,6 +234,7 @@ impl<'a> WakeSources<'a> {
     fn new() -> Self {
         WakeSources {
             fds: Vec::new(),
+            interest: Vec::new(),
             deadline: None,
         }
     }
@@ -239,12 +242,14 @@ impl<'a> WakeSources<'a> {
     /// Wake when `fd` has something to read (or is closed or failed).
     pub fn readable(&mut self, fd: &'a impl AsFd) {
         self.fds.push(PollFd::new(fd, PollFlags::IN));
+        self.interest.push(PollFlags::IN);
     }
 
     /// Wake when `fd` can take more bytes: only while the poller has bytes the socket refused (a socket is
     /// nearly always writable, so asking otherwise wakes the reactor at once).
     pub fn writable(&mut self, fd: &'a impl AsFd) {
         self.fds.push(PollFd::new(fd, PollFlags::OUT));
+        self.interest.push(PollFlags::OUT);
     }
 
     /// Wake no later than `at` (the earliest of all the deadlines given counts).
@@ -348,8 +353,11 @@ pub struct ReactorStats {
     /// CPU time the reactor thread used. While it runs this is refreshed every 4096 iterations; after it
     /// stopped it is exact.
     pub cpu_time: Duration,
-    /// Pollers registered now, timed ones included (what each iteration walks).
+    /// Pollers registered now, timed ones included.
     pub pollers: u64,
+    /// Of those, how many are parked now: idle, and polled only when one of their wake sources fires (see
+    /// [`ReactorContext::wake_poller`]); an iteration walks the others.
+    pub parked: u64,
     /// Times the reactor went to sleep ([`IdlePolicy::Hybrid`]), counted as each sleep starts.
     pub sleeps: u64,
     /// Time spent asleep, counted as each sleep ends.
@@ -613,6 +621,8 @@ pub struct ReactorContext {
     next_id: u64,
     added: Vec<(PollerId, Option<Duration>, Box<dyn Poller>)>,
     removed: Vec<PollerId>,
+    /// Pollers to unpark at the end of the current step ([`ReactorContext::wake_poller`]).
+    wake: Vec<PollerId>,
     woke: bool,
 }
 
@@ -662,6 +672,13 @@ impl ReactorContext {
     /// ignored.
     pub fn remove_poller(&mut self, id: PollerId) {
         self.removed.push(id);
+    }
+
+    /// Makes sure poller `id` of this reactor is polled on the next iteration, for a poller that hands another
+    /// work through state they share (no message, no descriptor): a poller that was idle for a while and said
+    /// what wakes it may be parked, polled only when one of its wake sources fires. Unknown ids are ignored.
+    pub fn wake_poller(&mut self, id: PollerId) {
+        self.wake.push(id);
     }
 
     /// Asks every reactor to stop, as [`Reactors::stop`] does; the owner of [`Reactors`] collects them with
@@ -825,6 +842,7 @@ impl PerReactor {
             messages: c.messages.load(Ordering::Relaxed),
             cpu_time: Duration::from_nanos(c.cpu_ns.load(Ordering::Relaxed)),
             pollers: c.pollers.load(Ordering::Relaxed),
+            parked: c.parked.load(Ordering::Relaxed),
             sleeps: c.sleeps.load(Ordering::Relaxed),
             slept: Duration::from_nanos(c.slept_ns.load(Ordering::Relaxed)),
         }
@@ -863,6 +881,7 @@ struct Counters {
     messages: AtomicU64,
     cpu_ns: AtomicU64,
     pollers: AtomicU64,
+    parked: AtomicU64,
     sleeps: AtomicU64,
     slept_ns: AtomicU64,
 }
@@ -922,9 +941,12 @@ fn reactor_thread(
             next_id: 0,
             added: Vec::new(),
             removed: Vec::new(),
+            wake: Vec::new(),
             woke: false,
         },
         pollers: Vec::new(),
+        active: Vec::new(),
+        parking: None,
         timers: Vec::new(),
         next_deadline: None,
         batch,
@@ -955,7 +977,11 @@ struct Reactor {
     /// The same as `ctx.shared`, so that it can be borrowed while `ctx` is lent to a message or poller.
     shared: Arc<Shared>,
     ctx: ReactorContext,
-    pollers: Vec<(PollerId, Box<dyn Poller>)>,
+    pollers: Vec<Entry>,
+    /// The indices in `pollers` of those not parked: what an iteration polls and flushes.
+    active: Vec<usize>,
+    /// The readiness set of parked pollers, made when the reactor first has more than [`PARK_MIN`] pollers.
+    parking: Option<Parking>,
     timers: Vec<Timer>,
     /// The earliest `Timer::next`, if there are timers.
     next_deadline: Option<Instant>,
@@ -967,6 +993,61 @@ struct Reactor {
     sleeps: u64,
     slept: Duration,
 }
+
+/// One ordinary poller on its reactor.
+struct Entry {
+    id: PollerId,
+    poller: Box<dyn Poller>,
+    /// Not polled or flushed until one of its wake sources fires, a message runs, a waker kicks the reactor
+    /// or another poller asks ([`ReactorContext::wake_poller`]).
+    parked: bool,
+    /// Idle polls in a row (parking is considered after [`PARK_POLLS`] of them)...
+    idle_polls: u32,
+    /// ... and the iteration's time at the first of them (and after [`PARK_QUIET`]).
+    idle_since: Option<Instant>,
+    /// The deadline its wake sources gave when it parked.
+    deadline: Option<Instant>,
+}
+
+/// A reactor's parked pollers: one epoll set of their wake sources' descriptors, asked once per iteration
+/// with a zero timeout, and the earliest of their deadlines.
+///
+/// Why: a reactor that polls every poller on every iteration pays for each of them, idle or not (a `recv`
+/// per idle queue pair), so a busy queue beside many idle ones runs as slowly as its reactor's longest
+/// iteration. A poller that has been idle for [`PARK_QUIET`] and says what wakes it is parked instead, and
+/// an iteration then costs one `epoll_wait` plus the work of the pollers that have any.
+///
+/// Level-triggered: a descriptor with unread bytes stays ready, so a poller that left bytes in its socket is
+/// woken again and nothing waits for an edge that already passed. Registrations are never deleted by number
+/// (a closed descriptor leaves the set by itself, and its number may already belong to another poller's new
+/// socket): each park modifies (or adds) every descriptor the poller gives, so a socket reopened under an
+/// old number is registered afresh, and a descriptor a poller no longer gives at most wakes it for nothing.
+/// A descriptor belongs to one poller: two pollers giving the same one would take it from each other.
+struct Parking {
+    epoll: OwnedFd,
+    events: Vec<rustix::event::epoll::Event>,
+    /// How many pollers are parked.
+    parked: usize,
+    /// The earliest deadline of a parked poller.
+    next_deadline: Option<Instant>,
+    /// Bumped whenever indices in `pollers` move (a removal, which unparks every poller): an event carrying an
+    /// older epoch is stale.
+    epoch: u32,
+    /// A registration failed once (logged once; that poller stays active).
+    warned: bool,
+}
+
+/// Parking starts when a reactor has more pollers than this: with a few, one `recv` each costs about what
+/// the `epoll_wait` would, and they are usually busy.
+const PARK_MIN: usize = 8;
+
+/// A poller is parked after this many idle polls in a row...
+const PARK_POLLS: u32 = 64;
+
+/// ... spanning at least this long: longer than a command's round trip on a LAN, so that a queue pair under
+/// load (idle for a few polls between two completions) is never parked, and parking costs its
+/// `epoll_ctl` once per quiet spell, not per command.
+const PARK_QUIET: Duration = Duration::from_micros(500);
 
 struct Timer {
     id: PollerId,
@@ -997,9 +1078,26 @@ impl Reactor {
         let mut woke = false;
         while !shared.stop.load(Ordering::Acquire) {
             let mut busy = self.run_messages(self.batch) > 0;
+            if busy {
+                // A message may have handed a parked poller work through state they share.
+                self.unpark_all();
+            }
             self.apply_changes();
-            for (_, poller) in &mut self.pollers {
-                busy |= poller.poll(&mut self.ctx) == PollStatus::Busy;
+            let now = self.parking_now();
+            if let Some(now) = now {
+                self.wake_parked(now);
+            }
+            for k in 0..self.active.len() {
+                let e = &mut self.pollers[self.active[k]];
+                if e.poller.poll(&mut self.ctx) == PollStatus::Busy {
+                    busy = true;
+                    e.idle_polls = 0;
+                } else {
+                    e.idle_polls = e.idle_polls.saturating_add(1);
+                    if e.idle_polls == 1 {
+                        e.idle_since = now;
+                    }
+                }
             }
             self.apply_changes();
             if let Some(deadline) = self.next_deadline {
@@ -1010,6 +1108,10 @@ impl Reactor {
                 }
             }
             self.flush();
+            if let Some(now) = now {
+                self.park_quiet(now);
+                self.count_parked();
+            }
             if busy {
                 self.busy += 1;
                 counters.busy.store(self.busy, Ordering::Relaxed);
@@ -1057,10 +1159,34 @@ impl Reactor {
     fn sleep(&mut self, counters: &Counters) -> bool {
         let shared = Arc::clone(&self.shared);
         let me = &shared.reactors[self.ctx.index];
+        // With parking, every poller that can be parked is first (the rest must say what wakes them here):
+        // the sleep then watches the parked ones' epoll set as one descriptor.
+        if self.parking.is_some() {
+            let mut k = 0;
+            while k < self.active.len() {
+                let i = self.active[k];
+                if self.try_park(i) {
+                    self.active.swap_remove(k);
+                } else {
+                    k += 1;
+                }
+            }
+            // A parked poller whose descriptor is ready already makes the epoll set readable: the sleep below
+            // ends at once.
+            self.count_parked();
+        }
         let mut w = WakeSources::new();
         w.readable(&me.wake_fd);
-        for (_, poller) in &self.pollers {
-            if !poller.wake_sources(&mut w) {
+        if let Some(p) = &self.parking {
+            if p.parked > 0 {
+                w.readable(&p.epoll);
+                if let Some(d) = p.next_deadline {
+                    w.deadline(d);
+                }
+            }
+        }
+        for &i in &self.active {
+            if !self.pollers[i].poller.wake_sources(&mut w) {
                 return false;
             }
         }
@@ -1089,6 +1215,8 @@ impl Reactor {
             || me.kicked.swap(false, Ordering::Relaxed)
         {
             me.sleeping.store(false, Ordering::Relaxed);
+            // The kick (or message) is for pollers that may be parked now.
+            self.unpark_all();
             return false;
         }
         // Counted as it starts, so that a reactor asleep for good shows it.
@@ -1099,8 +1227,9 @@ impl Reactor {
             .and_then(|d| Timespec::try_from(d - start - TIMER_SPIN).ok());
         let polled = rustix::event::poll(&mut w.fds, timeout.as_ref());
         me.sleeping.store(false, Ordering::Relaxed);
-        // Awake: the next iteration polls everything, which covers any kick so far.
-        me.kicked.store(false, Ordering::Relaxed);
+        // Awake: the next iteration polls every active poller and the parked ones whose sources fired; a kick
+        // (state that pollers read without a descriptor) wakes the parked ones too.
+        let kicked = me.kicked.swap(false, Ordering::Relaxed);
         let now = Instant::now();
         match polled {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
@@ -1125,6 +1254,9 @@ impl Reactor {
             .map(|(i, _)| i)
             .collect();
         drop(w);
+        if kicked {
+            self.unpark_all();
+        }
         for i in fired {
             self.timers[i].next = now;
             self.next_deadline = Some(now);
@@ -1175,8 +1307,8 @@ impl Reactor {
     }
 
     fn flush(&mut self) {
-        for (_, poller) in &mut self.pollers {
-            poller.flush(&mut self.ctx);
+        for k in 0..self.active.len() {
+            self.pollers[self.active[k]].poller.flush(&mut self.ctx);
         }
         for timer in &mut self.timers {
             timer.poller.flush(&mut self.ctx);
@@ -1185,13 +1317,33 @@ impl Reactor {
 
     /// Applies the registrations and removals the last step asked for.
     fn apply_changes(&mut self) {
+        if !self.ctx.wake.is_empty() {
+            let wake = std::mem::take(&mut self.ctx.wake);
+            for id in &wake {
+                if let Some(i) = self.pollers.iter().position(|e| e.id == *id) {
+                    self.unpark(i);
+                }
+            }
+            self.ctx.wake = wake;
+            self.ctx.wake.clear();
+        }
         if self.ctx.added.is_empty() && self.ctx.removed.is_empty() {
             return;
         }
         let now = Instant::now();
         for (id, period, poller) in self.ctx.added.drain(..) {
             match period {
-                None => self.pollers.push((id, poller)),
+                None => {
+                    self.active.push(self.pollers.len());
+                    self.pollers.push(Entry {
+                        id,
+                        poller,
+                        parked: false,
+                        idle_polls: 0,
+                        idle_since: None,
+                        deadline: None,
+                    });
+                }
                 Some(period) => {
                     let next = now + period;
                     self.next_deadline = Some(self.next_deadline.map_or(next, |d| d.min(next)));
@@ -1206,7 +1358,9 @@ impl Reactor {
         }
         if !self.ctx.removed.is_empty() {
             let removed = std::mem::take(&mut self.ctx.removed);
-            self.pollers.retain(|(id, _)| !removed.contains(id));
+            // Indices move: every poller is active again, and events registered under the old ones are stale.
+            self.pollers.retain(|e| !removed.contains(&e.id));
+            self.reset_parking();
             self.timers.retain(|t| !removed.contains(&t.id));
             self.next_deadline = self.timers.iter().map(|t| t.next).min();
             self.ctx.removed = removed;
@@ -1221,5 +1375,230 @@ impl Reactor {
 
     fn stats(&self) -> ReactorStats {
         self.ctx.shared.reactors[self.ctx.index].stats()
+    }
+
+    /// The iteration's time when parking is on (more than [`PARK_MIN`] pollers), starting it if needed.
+    fn parking_now(&mut self) -> Option<Instant> {
+        if self.pollers.len() <= PARK_MIN {
+            if self.parking.as_ref().is_some_and(|p| p.parked > 0) {
+                self.unpark_all();
+                self.count_parked();
+            }
+            return None;
+        }
+        if self.parking.is_none() {
+            match rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC) {
+                Ok(epoll) => {
+                    self.parking = Some(Parking {
+                        epoll,
+                        events: Vec::new(),
+                        parked: 0,
+                        next_deadline: None,
+                        epoch: 0,
+                        warned: false,
+                    })
+                }
+                Err(e) => {
+                    // Never asked again: PARK_MIN is raised out of reach.
+                    log::warn!(
+                        "reactor on core {}: no epoll set for idle pollers ({e}); every poller is polled on every iteration",
+                        self.ctx.core()
+                    );
+                    self.parking = None;
+                    return None;
+                }
+            }
+        }
+        Some(Instant::now())
+    }
+
+    /// Unparks the pollers whose descriptors are ready (one `epoll_wait`, no waiting), whose deadline passed,
+    /// or all of them when a waker kicked the reactor.
+    fn wake_parked(&mut self, now: Instant) {
+        let Some(p) = self.parking.as_mut() else {
+            return;
+        };
+        if p.parked == 0 {
+            return;
+        }
+        let me = &self.shared.reactors[self.ctx.index];
+        if me.kicked.swap(false, Ordering::Relaxed) {
+            // Something pollers read changed (see ReactorWaker): each looks.
+            self.unpark_all();
+            return;
+        }
+        let want = p.parked.clamp(1, 1024);
+        if p.events.len() < want {
+            p.events.resize(
+                want,
+                rustix::event::epoll::Event {
+                    flags: rustix::event::epoll::EventFlags::empty(),
+                    data: rustix::event::epoll::EventData::new_u64(0),
+                },
+            );
+        }
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // EINTR: nothing this time; more ready than `want`: the rest stay ready and come next time.
+        let n =
+            rustix::event::epoll::wait(&p.epoll, &mut p.events[..want], Some(&zero)).unwrap_or(0);
+        let epoch = p.epoch;
+        for k in 0..n {
+            let data = self.parking.as_ref().map_or(0, |p| p.events[k].data.u64());
+            if (data >> 32) as u32 == epoch {
+                self.unpark((data & 0xffff_ffff) as usize);
+            }
+        }
+        let Some(p) = self.parking.as_mut() else {
+            return;
+        };
+        if p.next_deadline.is_some_and(|d| d <= now) {
+            let mut next = None::<Instant>;
+            for i in 0..self.pollers.len() {
+                let e = &self.pollers[i];
+                if !e.parked {
+                    continue;
+                }
+                match e.deadline {
+                    Some(d) if d <= now => self.unpark(i),
+                    Some(d) => next = Some(next.map_or(d, |n| n.min(d))),
+                    None => {}
+                }
+            }
+            if let Some(p) = self.parking.as_mut() {
+                p.next_deadline = next;
+            }
+        }
+    }
+
+    /// Parks the active pollers that have been idle long enough, if they say what wakes them.
+    fn park_quiet(&mut self, now: Instant) {
+        let mut k = 0;
+        while k < self.active.len() {
+            let i = self.active[k];
+            let e = &self.pollers[i];
+            let quiet = e.idle_polls >= PARK_POLLS
+                && e.idle_since
+                    .is_some_and(|t| now.duration_since(t) >= PARK_QUIET);
+            if quiet && self.try_park(i) {
+                self.active.swap_remove(k);
+            } else {
+                k += 1;
+            }
+        }
+    }
+
+    /// Registers the wake sources of poller `i` in the parking set and marks it parked (the caller takes it
+    /// off `active`). Returns `false`, and leaves it active, when it cannot say what wakes it or a descriptor
+    /// cannot be registered; it is asked again after another quiet spell.
+    fn try_park(&mut self, i: usize) -> bool {
+        let Some(p) = self.parking.as_mut() else {
+            return false;
+        };
+        let e = &mut self.pollers[i];
+        if e.parked {
+            return false;
+        }
+        let mut w = WakeSources::new();
+        if !e.poller.wake_sources(&mut w) {
+            e.idle_polls = 0;
+            return false;
+        }
+        let data = rustix::event::epoll::EventData::new_u64((u64::from(p.epoch) << 32) | i as u64);
+        for k in 0..w.fds.len() {
+            let raw = w.fds[k].as_fd().as_raw_fd();
+            if w.fds[..k].iter().any(|f| f.as_fd().as_raw_fd() == raw) {
+                continue;
+            }
+            let mut flags = rustix::event::epoll::EventFlags::empty();
+            for j in k..w.fds.len() {
+                if w.fds[j].as_fd().as_raw_fd() == raw {
+                    if w.interest[j].contains(PollFlags::IN) {
+                        flags |= rustix::event::epoll::EventFlags::IN;
+                    }
+                    if w.interest[j].contains(PollFlags::OUT) {
+                        flags |= rustix::event::epoll::EventFlags::OUT;
+                    }
+                }
+            }
+            let fd = w.fds[k].as_fd();
+            let registered = match rustix::event::epoll::modify(&p.epoll, fd, data, flags) {
+                Err(rustix::io::Errno::NOENT) => {
+                    rustix::event::epoll::add(&p.epoll, fd, data, flags)
+                }
+                r => r,
+            };
+            if let Err(err) = registered {
+                if !p.warned {
+                    p.warned = true;
+                    log::warn!(
+                        "reactor on core {}: a poller's descriptor cannot join the epoll set ({err}); it stays polled",
+                        self.ctx.core()
+                    );
+                }
+                e.idle_polls = 0;
+                return false;
+            }
+        }
+        e.parked = true;
+        e.deadline = w.deadline;
+        p.parked += 1;
+        if let Some(d) = w.deadline {
+            p.next_deadline = Some(p.next_deadline.map_or(d, |n| n.min(d)));
+        }
+        true
+    }
+
+    /// Publishes the parked count ([`ReactorStats::parked`]).
+    fn count_parked(&self) {
+        let n = self.parking.as_ref().map_or(0, |p| p.parked) as u64;
+        let c = &self.shared.reactors[self.ctx.index].stats.parked;
+        if c.load(Ordering::Relaxed) != n {
+            c.store(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Makes poller `i` active again (polled from the next loop over `active` on).
+    fn unpark(&mut self, i: usize) {
+        let Some(e) = self.pollers.get_mut(i) else {
+            return;
+        };
+        if !e.parked {
+            return;
+        }
+        e.parked = false;
+        e.idle_polls = 0;
+        self.active.push(i);
+        if let Some(p) = self.parking.as_mut() {
+            p.parked -= 1;
+        }
+    }
+
+    /// Makes every poller active again.
+    fn unpark_all(&mut self) {
+        if self.parking.as_ref().is_some_and(|p| p.parked > 0) {
+            for i in 0..self.pollers.len() {
+                self.unpark(i);
+            }
+        }
+        if let Some(p) = self.parking.as_mut() {
+            p.next_deadline = None;
+        }
+    }
+
+    /// After a removal: every poller active, in order, and older registrations stale.
+    fn reset_parking(&mut self) {
+        for e in &mut self.pollers {
+            e.parked = false;
+            e.idle_polls = 0;
+        }
+        self.active = (0..self.pollers.len()).collect();
+        if let Some(p) = self.parking.as_mut() {
+            p.parked = 0;
+            p.next_deadline = None;
+            p.epoch = p.epoch.wrapping_add(1);
+        }
     }
 }

@@ -723,8 +723,9 @@ const SETUP_POLL_PERIOD: Duration = Duration::from_millis(1);
 /// Sessions handed to a reactor's [`SetupPoller`] for one target, waiting for its next poll.
 type Incoming = Rc<RefCell<Vec<Session>>>;
 
-/// The setup pollers' inboxes on this reactor's thread, keyed by target.
-type SetupSets = Vec<(usize, Incoming)>;
+/// The setup pollers' (or ready groups') inboxes on this reactor's thread, keyed by target, with the poller's
+/// id: whoever adds to an inbox wakes the poller ([`ReactorContext::wake_poller`]), which may be parked.
+type SetupSets = Vec<(usize, Incoming, Rc<Cell<Option<PollerId>>>)>;
 
 thread_local! {
     static SETUP_SETS: RefCell<SetupSets> = const { RefCell::new(Vec::new()) };
@@ -784,13 +785,16 @@ impl SetupPoller {
         let key = Arc::as_ptr(shared) as usize;
         SETUP_SETS.with(|sets| {
             let mut sets = sets.borrow_mut();
-            if let Some((_, incoming)) = sets.iter().find(|(k, _)| *k == key) {
+            if let Some((_, incoming, id)) = sets.iter().find(|(k, _, _)| *k == key) {
                 incoming.borrow_mut().push(session);
+                if let Some(id) = id.get() {
+                    ctx.wake_poller(id);
+                }
                 return;
             }
             let incoming = Rc::new(RefCell::new(Vec::new()));
-            sets.push((key, Rc::clone(&incoming)));
             let id = Rc::new(Cell::new(None));
+            sets.push((key, Rc::clone(&incoming), Rc::clone(&id)));
             let pid = ctx.add_poller(SetupPoller {
                 key,
                 shared: Arc::clone(shared),
@@ -806,7 +810,7 @@ impl SetupPoller {
 
     /// Unregisters the poller (once the target stopped and its last setup session is gone).
     fn retire(&mut self, ctx: &mut ReactorContext) {
-        SETUP_SETS.with(|sets| sets.borrow_mut().retain(|(k, _)| *k != self.key));
+        SETUP_SETS.with(|sets| sets.borrow_mut().retain(|(k, _, _)| *k != self.key));
         if let Some(id) = self.id.take() {
             ctx.remove_poller(id);
         }
@@ -894,7 +898,7 @@ const READY_DIRECT_MAX: usize = 8;
 
 thread_local! {
     /// The ready groups' inboxes on this reactor's thread, keyed by target.
-    static READY_SETS: RefCell<Vec<(usize, Incoming)>> = const { RefCell::new(Vec::new()) };
+    static READY_SETS: RefCell<SetupSets> = const { RefCell::new(Vec::new()) };
 }
 
 /// One connected session in a [`ReadyGroup`].
@@ -948,12 +952,16 @@ impl ReadyGroup {
         let key = Arc::as_ptr(shared) as usize;
         READY_SETS.with(|sets| {
             let mut sets = sets.borrow_mut();
-            if let Some((_, incoming)) = sets.iter().find(|(k, _)| *k == key) {
+            if let Some((_, incoming, id)) = sets.iter().find(|(k, _, _)| *k == key) {
                 incoming.borrow_mut().push(session);
+                if let Some(id) = id.get() {
+                    ctx.wake_poller(id);
+                }
                 return;
             }
             let incoming = Rc::new(RefCell::new(vec![session]));
-            sets.push((key, Rc::clone(&incoming)));
+            let id = Rc::new(Cell::new(None));
+            sets.push((key, Rc::clone(&incoming), Rc::clone(&id)));
             let epoll = match rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)
             {
                 Ok(fd) => Some(fd),
@@ -965,7 +973,6 @@ impl ReadyGroup {
                     None
                 }
             };
-            let id = Rc::new(Cell::new(None));
             let pid = ctx.add_poller(ReadyGroup {
                 key,
                 shared: Arc::clone(shared),
@@ -1108,7 +1115,7 @@ impl Poller for ReadyGroup {
         self.take_incoming();
         let stopping = self.shared.stopping();
         if stopping && self.count == 0 {
-            READY_SETS.with(|sets| sets.borrow_mut().retain(|(k, _)| *k != self.key));
+            READY_SETS.with(|sets| sets.borrow_mut().retain(|(k, _, _)| *k != self.key));
             if let Some(id) = self.id.take() {
                 ctx.remove_poller(id);
             }
@@ -1210,13 +1217,22 @@ impl Poller for ReadyGroup {
         }
     }
 
+    /// The group's epoll set as one descriptor (readable when a member's socket is), the sockets of members
+    /// outside it, and every member's timers: a sleeping reactor (or a parked group) watches one descriptor,
+    /// not a thousand.
     fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
         if !self.incoming.try_borrow().is_ok_and(|v| v.is_empty()) || !self.hot.is_empty() {
             return false;
         }
-        self.members
-            .iter()
-            .flatten()
-            .all(|m| m.session.wake_sources(w))
+        if let Some(ep) = &self.epoll {
+            w.readable(ep);
+        }
+        self.members.iter().flatten().all(|m| {
+            if m.unwatched {
+                m.session.wake_sources(w)
+            } else {
+                m.session.wake_timers(w)
+            }
+        })
     }
 }

@@ -436,13 +436,27 @@ impl Session {
     /// [`TargetShared::wake_all`]. Returns `false` while a flush runs on the flusher thread, which does not
     /// wake anyone: the session is then polled.
     pub fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
+        self.wake_sources_with(w, true)
+    }
+
+    /// [`Session::wake_sources`] without the socket's readability, for a group that watches the socket in an
+    /// epoll set of its own; `false` also while it has bytes to send (the group polls it).
+    pub fn wake_timers<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
+        self.wake_sources_with(w, false)
+    }
+
+    fn wake_sources_with<'a>(&'a self, w: &mut WakeSources<'a>, socket: bool) -> bool {
         if self.flushing > 0 || self.auth_jobs > 0 {
             return false;
         }
         if let Some(deadline) = self.queue.as_ref().and_then(|q| q.auth_deadline) {
             w.deadline(deadline);
         }
-        self.conn.wake_sources(w);
+        if socket {
+            self.conn.wake_sources(w);
+        } else if self.conn.wants_flush() {
+            return false;
+        }
         if let Some((_, deadline)) = &self.closing {
             w.deadline(*deadline);
             return true;
