@@ -91,6 +91,16 @@ struct Args {
     /// of that subsystem). The embedded target grants as many as the jobs need.
     #[arg(long)]
     jobs: Option<usize>,
+    /// Connected I/O queues that send nothing, held for the whole session beside the jobs (spread over the
+    /// initiator reactors and the controllers after them): what many quiet queue pairs cost the reactors that
+    /// carry them, and the target that serves them. The embedded target then opens as many controllers as the
+    /// jobs and these need (1024 I/O queues each).
+    #[arg(long, default_value_t = 0)]
+    idle_queues: usize,
+    /// Poll every queue pair on every iteration of its reactor, idle or not (as before issue 46), instead of
+    /// parking the idle ones until their socket has something: for comparisons.
+    #[arg(long)]
+    no_parking: bool,
     /// NVMe/TCP: I/O queues to ask each controller for (Set Features, Number of Queues); it may grant fewer.
     #[arg(long, default_value_t = nvpoll_tcp::host::DEFAULT_IO_QUEUES,
           value_parser = clap::value_parser!(u16).range(1..))]
@@ -222,6 +232,7 @@ struct Matrix<'a> {
     qds: &'a [u16],
     modes: &'a [SendMode],
     jobs: usize,
+    idle_queues: usize,
     io_size: u64,
     rwmix: u8,
     verify: bool,
@@ -249,7 +260,7 @@ where
     C: Controller,
     C::QueuePair: Send + 'static,
 {
-    check_queue_grants(&ctrls, m.jobs)?;
+    check_queue_grants(&ctrls, m.jobs + m.idle_queues)?;
     if let Some(w) = m.workloads.iter().find(|w| w.trims()) {
         if let Some(c) = ctrls
             .iter()
@@ -268,6 +279,29 @@ where
     // the run goes on: its queue pairs fail their I/O, which the fault accounting counts.
     let mut given_up = vec![false; ctrls.borrow().len()];
     let mut gen: LoadGen<C::QueuePair> = LoadGen::new(pool.clone(), m.max_qd, m.quiet);
+    let idle = if m.idle_queues > 0 {
+        // Queue pair jobs + i goes where job jobs + i would: controller (jobs + i) % n, reactor likewise.
+        let mut qps = Vec::with_capacity(m.idle_queues);
+        {
+            let mut ctrls = ctrls.borrow_mut();
+            let n = ctrls.len();
+            for i in 0..m.idle_queues {
+                let c = &mut ctrls[(m.jobs + i) % n];
+                qps.push(
+                    c.create_queue_pair(32)
+                        .map_err(|e| format!("idle queue {i}: {e}"))?,
+                );
+            }
+        }
+        let held = loadgen::IdleQueues::hold(reactors, qps, m.jobs % reactors.len())
+            .map_err(|e| e.to_string())?;
+        if !m.quiet {
+            eprintln!("perf: {} idle I/O queues connected and held", held.len());
+        }
+        Some(held)
+    } else {
+        None
+    };
     for &workload in m.workloads {
         for &qd in m.qds {
             // Runs alternate between the send modes (inline, deferred, adaptive, inline, ...) so that a drift of
@@ -359,6 +393,9 @@ where
         }
     }
     gen.release_queue_pairs();
+    if let Some(idle) = idle {
+        idle.release(reactors).map_err(|e| e.to_string())?;
+    }
     for c in ctrls.into_inner() {
         match c.shutdown() {
             Ok(()) => {}
@@ -462,11 +499,14 @@ fn run(args: Args) -> Result<(), String> {
         let demo_key = ConfiguredKey::parse(DEMO_KEY).expect("the demo key parses");
         let target_key = key.clone().unwrap_or(demo_key);
         o = common::with_dhchap(o, dhchap_args(&args))?;
+        // One controller per 1024 I/O queues (the target's limit per controller).
+        let queues = jobs + args.idle_queues;
+        let controllers = queues.div_ceil(1024);
         let t = embedded_target::start(
             &tcores,
             args.idle,
             args.ram,
-            jobs,
+            queues.div_ceil(controllers),
             args.tcp_congestion.clone(),
             &o,
             &target_key,
@@ -479,7 +519,7 @@ fn run(args: Args) -> Result<(), String> {
         );
         o.addr = t.addr;
         embedded_target = Some((t, target_key));
-        vec![o]
+        vec![o; controllers]
     } else {
         let mut tcp = Vec::new();
         for t in &args.trids {
@@ -529,6 +569,7 @@ fn run(args: Args) -> Result<(), String> {
         .map_err(|e| format!("DMA pool: {e}"))?;
     let reactors = Reactors::builder()
         .idle(args.idle)
+        .parking(!args.no_parking)
         .start(&cores)
         .map_err(|e| format!("starting reactors: {e}"))?;
     let quiet = args.quiet || args.json;
@@ -557,6 +598,7 @@ fn run(args: Args) -> Result<(), String> {
         qds: &qds,
         modes: &modes,
         jobs,
+        idle_queues: args.idle_queues,
         io_size: args.io_size,
         rwmix: args.rwmix,
         verify: args.verify,

@@ -370,6 +370,7 @@ pub struct ReactorsBuilder {
     ring_capacity: usize,
     message_batch: usize,
     idle: IdlePolicy,
+    parking: bool,
 }
 
 impl ReactorsBuilder {
@@ -388,6 +389,15 @@ impl ReactorsBuilder {
     /// What the reactors do when there is nothing to do ([`IdlePolicy::Poll`] by default).
     pub fn idle(mut self, policy: IdlePolicy) -> Self {
         self.idle = policy;
+        self
+    }
+
+    /// Whether a reactor with more than 8 pollers parks the idle ones (on by default): a poller idle for a
+    /// while that says what wakes it ([`Poller::wake_sources`]) is polled only when one of its wake sources
+    /// fires ([`ReactorContext::wake_poller`] has the rules). Off, every poller is polled on every iteration
+    /// (for comparisons, or a poller whose wake sources are incomplete).
+    pub fn parking(mut self, on: bool) -> Self {
+        self.parking = on;
         self
     }
 
@@ -430,10 +440,11 @@ impl ReactorsBuilder {
             let shared = Arc::clone(&shared);
             let ready = ready_tx.clone();
             let (batch, idle) = (self.message_batch, self.idle);
+            let park_min = if self.parking { PARK_MIN } else { usize::MAX };
             let core = cores.cores()[index];
             let spawned = std::thread::Builder::new()
                 .name(format!("nvpoll-reactor-{core}"))
-                .spawn(move || reactor_thread(shared, index, batch, idle, ready));
+                .spawn(move || reactor_thread(shared, index, batch, idle, park_min, ready));
             match spawned {
                 Ok(handle) => reactors.threads.push(handle),
                 Err(e) => {
@@ -478,6 +489,7 @@ impl Reactors {
             ring_capacity: 4096,
             message_batch: 64,
             idle: IdlePolicy::Poll,
+            parking: true,
         }
     }
 
@@ -910,6 +922,7 @@ fn reactor_thread(
     index: usize,
     batch: usize,
     idle: IdlePolicy,
+    park_min: usize,
     ready: mpsc::Sender<Result<()>>,
 ) -> ThreadResult {
     ON_REACTOR.set(true);
@@ -950,6 +963,7 @@ fn reactor_thread(
         timers: Vec::new(),
         next_deadline: None,
         batch,
+        park_min,
         policy: idle,
         busy: 0,
         idle: 0,
@@ -986,6 +1000,8 @@ struct Reactor {
     /// The earliest `Timer::next`, if there are timers.
     next_deadline: Option<Instant>,
     batch: usize,
+    /// Parking starts above this many pollers ([`PARK_MIN`], or never).
+    park_min: usize,
     policy: IdlePolicy,
     busy: u64,
     idle: u64,
@@ -1379,7 +1395,7 @@ impl Reactor {
 
     /// The iteration's time when parking is on (more than [`PARK_MIN`] pollers), starting it if needed.
     fn parking_now(&mut self) -> Option<Instant> {
-        if self.pollers.len() <= PARK_MIN {
+        if self.pollers.len() <= self.park_min {
             if self.parking.as_ref().is_some_and(|p| p.parked > 0) {
                 self.unpark_all();
                 self.count_parked();
@@ -1422,7 +1438,7 @@ impl Reactor {
             return;
         }
         let me = &self.shared.reactors[self.ctx.index];
-        if me.kicked.swap(false, Ordering::Relaxed) {
+        if me.kicked.load(Ordering::Relaxed) && me.kicked.swap(false, Ordering::Relaxed) {
             // Something pollers read changed (see ReactorWaker): each looks.
             self.unpark_all();
             return;

@@ -994,6 +994,126 @@ pub fn json(rows: &[Row], machine: &str) -> String {
     serde_json::to_string(&report).expect("a report of numbers and strings always serializes")
 }
 
+/// Connected queue pairs that send nothing, held on the reactors for a whole session: what many quiet queue
+/// pairs cost a reactor beside the measured jobs (perf `--idle-queues`). Each is a poller that reads whatever
+/// its connection brings and says what wakes it, so that its reactor may park it.
+pub struct IdleQueues {
+    /// (reactor, poller) of each held queue pair.
+    held: Vec<(usize, nvpoll::reactor::PollerId)>,
+}
+
+struct IdleQueue<Q> {
+    qp: Q,
+    index: usize,
+    failed: bool,
+}
+
+impl<Q: QueuePair> Poller for IdleQueue<Q> {
+    fn poll(&mut self, _ctx: &mut ReactorContext) -> PollStatus {
+        if self.failed {
+            return PollStatus::Idle;
+        }
+        match self.qp.poll(16) {
+            Ok(n) => {
+                while self.qp.pop_completion().is_some() {}
+                PollStatus::busy_if(n > 0)
+            }
+            Err(e) => {
+                eprintln!("perf: idle queue {}: {e}", self.index);
+                self.failed = true;
+                PollStatus::Idle
+            }
+        }
+    }
+
+    fn flush(&mut self, _ctx: &mut ReactorContext) {
+        if !self.failed {
+            if let Err(e) = self.qp.flush() {
+                eprintln!("perf: idle queue {}: {e}", self.index);
+                self.failed = true;
+            }
+        }
+    }
+
+    fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
+        self.failed || self.qp.wake_sources(w)
+    }
+}
+
+impl IdleQueues {
+    /// Registers each of `qps` on a reactor, round-robin from `first_reactor`.
+    pub fn hold<Q: QueuePair + Send + 'static>(
+        reactors: &Reactors,
+        qps: Vec<Q>,
+        first_reactor: usize,
+    ) -> Result<IdleQueues, Error> {
+        let n = reactors.len();
+        let (tx, rx) = mpsc::channel();
+        let count = qps.len();
+        for (index, qp) in qps.into_iter().enumerate() {
+            let reactor = (first_reactor + index) % n;
+            let tx = tx.clone();
+            reactors.send(reactor, move |ctx| {
+                let id = ctx.add_poller(IdleQueue {
+                    qp,
+                    index,
+                    failed: false,
+                });
+                let _ = tx.send((reactor, id));
+            })?;
+        }
+        drop(tx);
+        let mut held = Vec::with_capacity(count);
+        for _ in 0..count {
+            held.push(
+                rx.recv_timeout(Duration::from_secs(30))
+                    .map_err(|_| Error::Reactor("a reactor did not take an idle queue".into()))?,
+            );
+        }
+        Ok(IdleQueues { held })
+    }
+
+    /// How many queue pairs are held.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// Unregisters (and so drops, on their reactors) every held queue pair, and waits until that is done.
+    pub fn release(self, reactors: &Reactors) -> Result<(), Error> {
+        let (tx, rx) = mpsc::channel();
+        let mut by_reactor: Vec<Vec<nvpoll::reactor::PollerId>> = vec![Vec::new(); reactors.len()];
+        for (r, id) in self.held {
+            by_reactor[r].push(id);
+        }
+        let mut sent = 0;
+        for (r, ids) in by_reactor.into_iter().enumerate() {
+            if ids.is_empty() {
+                continue;
+            }
+            let tx = tx.clone();
+            reactors.send(r, move |ctx| {
+                for id in ids {
+                    ctx.remove_poller(id);
+                }
+                // Removed at the end of this step; the next message on this reactor runs after that.
+                let _ = tx.send(());
+            })?;
+            sent += 1;
+        }
+        drop(tx);
+        for _ in 0..sent {
+            rx.recv_timeout(Duration::from_secs(30))
+                .map_err(|_| Error::Reactor("a reactor did not release its idle queues".into()))?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
