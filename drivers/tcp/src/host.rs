@@ -1166,7 +1166,20 @@ impl TcpController {
         if self.state != CtrlState::Live {
             return Err(Error::Lost("the controller is reconnecting"));
         }
-        authenticate(&mut self.att.admin, &self.opts, &self.pool, AUTHREQ_ATR).map(|_| ())
+        authenticate(&mut self.att.admin, &self.opts, &self.pool, AUTHREQ_ATR)
+            .map(|_| ())
+            .map_err(|e| match e {
+                // Linux nvmet (6.12 in the guest) may tear the controller down as soon as it has refused a
+                // re-authentication, before our Authentication Receive reads its AUTH_Failure1: the admin
+                // connection closes mid-transaction (vm_dhchap_kernel, a CI run of 2026-12-06).
+                Error::Closed => Error::Auth(
+                    "queue 0: the controller closed the connection during re-authentication: it refused the \
+                     host (Linux nvmet does so without AUTH_Failure1 when it has torn the controller down) or \
+                     failed; the controller is lost"
+                        .into(),
+                ),
+                e => e,
+            })
     }
 
     /// Connects one more I/O queue pair of the given depth.
