@@ -438,8 +438,15 @@ fn start_target(t: Target, dir: &Path, spdk: Option<&Path>, work: &Path, core: u
 
 fn stop(c: &mut Child) {
     // SIGTERM (the targets print their counters and exit), then SIGKILL after a grace period.
+    if let Ok(Some(_)) = c.try_wait() {
+        return;
+    }
     let pid = c.id().to_string();
-    let _ = Command::new("kill").args(["-TERM", &pid]).status();
+    // It may exit between the look and the signal: kill's complaint then says nothing useful.
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid])
+        .stderr(std::process::Stdio::null())
+        .status();
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
         if let Ok(Some(_)) = c.try_wait() {
