@@ -10,11 +10,15 @@
 # time on the target core) serve the cell to SPDK's spdk_nvme_perf and then to our perf, on one queue pair.
 # The four runs of a cell follow each other within seconds: this VM's speed drifts over minutes (the same
 # binary gives 11K or 30K 128 KiB reads depending on the minute), so only runs close in time compare. The
-# table shows the median IOPS over the rounds of each pairing and three ratios, each the median over the
-# rounds of the ratio within a round (paired, so the drift between rounds cancels):
-#   initiator ratio = our perf / spdk_nvme_perf, both against SPDK's target
-#   target ratio    = our target / SPDK's target, both driven by spdk_nvme_perf
-#   ours/spdk       = ours against ours over SPDK against SPDK
+# pairings are A (spdk_nvme_perf -> nvmf_tgt), B (our perf -> nvmf_tgt), C (spdk_nvme_perf -> our target)
+# and D (our perf -> our target). The table shows the median IOPS over the rounds of each pairing, three
+# ratios, each the median over the rounds of the ratio within a round (paired, so the drift between rounds
+# cancels) with its lowest and highest, and each pair's spread (highest / lowest IOPS over the rounds):
+#   B/A  initiator ratio: our perf / spdk_nvme_perf, both against SPDK's target
+#   C/A  target ratio: our target / SPDK's target, both driven by spdk_nvme_perf
+#   D/A  ours against ours over SPDK against SPDK
+# A second table gives each initiator's CPU time per I/O against SPDK's target (user+system, from
+# /proc/PID/task/*/stat, the same way for both), and the header names the machine's CPU model.
 # BENCH_ORDER=round runs every cell on one target process per round instead (fewer restarts, more drift).
 # Both targets serve a RAM namespace (SPDK: a malloc bdev) with 512-byte blocks, plain on one port and TLS
 # (PSK, v0 identity) on another; our target is one process with both listeners (--config).
@@ -26,7 +30,7 @@
 #   BENCH_TIME=3             seconds per run
 #   BENCH_RUNS=3             rounds: runs per target, initiator and cell (the median is printed)
 #   BENCH_CELLS              workload:size:qd list, default
-#                            randread:4k:128,randwrite:4k:128,read:128k:16,write:128k:16,read:1m:4,write:1m:4
+#                            randread:4k:128,randwrite:4k:128,randwrite:4k:1,read:128k:16,write:128k:16,read:1m:4,write:1m:4
 #   BENCH_SECURITY           plain,tls
 #   BENCH_ORDER=cell         cell: both targets per cell, back to back; round: each target once per round
 #   BENCH_PORT=4560          first TCP port on 127.0.0.1 (four are used)
@@ -41,7 +45,7 @@ TIME=${BENCH_TIME:-3}
 RUNS=${BENCH_RUNS:-3}
 [[ "$TIME" =~ ^[0-9]+$ ]] && [ "$TIME" -gt 0 ] || die "BENCH_TIME must be a whole number of seconds"
 [[ "$RUNS" =~ ^[0-9]+$ ]] && [ "$RUNS" -gt 0 ] || die "BENCH_RUNS must be a whole number"
-IFS=, read -r -a CELLS <<< "${BENCH_CELLS:-randread:4k:128,randwrite:4k:128,read:128k:16,write:128k:16,read:1m:4,write:1m:4}"
+IFS=, read -r -a CELLS <<< "${BENCH_CELLS:-randread:4k:128,randwrite:4k:128,randwrite:4k:1,read:128k:16,write:128k:16,read:1m:4,write:1m:4}"
 IFS=, read -r -a SECURITY <<< "${BENCH_SECURITY:-plain,tls}"
 PORT=${BENCH_PORT:-4560}
 ORDER=${BENCH_ORDER:-cell}
@@ -108,22 +112,67 @@ JSON
     wait_listen "$TLS_PORT" "$TGT_PID" "$WORK/target.log"
 }
 
-spdk_run() {   # sec workload bytes qd -> IOPS (or "fail")
-    local sec=$1 w=$2 b=$3 q=$4 port=$PLAIN_PORT sub=$SUBNQN args=() out
-    [ "$sec" = tls ] && { port=$TLS_PORT; sub=$SUBNQN_TLS; args=(-S ssl --psk-path "$KEYFILE"); }
-    out=$(timeout -k 2 $((TIME + 15)) "$SPDK_PERF" --no-huge -s 512 -c "$((1 << ICORE))" -q "$q" -o "$b" -w "$w" \
-        -t "$TIME" -r "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$sub hostnqn:$HOSTNQN" \
-        "${args[@]}" 2>&1) || true
-    awk -F: '/^[[:space:]]*Total[[:space:]]*:/ { split($2, a, " "); v = a[1] } END { if (v == "") print "fail"; else printf "%d\n", v }' <<< "$out"
+# CPU time per completed I/O of an initiator, the same way for both: its threads' user and system time
+# (/proc/PID/task/*/stat, clock ticks) read twice while it measures (CPU_FROM s after it printed that it
+# starts, and CPU_SPAN s later), over the I/Os it completed in that span at the rate it reports. A polled
+# initiator spins its core whatever it does, so this is close to 1/IOPS; the user/system split says where
+# the time went (system: the socket calls).
+CPU_FROM=1
+CPU_SPAN=$((TIME >= 3 ? TIME - 2 : 0))
+cpu_ticks() {   # PID -> "user system" ticks summed over its threads
+    cat /proc/"$1"/task/*/stat 2>/dev/null | awk '{ sub(/^.*\) /, ""); u += $12; s += $13 } END { print u + 0, s + 0 }'
+}
+TICK=$(getconf CLK_TCK)
+# run_sampled MARKER CMD... : runs CMD in the background, output in $WORK/run.out; once MARKER shows in it,
+# waits CPU_FROM s and samples the CPU ticks, then again CPU_SPAN s later. Sets CPU0 CPU1 (user system).
+run_sampled() {
+    local marker=$1 pid child i
+    shift
+    "$@" > "$WORK/run.out" 2>&1 &
+    pid=$!
+    CPU0=; CPU1=
+    for ((i = 0; i < 400; i++)); do
+        grep -q -- "$marker" "$WORK/run.out" 2>/dev/null && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    # The initiator is timeout's child.
+    child=$(pgrep -P "$pid" | head -n 1 || true)
+    if [ -n "$child" ] && [ "$CPU_SPAN" -gt 0 ]; then
+        sleep "$CPU_FROM"; CPU0=$(cpu_ticks "$child")
+        sleep "$CPU_SPAN"; CPU1=$(cpu_ticks "$child")
+    fi
+    wait "$pid" || true
+}
+cpu_per_io() {   # IOPS -> "user+sys" microseconds per I/O over the sampled span, or "-"
+    local iops=$1
+    if [ -z "$CPU0" ] || [ -z "$CPU1" ] || [ "$iops" = fail ] || [ "$iops" = 0 ]; then echo -; return; fi
+    awk -v a="$CPU0" -v b="$CPU1" -v t="$TICK" -v span="$CPU_SPAN" -v iops="$iops" 'BEGIN {
+        split(a, x, " "); split(b, y, " "); ios = iops * span
+        printf "%.2f+%.2f\n", (y[1] - x[1]) / t * 1e6 / ios, (y[2] - x[2]) / t * 1e6 / ios }'
 }
 
-our_run() {   # sec workload bytes qd -> IOPS (or "fail")
-    local sec=$1 w=$2 b=$3 q=$4 port=$PLAIN_PORT sub=$SUBNQN args=() out
+spdk_run() {   # sec workload bytes qd -> "IOPS CPU" (IOPS "fail" when it failed)
+    local sec=$1 w=$2 b=$3 q=$4 port=$PLAIN_PORT sub=$SUBNQN args=() iops
+    [ "$sec" = tls ] && { port=$TLS_PORT; sub=$SUBNQN_TLS; args=(-S ssl --psk-path "$KEYFILE"); }
+    # stdbuf: its progress goes to stdout, which is a file here (block-buffered without it).
+    run_sampled "Initialization complete" timeout -k 2 $((TIME + 15)) stdbuf -oL "$SPDK_PERF" --no-huge -s 512 -c "$((1 << ICORE))" \
+        -q "$q" -o "$b" -w "$w" -t "$TIME" \
+        -r "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$sub hostnqn:$HOSTNQN" "${args[@]}"
+    iops=$(awk -F: '/^[[:space:]]*Total[[:space:]]*:/ { split($2, a, " "); v = a[1] } END { if (v == "") print "fail"; else printf "%d\n", v }' "$WORK/run.out")
+    echo "$iops $(cpu_per_io "$iops")"
+}
+
+our_run() {   # sec workload bytes qd -> "IOPS CPU" (IOPS "fail" when it failed)
+    local sec=$1 w=$2 b=$3 q=$4 port=$PLAIN_PORT sub=$SUBNQN args=() out iops
     [ "$sec" = tls ] && { port=$TLS_PORT; sub=$SUBNQN_TLS; args=(--psk "$KEY" --psk-identity-version 0); }
-    out=$(timeout -k 2 $((TIME + 15)) "$BIN/perf" --trid "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$sub" \
+    run_sampled "run(s) per row" timeout -k 2 $((TIME + 15)) "$BIN/perf" \
+        --trid "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$sub" \
         --hostnqn "$HOSTNQN" --workload "$w" --io-size "$b" --qd "$q" --jobs 1 --time "${TIME}s" --warmup 0s --runs 1 \
-        --send-mode adaptive --cores "$ICORE" --json --quiet "${args[@]}" 2>&1) || true
-    if [[ "$out" =~ \"iops\":([0-9.]+) ]]; then echo "${BASH_REMATCH[1]%.*}"; else echo fail; fi
+        --send-mode adaptive --cores "$ICORE" --json "${args[@]}"
+    out=$(cat "$WORK/run.out")
+    if [[ "$out" =~ \"iops\":([0-9.]+) ]]; then iops=${BASH_REMATCH[1]%.*}; else iops=fail; fi
+    echo "$iops $(cpu_per_io "$iops")"
 }
 
 median() {   # values... (a "fail" makes the median "fail")
@@ -133,22 +182,27 @@ median() {   # values... (a "fail" makes the median "fail")
 }
 
 declare -A RUNS_OF   # [target/initiator/sec/cell] = the IOPS of each round, space-separated
+declare -A CPU_OF    # [target/initiator/sec/cell] = the CPU per I/O of each round ("user+sys" us), space-separated
 declare -A RESULT    # [target/initiator/sec/cell] = their median
 measure_cell() {   # spdk|ours round sec cell
     local tgt=$1 round=$2 sec=$3 cell=$4 w s q b a o
     IFS=: read -r w s q <<< "$cell"
     b=$(bytes "$s")
-    a=$(spdk_run "$sec" "$w" "$b" "$q")
-    o=$(our_run "$sec" "$w" "$b" "$q")
+    read -r a ac <<< "$(spdk_run "$sec" "$w" "$b" "$q")"
+    read -r o oc <<< "$(our_run "$sec" "$w" "$b" "$q")"
     RUNS_OF[$tgt/spdk/$sec/$cell]+="$a "
     RUNS_OF[$tgt/ours/$sec/$cell]+="$o "
-    say "round $round/$RUNS, $tgt target, $sec $w $s qd$q: spdk_nvme_perf $a, our perf $o"
+    CPU_OF[$tgt/spdk/$sec/$cell]+="$ac "
+    CPU_OF[$tgt/ours/$sec/$cell]+="$oc "
+    say "round $round/$RUNS, $tgt target, $sec $w $s qd$q: spdk_nvme_perf $a (CPU $ac us/IO), our perf $o (CPU $oc us/IO)"
 }
 with_target() {   # spdk|ours: start it (a fresh process)
     if [ "$1" = spdk ]; then start_spdk; else start_ours; fi
 }
 stop_target() { stop_pid "$TGT_PID"; TGT_PID=; }
 
+CPU_MODEL=$(awk -F: '/^model name/ { sub(/^[ \t]+/, "", $2); print $2; exit }' /proc/cpuinfo 2>/dev/null)
+say "machine: ${CPU_MODEL:-unknown CPU}, $(nproc) CPUs, Linux $(uname -r)"
 say "SPDK at $SPDK_DIR; ours from $BIN; target core $TCORE, initiator core $ICORE; ${RUNS} round(s) of ${TIME}s per initiator and cell"
 for round in $(seq "$RUNS"); do
     if [ "$ORDER" = cell ]; then
@@ -176,7 +230,7 @@ for k in "${!RUNS_OF[@]}"; do
     RESULT[$k]=$(median ${RUNS_OF[$k]})
 done
 
-# The median over the rounds of a/b within each round: paired_ratio "a1 a2 ..." "b1 b2 ..."
+# The ratio a/b within each round, over the rounds: paired_ratio "a1 a2 ..." "b1 b2 ..." -> "median (min-max)"
 paired_ratio() {
     local -a a b r=()
     local i
@@ -186,23 +240,57 @@ paired_ratio() {
         if [ "${a[$i]}" = fail ] || [ "${b[$i]:-fail}" = fail ] || [ "${b[$i]}" = 0 ]; then echo -; return; fi
         r+=("$(awk -v x="${a[$i]}" -v y="${b[$i]}" 'BEGIN { printf "%.4f", x / y }')")
     done
-    printf '%s\n' "${r[@]}" | sort -g | awk '{ v[NR] = $1 } END { printf "%.2f", v[int((NR + 1) / 2)] }'
+    printf '%s\n' "${r[@]}" | sort -g | awk '{ v[NR] = $1 } END { printf "%.2f (%.2f-%.2f)", v[int((NR + 1) / 2)], v[1], v[NR] }'
+}
+# The spread of one pairing's IOPS over the rounds: highest / lowest.
+spread() {
+    local v
+    for v in $1; do [ "$v" != fail ] && [ "$v" != 0 ] || { echo -; return; }; done
+    # shellcheck disable=SC2086 # the runs are space-separated on purpose
+    printf '%s\n' $1 | sort -n | awk '{ v[NR] = $1 } END { printf "%.2f", v[NR] / v[1] }'
+}
+# The median CPU per I/O over the rounds: "user+sys" values -> "total (user+sys)".
+cpu_median() {
+    local v
+    for v in $1; do [ "$v" != - ] || { echo -; return; }; done
+    # shellcheck disable=SC2086 # the runs are space-separated on purpose
+    printf '%s\n' $1 | awk -F+ '{ printf "%.4f %s %s\n", $1 + $2, $1, $2 }' | sort -g |
+        awk '{ t[NR] = $1; u[NR] = $2; s[NR] = $3 } END { m = int((NR + 1) / 2); printf "%.2f (%.2f+%.2f)", t[m], u[m], s[m] }'
 }
 echo
-echo "$PROG: median IOPS, 1 queue pair, loopback (initiator -> target)"
-printf '| %-5s | %-20s | %12s | %12s | %12s | %12s | %10s | %10s | %10s |\n' sec cell "spdk->spdk" "ours->spdk" "spdk->ours" "ours->ours" "init ratio" "tgt ratio" "ours/spdk"
-echo "|-------|----------------------|--------------|--------------|--------------|--------------|------------|------------|------------|"
+echo "$PROG: median IOPS over $RUNS round(s), 1 queue pair, loopback (initiator -> target); ${CPU_MODEL:-unknown CPU}"
+printf '| %-5s | %-18s | %11s | %11s | %11s | %11s | %-17s | %-17s | %-17s | %7s | %7s |\n' sec cell "A spdk>spdk" "B ours>spdk" "C spdk>ours" "D ours>ours" "B/A" "C/A" "D/A" "A hi/lo" "D hi/lo"
+echo "|-------|--------------------|-------------|-------------|-------------|-------------|-------------------|-------------------|-------------------|---------|---------|"
 for sec in "${SECURITY[@]}"; do
     for cell in "${CELLS[@]}"; do
-        ss=${RESULT[spdk/spdk/$sec/$cell]}; os=${RESULT[spdk/ours/$sec/$cell]}
-        so=${RESULT[ours/spdk/$sec/$cell]}; oo=${RESULT[ours/ours/$sec/$cell]}
         base=${RUNS_OF[spdk/spdk/$sec/$cell]}
-        printf '| %-5s | %-20s | %12s | %12s | %12s | %12s | %10s | %10s | %10s |\n' "$sec" "$cell" "$ss" "$os" "$so" "$oo" \
+        printf '| %-5s | %-18s | %11s | %11s | %11s | %11s | %-17s | %-17s | %-17s | %7s | %7s |\n' "$sec" "$cell" \
+            "${RESULT[spdk/spdk/$sec/$cell]}" "${RESULT[spdk/ours/$sec/$cell]}" \
+            "${RESULT[ours/spdk/$sec/$cell]}" "${RESULT[ours/ours/$sec/$cell]}" \
             "$(paired_ratio "${RUNS_OF[spdk/ours/$sec/$cell]}" "$base")" \
             "$(paired_ratio "${RUNS_OF[ours/spdk/$sec/$cell]}" "$base")" \
-            "$(paired_ratio "${RUNS_OF[ours/ours/$sec/$cell]}" "$base")"
+            "$(paired_ratio "${RUNS_OF[ours/ours/$sec/$cell]}" "$base")" \
+            "$(spread "$base")" "$(spread "${RUNS_OF[ours/ours/$sec/$cell]}")"
     done
 done
-echo "init ratio: our perf / spdk_nvme_perf against SPDK's target; tgt ratio: our target / SPDK's target with"
-echo "spdk_nvme_perf; ours/spdk: ours against ours over SPDK against SPDK. Each ratio is the median over the"
-echo "rounds of the ratio within a round; the IOPS columns are medians over the rounds."
+echo "A: spdk_nvme_perf against SPDK's nvmf_tgt, B: our perf against nvmf_tgt, C: spdk_nvme_perf against our"
+echo "target, D: our perf against our target. Each ratio is the median over the rounds of the ratio within a"
+echo "round, with its lowest and highest; the IOPS columns are medians over the rounds; hi/lo is a pairing's"
+echo "highest IOPS over its lowest."
+if [ "$CPU_SPAN" -gt 0 ]; then
+    echo
+    echo "$PROG: initiator CPU per I/O against SPDK's target, microseconds (user+system), median over the rounds"
+    printf '| %-5s | %-18s | %-22s | %-22s |\n' sec cell "spdk_nvme_perf" "our perf"
+    echo "|-------|--------------------|------------------------|------------------------|"
+    for sec in "${SECURITY[@]}"; do
+        for cell in "${CELLS[@]}"; do
+            printf '| %-5s | %-18s | %-22s | %-22s |\n' "$sec" "$cell" \
+                "$(cpu_median "${CPU_OF[spdk/spdk/$sec/$cell]}")" "$(cpu_median "${CPU_OF[spdk/ours/$sec/$cell]}")"
+        done
+    done
+    echo "Each initiator's threads' CPU time (/proc/PID/task/*/stat) over ${CPU_SPAN} s of its run, from ${CPU_FROM} s after"
+    echo "it started measuring, per I/O at the rate it reported. A polled initiator spins its core, so this"
+    echo "is near 1/IOPS; the split says how much went to the kernel."
+else
+    echo "(CPU per I/O needs BENCH_TIME of 3 s or more.)"
+fi
