@@ -480,6 +480,7 @@ fn run(args: Args) -> Result<(), String> {
     };
     let mut embedded_target = None;
     let mut pcie: Vec<nvpoll::trid::PciAddress> = Vec::new();
+    let mut machine_note: Option<String> = None;
     let targets: Vec<ConnectOptions> = if embedded {
         let tcores = match &args.target_cores {
             Some(c) => CoreList::parse(c).map_err(|e| format!("--target-cores: {e}"))?,
@@ -499,6 +500,13 @@ fn run(args: Args) -> Result<(), String> {
         let demo_key = ConfiguredKey::parse(DEMO_KEY).expect("the demo key parses");
         let target_key = key.clone().unwrap_or(demo_key);
         o = common::with_dhchap(o, dhchap_args(&args))?;
+        // Before anything spins there: what one cache line costs between the initiator's core and the
+        // target's, which decides loopback results on a VM and can change under it (nvpoll_tools::machine).
+        if let (Some(&i), Some(&t)) = (cores.cores().first(), tcores.cores().first()) {
+            if i != t {
+                machine_note = Some(nvpoll_tools::machine::describe_round_trip(i, t));
+            }
+        }
         // One controller per 1024 I/O queues (the target's limit per controller).
         let queues = jobs + args.idle_queues;
         let controllers = queues.div_ceil(1024);
@@ -573,7 +581,11 @@ fn run(args: Args) -> Result<(), String> {
         .start(&cores)
         .map_err(|e| format!("starting reactors: {e}"))?;
     let quiet = args.quiet || args.json;
-    let machine = format!("{} cores, initiator cores {cores}", CoreList::all().len());
+    let mut machine = format!("{} cores, initiator cores {cores}", CoreList::all().len());
+    if let Some(note) = &machine_note {
+        eprintln!("perf: machine: {note} (measured before the reactors started)");
+        machine.push_str(&format!("; {note}"));
+    }
     let workloads: Vec<loadgen::Workload> = if !args.workloads.is_empty() {
         args.workloads.iter().map(|&w| w.into()).collect()
     } else if embedded {

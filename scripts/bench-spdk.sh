@@ -196,6 +196,34 @@ measure_cell() {   # spdk|ours round sec cell
     CPU_OF[$tgt/ours/$sec/$cell]+="$oc "
     say "round $round/$RUNS, $tgt target, $sec $w $s qd$q: spdk_nvme_perf $a (CPU $ac us/IO), our perf $o (CPU $oc us/IO)"
 }
+# The cache-line round trip between the target's core and the initiator's (examples/core_rtt), measured
+# while nothing runs there: on a VM the hypervisor moves the virtual CPUs, and this round trip (70, 110 or
+# 500 ns on the development VM) moved our pair's 4 KiB qd128 reads between 1M and 0.5M IOPS (issue 47). It
+# is taken before each target starts and after the last stops, and printed with the round.
+rtt() {
+    local out
+    if [ -x "$BIN/core_rtt" ] && out=$("$BIN/core_rtt" "$TCORE" "$ICORE" --rounds 5000 2>/dev/null) &&
+        [[ "$out" =~ round\ trip\ ([0-9]+)\ ns ]]; then
+        echo "${BASH_REMATCH[1]}"
+    else
+        echo "?"
+    fi
+}
+declare -A RTT_OF   # [sec/cell] = each round's round trips, "r1a/r1b/r1c r2a/..."
+RTT_CHANGED=()      # "round N, sec cell: a/b/c ns" where the round trip moved by more than half within a cell
+note_rtt() {   # round sec cell "a b c"
+    local round=$1 sec=$2 cell=$3 v lo=0 hi=0 joined
+    read -r -a v <<< "$4"
+    joined=$(IFS=/; echo "${v[*]}")
+    RTT_OF[$sec/$cell]+="$joined "
+    for x in "${v[@]}"; do
+        [ "$x" != "?" ] || return 0
+        if [ "$lo" = 0 ] || [ "$x" -lt "$lo" ]; then lo=$x; fi
+        if [ "$x" -gt "$hi" ]; then hi=$x; fi
+    done
+    if [ $((hi * 2)) -gt $((lo * 3)) ]; then RTT_CHANGED+=("round $round, $sec $cell: $joined ns"); fi
+}
+
 with_target() {   # spdk|ours: start it (a fresh process)
     if [ "$1" = spdk ]; then start_spdk; else start_ours; fi
 }
@@ -208,11 +236,15 @@ for round in $(seq "$RUNS"); do
     if [ "$ORDER" = cell ]; then
         for sec in "${SECURITY[@]}"; do
             for cell in "${CELLS[@]}"; do
+                rtts=$(rtt)
                 for tgt in spdk ours; do
                     with_target "$tgt"
                     measure_cell "$tgt" "$round" "$sec" "$cell"
                     stop_target
+                    rtts+=" $(rtt)"
                 done
+                note_rtt "$round" "$sec" "$cell" "$rtts"
+                say "round $round/$RUNS, $sec $cell: core $TCORE <-> core $ICORE cache-line round trip ${rtts// //} ns (before, between, after the targets)"
             done
         done
     else
@@ -273,6 +305,20 @@ for sec in "${SECURITY[@]}"; do
             "$(spread "$base")" "$(spread "${RUNS_OF[ours/ours/$sec/$cell]}")"
     done
 done
+if [ "$ORDER" = cell ]; then
+    echo
+    echo "$PROG: core $TCORE <-> core $ICORE cache-line round trip (ns) around each cell, by round"
+    for sec in "${SECURITY[@]}"; do
+        for cell in "${CELLS[@]}"; do
+            printf '  %-5s %-18s %s\n' "$sec" "$cell" "${RTT_OF[$sec/$cell]}"
+        done
+    done
+    if [ "${#RTT_CHANGED[@]}" -gt 0 ]; then
+        echo "WARNING: the machine changed during these cells (the round trip moved by more than half): their four"
+        echo "runs did not all run on the same machine, and their ratios mix two machines:"
+        printf '  %s\n' "${RTT_CHANGED[@]}"
+    fi
+fi
 echo "A: spdk_nvme_perf against SPDK's nvmf_tgt, B: our perf against nvmf_tgt, C: spdk_nvme_perf against our"
 echo "target, D: our perf against our target. Each ratio is the median over the rounds of the ratio within a"
 echo "round, with its lowest and highest; the IOPS columns are medians over the rounds; hi/lo is a pairing's"

@@ -48,12 +48,13 @@ bytes() {   # 512 | 4k | 128k | 1m -> bytes
     esac
 }
 
-our_binaries() {   # sets BIN: NVPOLL_EXAMPLES_DIR, or a release build of our perf and target
+our_binaries() {   # sets BIN: NVPOLL_EXAMPLES_DIR, or a release build of our perf, target and core_rtt
     if [ -n "${NVPOLL_EXAMPLES_DIR:-}" ]; then
         BIN=$NVPOLL_EXAMPLES_DIR
     else
-        say "building our perf and target (release)"
-        (cd "$ROOT" && cargo build -q --release --example perf --example target) || die "the build failed"
+        say "building our perf, target and core_rtt (release)"
+        (cd "$ROOT" && cargo build -q --release --example perf --example target --example core_rtt) ||
+            die "the build failed"
         local meta
         meta=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps) || die "cargo metadata failed"
         [[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"

@@ -6,3 +6,4 @@
 
 pub mod loadgen;
 pub mod logging;
+pub mod machine;

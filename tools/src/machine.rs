@@ -1,0 +1,173 @@
+//! The machine under a benchmark: how long two cores take to pass a cache line back and forth.
+//!
+//! On loopback, every I/O moves its data and the PDUs around it from the target's core to the initiator's,
+//! so what one line costs to cross decides the result as much as either program does. On a VM it is not a
+//! constant: the hypervisor places the virtual CPUs on physical cores as it likes and moves them. On the
+//! 2-vCPU development VM (AMD EPYC), the round trip measured here was about 110 ns for minutes, then about
+//! 500 ns (and sometimes 70 ns: two hyperthreads of one core), and our perf against our target read 4 KiB at
+//! qd128 at 0.85-1.0M IOPS in the first state and 0.45-0.6M in the second, flipping with it from one run to
+//! the next (issue 47). A benchmark that does not say which machine it ran on compares two machines.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The line the two threads pass: alone in its cache line.
+#[repr(align(128))]
+struct Line(AtomicU32);
+
+/// Batches measured; the median one is reported (a batch a preemption hit is an outlier, not the machine).
+const BATCHES: usize = 5;
+
+/// The round trip of a cache line between cores `a` and `b`: one thread pinned to each, passing a flag back
+/// and forth `rounds` times in each of five batches; the median batch's mean round trip.
+///
+/// Run it while nothing else spins on those cores (a busy-polling reactor there shares its core with the
+/// measuring thread, and the result is the scheduler's time slice, not the machine). `a == b` measures
+/// two threads taking turns on one core.
+pub fn core_round_trip(a: usize, b: usize, rounds: u32) -> Result<Duration, String> {
+    if rounds == 0 {
+        return Err("the round trip needs at least one round".into());
+    }
+    let ids: Vec<usize> = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    for c in [a, b] {
+        if !ids.contains(&c) {
+            return Err(format!(
+                "core {c} is not among the cores this process may run on ({})",
+                list(&ids)
+            ));
+        }
+    }
+    let line = Arc::new(Line(AtomicU32::new(0)));
+    // Two threads on one core take turns only when the spinning one yields.
+    let same = a == b;
+    let wait = move || {
+        if same {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    };
+    let total = rounds as usize * BATCHES;
+    let echo = {
+        let line = Arc::clone(&line);
+        std::thread::Builder::new()
+            .name("core-rtt-echo".into())
+            .spawn(move || -> Result<(), String> {
+                if !core_affinity::set_for_current(core_affinity::CoreId { id: b }) {
+                    // Tell the other side, which waits for the first pass.
+                    line.0.store(u32::MAX, Ordering::Release);
+                    return Err(format!("could not pin a thread to core {b}"));
+                }
+                for _ in 0..total {
+                    loop {
+                        match line.0.load(Ordering::Acquire) {
+                            1 => break,
+                            u32::MAX => return Ok(()),
+                            _ => wait(),
+                        }
+                    }
+                    line.0.store(0, Ordering::Release);
+                }
+                Ok(())
+            })
+            .map_err(|e| format!("starting a thread: {e}"))?
+    };
+    let ping = {
+        let line = Arc::clone(&line);
+        std::thread::Builder::new()
+            .name("core-rtt-ping".into())
+            .spawn(move || -> Result<Vec<Duration>, String> {
+                if !core_affinity::set_for_current(core_affinity::CoreId { id: a }) {
+                    line.0.store(u32::MAX, Ordering::Release);
+                    return Err(format!("could not pin a thread to core {a}"));
+                }
+                let mut batches = Vec::with_capacity(BATCHES);
+                for _ in 0..BATCHES {
+                    let start = Instant::now();
+                    for _ in 0..rounds {
+                        if line
+                            .0
+                            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+                            .is_err()
+                        {
+                            // The echo thread gave up (u32::MAX).
+                            return Err("the other thread stopped".into());
+                        }
+                        loop {
+                            match line.0.load(Ordering::Acquire) {
+                                0 => break,
+                                u32::MAX => return Err("the other thread stopped".into()),
+                                _ => wait(),
+                            }
+                        }
+                    }
+                    batches.push(start.elapsed() / rounds);
+                }
+                Ok(batches)
+            })
+            .map_err(|e| format!("starting a thread: {e}"))?
+    };
+    let pinged = ping
+        .join()
+        .map_err(|_| "the measuring thread panicked".to_string())?;
+    if pinged.is_err() {
+        // Release the echo thread if it still waits.
+        line.0.store(u32::MAX, Ordering::Release);
+    }
+    let echoed = echo
+        .join()
+        .map_err(|_| "the echo thread panicked".to_string())?;
+    echoed?;
+    let mut batches = pinged?;
+    batches.sort();
+    Ok(batches[BATCHES / 2])
+}
+
+/// The round trip between `a` and `b` said in words for a report, or why it could not be measured.
+pub fn describe_round_trip(a: usize, b: usize) -> String {
+    match core_round_trip(a, b, 20_000) {
+        Ok(d) => format!(
+            "cores {a} and {b} pass a cache line back and forth in {} ns",
+            d.as_nanos()
+        ),
+        Err(e) => format!("cores {a} and {b}: round trip not measured ({e})"),
+    }
+}
+
+fn list(ids: &[usize]) -> String {
+    ids.iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measures_a_round_trip_between_two_cores_or_on_one() {
+        let ids: Vec<usize> = core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        let a = ids[0];
+        let b = *ids.last().unwrap();
+        let d = core_round_trip(a, b, 200).unwrap();
+        assert!(d > Duration::ZERO, "a round trip takes time");
+        assert!(d < Duration::from_secs(1), "{d:?}");
+    }
+
+    #[test]
+    fn refuses_a_core_it_may_not_use_and_zero_rounds() {
+        let e = core_round_trip(0, 100_000, 10).unwrap_err();
+        assert!(e.contains("core 100000 is not among"), "{e}");
+        assert!(core_round_trip(0, 0, 0).is_err());
+    }
+}
