@@ -443,6 +443,15 @@ fn authenticate(
     };
     let outcome = crate::dhchap::host::authenticate(auth, &opts.hostnqn, &opts.subnqn, qid, &mut t)
         .map_err(|e| match e {
+            // Linux nvmet (6.12 in the guest) may tear the controller down as soon as it has refused the host,
+            // before our Authentication Receive reads its AUTH_Failure1: the connection closes mid-transaction
+            // (vm-tests/26 and vm_dhchap_kernel, CI runs of 2026-12-06). Said as what it most likely is; a
+            // reconnect still retries it like any failed attempt.
+            crate::dhchap::host::HostAuthError::Transport(Error::Closed) => Error::Auth(format!(
+                "queue {qid}: the controller closed the connection during DH-HMAC-CHAP authentication: it \
+                 refused the host (Linux nvmet does so without AUTH_Failure1 when it has torn the controller \
+                 down) or failed"
+            )),
             crate::dhchap::host::HostAuthError::Transport(e) => e,
             e => Error::Auth(format!("queue {qid}: {e}")),
         })?;
@@ -1166,20 +1175,9 @@ impl TcpController {
         if self.state != CtrlState::Live {
             return Err(Error::Lost("the controller is reconnecting"));
         }
-        authenticate(&mut self.att.admin, &self.opts, &self.pool, AUTHREQ_ATR)
-            .map(|_| ())
-            .map_err(|e| match e {
-                // Linux nvmet (6.12 in the guest) may tear the controller down as soon as it has refused a
-                // re-authentication, before our Authentication Receive reads its AUTH_Failure1: the admin
-                // connection closes mid-transaction (vm_dhchap_kernel, a CI run of 2026-12-06).
-                Error::Closed => Error::Auth(
-                    "queue 0: the controller closed the connection during re-authentication: it refused the \
-                     host (Linux nvmet does so without AUTH_Failure1 when it has torn the controller down) or \
-                     failed; the controller is lost"
-                        .into(),
-                ),
-                e => e,
-            })
+        // A refusal that nvmet answers by closing the connection comes back as a DH-HMAC-CHAP error
+        // (`authenticate`); the controller is then lost and reconnects.
+        authenticate(&mut self.att.admin, &self.opts, &self.pool, AUTHREQ_ATR).map(|_| ())
     }
 
     /// Connects one more I/O queue pair of the given depth.

@@ -605,3 +605,69 @@ fn response_right_behind_its_r2t_still_gets_the_data_first() {
     assert_eq!(h2c[0], 0x06, "an H2CData PDU");
     assert_eq!(&h2c[24..], &want[..], "the data as the buffer held it");
 }
+
+/// Reads one PDU whole (common header, then the rest by PLEN).
+fn read_pdu(s: &mut std::net::TcpStream) -> Vec<u8> {
+    let mut ch = [0u8; 8];
+    s.read_exact(&mut ch).unwrap();
+    let plen = u32::from_le_bytes([ch[4], ch[5], ch[6], ch[7]]) as usize;
+    let mut rest = vec![0u8; plen - 8];
+    s.read_exact(&mut rest).unwrap();
+    let mut pdu = ch.to_vec();
+    pdu.extend_from_slice(&rest);
+    pdu
+}
+
+/// A controller that asks for DH-HMAC-CHAP in Connect's response, then closes the connection when the host
+/// starts it: what Linux nvmet does after refusing a host's response (it tears the controller down before
+/// the host reads AUTH_Failure1). The host must say it in words of authentication, not as a lost
+/// connection (vm-tests/26 saw "connection closed by peer").
+#[test]
+fn a_controller_that_closes_during_authentication_is_reported_as_an_authentication_failure() {
+    use nvpoll_tcp::dhchap::host::HostAuth;
+    use nvpoll_tcp::dhchap::Secret;
+    use nvpoll_tcp::host::{ConnectOptions, TcpController};
+
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut icreq = [0u8; 128];
+        s.read_exact(&mut icreq).unwrap();
+        s.write_all(&icresp(false)).unwrap();
+        let connect = read_pdu(&mut s);
+        assert_eq!(connect[0], 0x04, "a command capsule");
+        assert_eq!(connect[8], 0x7f, "Fabrics");
+        let cid = u16::from_le_bytes([connect[10], connect[11]]);
+        let mut resp = capsule_resp(cid, 0);
+        // CQE dword 0: AUTHREQ (bits 31:16) with ATR, an authentication transaction is required.
+        resp[8..12].copy_from_slice(&(1u32 << 17).to_le_bytes());
+        s.write_all(&resp).unwrap();
+        let auth = read_pdu(&mut s);
+        assert_eq!(
+            auth[8], 0x7f,
+            "the host starts authentication with a Fabrics command"
+        );
+        // Close without answering.
+    });
+    let pool = DmaPool::builder().class(4096, 16).build().unwrap();
+    let mut o = ConnectOptions::new(
+        addr,
+        "nqn.2016-06.io.spdk:cnode1",
+        "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001".to_string(),
+    );
+    o.dhchap = Some(HostAuth::new(
+        Secret::parse("DHHC-1:01:WulleCBkG4oCs0iIC3Cit9gBDCLWiZ9PNXuhqytWkBIZkvGy:").unwrap(),
+        None,
+    ));
+    o.timeout = Duration::from_secs(10);
+    let e = TcpController::connect(o, pool).expect_err("the controller closed the connection");
+    server.join().unwrap();
+    assert!(matches!(e, Error::Auth(_)), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("closed the connection during DH-HMAC-CHAP authentication")
+            && msg.contains("refused"),
+        "{msg}"
+    );
+}
