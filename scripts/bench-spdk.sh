@@ -185,7 +185,7 @@ declare -A RUNS_OF   # [target/initiator/sec/cell] = the IOPS of each round, spa
 declare -A CPU_OF    # [target/initiator/sec/cell] = the CPU per I/O of each round ("user+sys" us), space-separated
 declare -A RESULT    # [target/initiator/sec/cell] = their median
 measure_cell() {   # spdk|ours round sec cell
-    local tgt=$1 round=$2 sec=$3 cell=$4 w s q b a o
+    local tgt=$1 round=$2 sec=$3 cell=$4 w s q b a o ac oc
     IFS=: read -r w s q <<< "$cell"
     b=$(bytes "$s")
     read -r a ac <<< "$(spdk_run "$sec" "$w" "$b" "$q")"

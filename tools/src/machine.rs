@@ -29,16 +29,11 @@ pub fn core_round_trip(a: usize, b: usize, rounds: u32) -> Result<Duration, Stri
     if rounds == 0 {
         return Err("the round trip needs at least one round".into());
     }
-    let ids: Vec<usize> = core_affinity::get_core_ids()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|c| c.id)
-        .collect();
+    let all = nvpoll::reactor::CoreList::all();
     for c in [a, b] {
-        if !ids.contains(&c) {
+        if !all.cores().contains(&c) {
             return Err(format!(
-                "core {c} is not among the cores this process may run on ({})",
-                list(&ids)
+                "core {c} is not among the cores this process may run on ({all})"
             ));
         }
     }
@@ -139,26 +134,15 @@ pub fn describe_round_trip(a: usize, b: usize) -> String {
     }
 }
 
-fn list(ids: &[usize]) -> String {
-    ids.iter()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn measures_a_round_trip_between_two_cores_or_on_one() {
-        let ids: Vec<usize> = core_affinity::get_core_ids()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|c| c.id)
-            .collect();
-        let a = ids[0];
-        let b = *ids.last().unwrap();
+        let all = nvpoll::reactor::CoreList::all();
+        let a = all.cores()[0];
+        let b = *all.cores().last().unwrap();
         let d = core_round_trip(a, b, 200).unwrap();
         assert!(d > Duration::ZERO, "a round trip takes time");
         assert!(d < Duration::from_secs(1), "{d:?}");
