@@ -5,7 +5,8 @@
 //! - [`mem`]: pinned DMA memory from hugepages (or ordinary pages, with a warning), handed out as [`mem::DmaBuf`]s;
 //! - [`reactor`]: run-to-completion reactor threads, one pinned per core, with pollers, cross-core messages,
 //!   timed pollers and an end-of-iteration flush hook;
-//! - [`spec`]: NVMe data structures (SQE, CQE, status codes, Identify pages, controller registers);
+//! - [`spec`]: NVMe data structures (SQE, CQE, status codes, Identify pages, controller registers), the crate
+//!   `nvpoll-spec` re-exported;
 //! - [`api`]: the controller / namespace / queue-pair API that the transports (`nvpoll-tcp`, `nvpoll-pcie`)
 //!   implement and that an embedding storage engine uses;
 //! - [`trid`]: SPDK-style transport ID strings;
@@ -25,8 +26,10 @@ mod error;
 pub mod mem;
 pub mod reactor;
 pub mod send;
-pub mod spec;
 pub mod trid;
 pub mod units;
+
+/// NVMe data structures: the crate [`nvpoll_spec`], re-exported so that `nvpoll::spec::Sqe` names the same type.
+pub use nvpoll_spec as spec;
 
 pub use error::{BoxError, Error, ErrorClass, Result, TransportError};

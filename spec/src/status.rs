@@ -238,8 +238,8 @@ pub enum CommandKind {
 
 impl CommandKind {
     /// The kind of `sqe`, submitted on queue `qid` (0: the admin queue).
-    pub fn of(sqe: &crate::spec::Sqe, qid: u16) -> CommandKind {
-        use crate::spec::fabrics;
+    pub fn of(sqe: &crate::Sqe, qid: u16) -> CommandKind {
+        use crate::fabrics;
         if sqe.opcode == fabrics::FABRICS {
             match (sqe.nsid & 0xff) as u8 {
                 fabrics::AUTH_SEND | fabrics::AUTH_RECV => CommandKind::Authentication,
@@ -569,7 +569,7 @@ mod tests {
 
     #[test]
     fn the_kind_of_a_command() {
-        use crate::spec::{fabrics, Sqe};
+        use crate::{fabrics, Sqe};
         let mut sqe = Sqe {
             opcode: fabrics::FABRICS,
             nsid: u32::from(fabrics::CONNECT),

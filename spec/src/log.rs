@@ -407,12 +407,12 @@ pub enum AnaState {
     Optimized,
     /// Non-Optimized: works, but slower than an optimized path.
     NonOptimized,
-    /// Inaccessible: commands fail with [`crate::spec::Status::ANA_INACCESSIBLE`] until the state changes.
+    /// Inaccessible: commands fail with [`crate::Status::ANA_INACCESSIBLE`] until the state changes.
     Inaccessible,
     /// Persistent Loss: this path will not return.
     PersistentLoss,
     /// Change: in transition (at most ANATT seconds); commands fail with
-    /// [`crate::spec::Status::ANA_TRANSITION`].
+    /// [`crate::Status::ANA_TRANSITION`].
     Change,
 }
 
@@ -466,12 +466,12 @@ impl AnaState {
     }
 
     /// The status a command gets on a path in this state; `None` when it may run.
-    pub const fn refusal(self) -> Option<crate::spec::Status> {
+    pub const fn refusal(self) -> Option<crate::Status> {
         match self {
             AnaState::Optimized | AnaState::NonOptimized => None,
-            AnaState::Inaccessible => Some(crate::spec::Status::ANA_INACCESSIBLE),
-            AnaState::PersistentLoss => Some(crate::spec::Status::ANA_PERSISTENT_LOSS),
-            AnaState::Change => Some(crate::spec::Status::ANA_TRANSITION),
+            AnaState::Inaccessible => Some(crate::Status::ANA_INACCESSIBLE),
+            AnaState::PersistentLoss => Some(crate::Status::ANA_PERSISTENT_LOSS),
+            AnaState::Change => Some(crate::Status::ANA_TRANSITION),
         }
     }
 }
@@ -654,7 +654,7 @@ mod tests {
             entries: vec![
                 tcp_entry(
                     DiscoveryLogEntry::SUBTYPE_CURRENT_DISCOVERY,
-                    crate::spec::fabrics::DISCOVERY_NQN,
+                    crate::fabrics::DISCOVERY_NQN,
                 ),
                 DiscoveryLogEntry {
                     tsas: vec![DiscoveryLogEntry::TCP_SECTYPE_TLS13],
@@ -707,7 +707,7 @@ mod tests {
         let e = AsyncEvent {
             event_type: AsyncEvent::TYPE_NOTICE,
             info: AsyncEvent::NOTICE_NS_CHANGED,
-            log_page: crate::spec::log_page::CHANGED_NS,
+            log_page: crate::log_page::CHANGED_NS,
         };
         assert_eq!(e.to_dw0(), 0x0004_0002);
         assert_eq!(AsyncEvent::from_dw0(0xff04_0002), e);

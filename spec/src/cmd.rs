@@ -469,15 +469,15 @@ mod tests {
 
     #[test]
     fn admin_builders() {
-        let id = Sqe::identify(crate::spec::cns::CONTROLLER, 0).to_bytes();
+        let id = Sqe::identify(crate::cns::CONTROLLER, 0).to_bytes();
         assert_eq!((id[0], id[40]), (0x06, 0x01));
-        let lp = Sqe::get_log_page(crate::spec::log_page::DISCOVERY, 0, 3072, 0x1_0000_0400);
+        let lp = Sqe::get_log_page(crate::log_page::DISCOVERY, 0, 3072, 0x1_0000_0400);
         assert_eq!((lp.opcode, lp.cdw10, lp.cdw11), (0x02, 0x02ff_0070, 0));
         assert_eq!((lp.cdw12, lp.cdw13), (0x400, 1));
         let big = Sqe::get_log_page(0x02, u32::MAX, 0x40_0000, 0);
         assert_eq!((big.cdw10 >> 16, big.cdw11), (0xffff, 0xf));
         assert_eq!(Sqe::get_log_page(0x02, 0, 0, 0).cdw10 >> 16, 0);
-        let sf = Sqe::set_features(crate::spec::feature::NUMBER_OF_QUEUES, 0x0003_0003);
+        let sf = Sqe::set_features(crate::feature::NUMBER_OF_QUEUES, 0x0003_0003);
         assert_eq!((sf.opcode, sf.cdw10, sf.cdw11), (0x09, 0x07, 0x0003_0003));
         assert_eq!(Sqe::get_features(0x0f).cdw10, 0x0f);
         assert_eq!(Sqe::keep_alive().opcode, 0x18);

@@ -15,7 +15,7 @@ macro_rules! opcodes {
         pub fn name(opcode: u8) -> Option<&'static str> {
             match opcode {
                 $($id => Some($name),)*
-                crate::spec::fabrics::FABRICS => Some("Fabrics"),
+                crate::fabrics::FABRICS => Some("Fabrics"),
                 _ => None,
             }
         }
@@ -188,7 +188,7 @@ pub mod cns {
 pub mod log_page {
     /// Error Information.
     pub const ERROR: u8 = 0x01;
-    /// SMART / Health Information; see [`crate::spec::SmartLog`].
+    /// SMART / Health Information; see [`crate::SmartLog`].
     pub const SMART: u8 = 0x02;
     /// Firmware Slot Information.
     pub const FIRMWARE_SLOT: u8 = 0x03;
@@ -204,7 +204,7 @@ pub mod log_page {
     pub const TELEMETRY_CONTROLLER: u8 = 0x08;
     /// Asymmetric Namespace Access.
     pub const ANA: u8 = 0x0c;
-    /// Discovery (fabrics discovery controllers); see [`crate::spec::DiscoveryLog`].
+    /// Discovery (fabrics discovery controllers); see [`crate::DiscoveryLog`].
     pub const DISCOVERY: u8 = 0x70;
     /// Reservation Notification.
     pub const RESERVATION_NOTIFICATION: u8 = 0x80;

@@ -15,7 +15,7 @@
 //!
 //! # Example
 //! ```
-//! use nvpoll::spec::{cns, IdentifyController, Sqe, Status};
+//! use nvpoll_spec::{cns, IdentifyController, Sqe, Status};
 //!
 //! let sqe = Sqe::identify(cns::CONTROLLER, 0);
 //! assert_eq!(sqe.to_bytes()[40], 0x01);
@@ -23,6 +23,8 @@
 //! assert!(IdentifyController::parse(&[0u8; 100]).is_err());
 //! assert_eq!(Status::INVALID_FIELD.to_string(), "Invalid Field in Command (sct 0x0 sc 0x02)");
 //! ```
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod cmd;
 pub mod fabrics;
