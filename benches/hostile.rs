@@ -25,8 +25,7 @@
 //! The machine's load average is printed before and after: other work on the same cores moves the numbers.
 
 mod common;
-#[path = "../nvmf-target/tests/target_common/mod.rs"]
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::cell::RefCell;
 use std::collections::VecDeque;

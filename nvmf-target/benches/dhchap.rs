@@ -9,8 +9,7 @@
 //!    arithmetic on threads of its own, so the reactor keeps serving; on a machine with few cores those
 //!    threads and the hosts' own arithmetic still take CPU from it, which the numbers then show.
 
-#[path = "../tests/target_common/mod.rs"]
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::time::{Duration, Instant};
 

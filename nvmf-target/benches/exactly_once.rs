@@ -4,10 +4,8 @@
 //! round from a new seed (printed, so that a failure repeats with `NVPOLL_EXACTLY_ONCE_SEED=... cargo test
 //! -p nvpoll-target --test target_exactly_once`). Exits 1 at the first command answered twice or never.
 
-#[path = "../tests/exactly_once/mod.rs"]
-mod exactly_once;
-#[path = "../tests/target_common/mod.rs"]
-mod target_common;
+use nvpoll_testkit::exactly_once;
+use nvpoll_testkit::target as target_common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! namespace, states per listener, the ANA log page, the ANA change event, and I/O refused on a path whose
 //! group is not accessible while the other path serves it.
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::net::SocketAddr;
 

@@ -2,7 +2,7 @@
 //! initiator (plain, and over TLS with a key from a key file); every malformed file is refused with an error
 //! that names the field and its line, and never shows what a key file holds.
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;

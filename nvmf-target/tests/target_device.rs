@@ -2,7 +2,7 @@
 //! the backing controller is a second target of ours over NVMe/TCP, standing in for a PCIe SSD. What a host
 //! writes through the exporting target is on the backing namespace, and the other way round.
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! hostile hosts (a wrong transaction ID, a replayed Reply, one that stops mid-exchange); and
 //! re-authentication of a live controller with a key changed at run time.
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::time::{Duration, Instant};
 

@@ -1,8 +1,8 @@
 //! Every command gets exactly one answer: the stateful session fuzzer of `exactly_once` against the target,
 //! briefly (CI). `cargo bench -p nvpoll-target --bench exactly_once` runs it at length.
 
-mod exactly_once;
-mod target_common;
+use nvpoll_testkit::exactly_once;
+use nvpoll_testkit::target as target_common;
 
 use target_common::TestTarget;
 

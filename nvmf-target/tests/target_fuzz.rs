@@ -2,40 +2,14 @@
 //! ends the connection with a termination request or a close, never hits an internal error (a caught panic),
 //! and keeps serving. The generator is seeded, so a failure repeats.
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::time::Duration;
 
 use nvpoll::spec::{SglDescriptor, Sqe};
 use nvpoll_tcp::pdu::{self, Digests};
+use nvpoll_testkit::exactly_once::Rng;
 use target_common::{RawHost, Resp, TestTarget, NQN};
-
-/// xorshift64: small, seeded, good enough to pick fields.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// A value that is often interesting: 0, small, a boundary, or anything.
-    fn field(&mut self) -> u32 {
-        match self.below(6) {
-            0 => 0,
-            1 => self.below(16) as u32,
-            2 => u32::MAX - self.below(4) as u32,
-            3 => 1 << self.below(32),
-            _ => self.next() as u32,
-        }
-    }
-}
 
 /// A random command: a real opcode most of the time, fields that are often at their limits.
 fn random_sqe(rng: &mut Rng, cid: u16, io_queue: bool) -> (Sqe, Vec<u8>, u32) {
@@ -47,7 +21,7 @@ fn random_sqe(rng: &mut Rng, cid: u16, io_queue: bool) -> (Sqe, Vec<u8>, u32) {
     ];
     const IO: [u8; 8] = [0x00, 0x01, 0x02, 0x08, 0x09, 0x05, 0x7f, 0x04];
     let opcode = if rng.below(10) == 0 {
-        rng.next() as u8
+        rng.next_u64() as u8
     } else if io_queue {
         IO[rng.below(IO.len() as u64) as usize]
     } else {
@@ -84,10 +58,10 @@ fn random_sqe(rng: &mut Rng, cid: u16, io_queue: bool) -> (Sqe, Vec<u8>, u32) {
         3 => {
             let mut b = [0u8; 16];
             for x in b.iter_mut() {
-                *x = rng.next() as u8;
+                *x = rng.next_u64() as u8;
             }
             sqe.set_dptr_bytes(&b);
-            sqe.flags = rng.next() as u8;
+            sqe.flags = rng.next_u64() as u8;
             (Vec::new(), u32::MAX)
         }
         _ => (Vec::new(), 0),
@@ -123,7 +97,7 @@ fn well_formed_io(rng: &mut Rng, cid: u16) -> (Sqe, Vec<u8>, u32) {
     }
     sqe.cid = cid;
     let (data, xfer) = match sqe.opcode {
-        0x01 if len <= 8192 => (vec![rng.next() as u8; len as usize], 0),
+        0x01 if len <= 8192 => (vec![rng.next_u64() as u8; len as usize], 0),
         0x01 | 0x02 => (Vec::new(), len),
         _ => (Vec::new(), 0),
     };
@@ -224,17 +198,17 @@ fn random_pdus_after_connect() {
         assert!(cqe.status().is_success());
         // A valid-looking common header of a host PDU type with random flags, lengths and contents.
         let ty = [0x00u8, 0x02, 0x04, 0x06, 0x07, 0x04, 0x06][rng.below(7) as usize];
-        let hlen = [24u8, 72, 128, rng.next() as u8][rng.below(4) as usize];
+        let hlen = [24u8, 72, 128, rng.next_u64() as u8][rng.below(4) as usize];
         let plen = match rng.below(3) {
             0 => u32::from(hlen),
             1 => u32::from(hlen) + rng.below(9000) as u32,
             _ => rng.field(),
         };
-        let mut b = vec![ty, rng.below(16) as u8, hlen, rng.next() as u8];
+        let mut b = vec![ty, rng.below(16) as u8, hlen, rng.next_u64() as u8];
         b.extend_from_slice(&plen.to_le_bytes());
         let body = (plen as usize).saturating_sub(8).min(20_000);
         for _ in 0..body {
-            b.push(rng.next() as u8);
+            b.push(rng.next_u64() as u8);
         }
         io.send(&b);
         // The target answers, terminates, or waits for more; none of which may take it down.
@@ -266,20 +240,20 @@ fn vendor_opcode_with_psdt_10b_and_any_sgl_is_answered_once() {
             flags: 0x80 | 0x04,
             cid: 100 + i as u16,
             nsid: 0xe107_0b1c,
-            cdw2: rng.next() as u32,
-            cdw3: rng.next() as u32,
-            mptr: rng.next(),
-            cdw10: rng.next() as u32,
-            cdw11: rng.next() as u32,
-            cdw12: rng.next() as u32,
-            cdw13: rng.next() as u32,
-            cdw14: rng.next() as u32,
-            cdw15: rng.next() as u32,
+            cdw2: rng.next_u64() as u32,
+            cdw3: rng.next_u64() as u32,
+            mptr: rng.next_u64(),
+            cdw10: rng.next_u64() as u32,
+            cdw11: rng.next_u64() as u32,
+            cdw12: rng.next_u64() as u32,
+            cdw13: rng.next_u64() as u32,
+            cdw14: rng.next_u64() as u32,
+            cdw15: rng.next_u64() as u32,
             ..Default::default()
         };
         let mut dptr = [0u8; 16];
-        dptr[..8].copy_from_slice(&rng.next().to_le_bytes());
-        dptr[8..12].copy_from_slice(&(rng.next() as u32).to_le_bytes());
+        dptr[..8].copy_from_slice(&rng.next_u64().to_le_bytes());
+        dptr[8..12].copy_from_slice(&(rng.next_u64() as u32).to_le_bytes());
         dptr[15] = sgl_id;
         sqe.set_dptr_bytes(&dptr);
         let mut b = Vec::new();

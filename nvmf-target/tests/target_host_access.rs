@@ -1,7 +1,7 @@
 //! Host access control per subsystem: allowed hosts or any host, Connect refusals that name HOSTNQN and say
 //! why, a discovery log that lists only what the asking host may use, and the I/O queues a controller grants.
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use nvpoll::spec::{
     fabrics, feature, log_page, ConnectData, ConnectResponse, DiscoveryLog, InvalidParameter, Sqe,

@@ -2,7 +2,7 @@
 //! holds, duplicate command IDs, bad transfer tags, bad header digests, hosts that vanish. Each gets a C2HTermReq
 //! or a clean close, and the target keeps serving everyone else (checked with our initiator after each case).
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::io::Write;
 use std::net::TcpStream;

@@ -3,7 +3,7 @@
 //! boundary of both reactors, and every one must be handled within a bound; then both sides idle through
 //! several keep-alive periods, asleep, and the controller is still alive.
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! (in-capsule and R2T), with and without digests, several queues at once, write zeroes and flush, a file-backed
 //! namespace, and admin commands.
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::time::{Duration, Instant};
 

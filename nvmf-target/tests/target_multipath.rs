@@ -3,7 +3,7 @@
 //! moved to the other of two target processes (here: two targets sharing a file namespace) when one dies,
 //! only after the quiesce time. Nothing fails, nothing is lost, every block reads back as last written.
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

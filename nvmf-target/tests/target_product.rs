@@ -3,7 +3,7 @@
 //! that come and go with a Namespace Attribute Changed event, a subsystem removed under I/O) that the hosts of
 //! other subsystems never notice.
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! The target at the PDU level, driven by a scripted host: discovery, Connect rules, the CC/CSTS state machine,
 //! keep-alive enforcement, the C2H success optimization, NVMe statuses for bad commands, and data digests.
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! fence each other on a file namespace, the fenced host hears of it through an Asynchronous Event and the
 //! Reservation Notification log page, and the reservation survives a restart of the target (PTPL).
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use nvpoll::spec::{
     admin, feature, io as io_op, log_page, IdentifyController, IdentifyNamespace, Sqe, Status,

@@ -3,7 +3,7 @@
 //! at stop; and what the RPCs change is what our initiator sees (subsystems, hosts, namespaces, listeners,
 //! TLS keys), with no key ever in an answer.
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

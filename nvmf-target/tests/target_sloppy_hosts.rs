@@ -4,7 +4,7 @@
 //! protects data (a reused ID of a command still moving data ends the session), tolerant where it only costs a
 //! clean shutdown.
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use nvpoll::spec::{
     fabrics, reg, Cc, ConnectData, ConnectResponse, Csts, InvalidParameter, Sqe, Status,

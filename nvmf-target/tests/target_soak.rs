@@ -3,7 +3,7 @@
 //! before, and the process's memory stays flat. (Its throughput after such a soak is measured, side by side
 //! with a fresh target, by `cargo bench --bench soak`.)
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::net::TcpStream;
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 //! - `vm_check_pattern_from_env`: the same read-back check against a target started elsewhere; the script
 //!   scripts/vm-tests/20-kernel-initiator-vs-our-target.sh runs it with NVPOLL_TARGET_CHECK set.
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;

@@ -11,7 +11,7 @@
 //! - with tlshd in the guest (NVPOLL_VM_TLSHD), the kernel also connects over TLS to the subsystem that is only
 //!   on the TLS listener, and fio verifies there; without tlshd that part says it skips.
 
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::io::Write;
 use std::net::SocketAddr;

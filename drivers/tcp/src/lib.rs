@@ -9,6 +9,9 @@ pub mod host;
 pub mod multipath;
 pub mod pdu;
 pub mod queue;
-pub mod tls;
 
 pub use error::Error;
+
+/// TLS 1.3 with external PSKs: the crate [`nvpoll_tls`], re-exported so that `nvpoll_tcp::tls::Psk` names the
+/// same type.
+pub use nvpoll_tls as tls;

@@ -13,9 +13,8 @@
 //!
 //! Every wait is bounded; the only sleeps are the slowloris peers' pacing, which is the behaviour under test.
 
-#[path = "../../../nvmf-target/tests/target_common/mod.rs"]
-mod target_common;
-mod tls_common;
+use nvpoll_testkit::target as target_common;
+use nvpoll_testkit::tls as tls_common;
 
 use std::collections::HashSet;
 use std::io::{ErrorKind, Read, Write};

@@ -1,8 +1,7 @@
 //! The steady-state I/O path allocates nothing, on either side: our initiator and our target (in this process,
 //! on a reactor) exchange 4 KiB reads and writes, plain and with TLS, under a counting global allocator.
 
-#[path = "../../../nvmf-target/tests/target_common/mod.rs"]
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

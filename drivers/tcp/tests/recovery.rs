@@ -3,8 +3,7 @@
 //! once; a write completes successfully only if the target acknowledged it; with the retry policy nothing
 //! fails while the target comes back within ctrl-loss-tmo.
 
-#[path = "../../../nvmf-target/tests/target_common/mod.rs"]
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;

@@ -1,8 +1,7 @@
 //! Send modes: what each mode puts on the wire, and that no mode reorders, duplicates or loses a PDU, even when
 //! the peer stops reading and the socket pushes back.
 
-#[path = "../../../nvmf-target/tests/target_common/mod.rs"]
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

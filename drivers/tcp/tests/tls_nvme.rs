@@ -2,8 +2,7 @@
 //! verified, every queue behind the same identity; wrong keys and plaintext hosts refused with typed errors;
 //! the optional mode serves both; the discovery log says what the port requires.
 
-#[path = "../../../nvmf-target/tests/target_common/mod.rs"]
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::time::{Duration, Instant};
 

@@ -12,8 +12,7 @@
 //! TCP_NODELAY. Without `Conn::ack_partial` the reads here take 45 ms each, and the target's 4 KiB-record
 //! writes as long.
 
-#[path = "../../../nvmf-target/tests/target_common/mod.rs"]
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread;

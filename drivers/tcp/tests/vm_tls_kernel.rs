@@ -12,8 +12,7 @@
 //! (shared/notes/testing.md); the tests derive it with our key schedule and hand it to `keyctl` on stdin, so
 //! no key material reaches an argument list or a log.
 
-#[path = "../../../nvmf-target/tests/target_common/mod.rs"]
-mod target_common;
+use nvpoll_testkit::target as target_common;
 
 use std::io::Write;
 use std::process::Command;

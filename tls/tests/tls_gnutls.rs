@@ -7,12 +7,12 @@
 //! `gnutls-serv` has no option to bind one address: it listens on all of them for the test's duration,
 //! and the tests connect over 127.0.0.1 only.
 
-mod tls_common;
+use nvpoll_testkit::tls as tls_common;
 
 use std::io::Write;
 use std::process::Command;
 
-use nvpoll_tcp::tls::{
+use nvpoll_tls::{
     AlertDescription, CipherSuite, ClientConfig, ConfiguredKey, Derivation, Group, HashAlg,
     IdentityVersion, Psk, ServerConfig, Session, TlsError,
 };

@@ -3,7 +3,7 @@
 //! cases with the alert each one must produce (wrong PSK, unknown identity, tampered record, record
 //! overflow, out-of-order and truncated messages, and nothing accepted after a failure).
 
-use nvpoll_tcp::tls::{
+use nvpoll_tls::{
     AlertDescription, CipherSuite, ClientConfig, ConfiguredKey, Derivation, Group, Handshake,
     HandshakeState, HashAlg, IdentityVersion, Psk, ServerConfig, Session, TlsError, KEY_UPDATE_LEN,
     MAX_CIPHERTEXT,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM};
 use criterion::{Criterion, Throughput};
-use nvpoll_tcp::tls::{ClientConfig, Handshake, HashAlg, Psk, ServerConfig, Session};
+use nvpoll_tls::{ClientConfig, Handshake, HashAlg, Psk, ServerConfig, Session};
 
 const SIZES: [usize; 2] = [4096, 16384];
 

@@ -4,7 +4,7 @@
 //!
 //! Skipped with a message when `openssl` is missing.
 
-mod tls_common;
+use nvpoll_testkit::tls as tls_common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use nvpoll_tcp::tls::{
+use nvpoll_tls::{
     AlertDescription, CipherSuite, ClientConfig, ConfiguredKey, Derivation, Group, HashAlg,
     IdentityVersion, Psk, ServerConfig, TlsError,
 };
@@ -144,7 +144,7 @@ fn client_round_trip(
     identity: &str,
     psk: &Psk,
     extra: &[&str],
-) -> nvpoll_tcp::tls::Session {
+) -> nvpoll_tls::Session {
     let (server, port, _pa) = s_server(identity, psk, extra);
     let mut stream = connect(port);
     let (mut s, mut pending) = client_handshake(&mut stream, cfg)
@@ -305,7 +305,7 @@ fn server_round_trip(
     identity: &str,
     psk: &Psk,
     extra: &[&str],
-) -> nvpoll_tcp::tls::Session {
+) -> nvpoll_tls::Session {
     let (port, t) = accept_one(move |mut stream| {
         let (mut s, mut pending) = server_handshake(&mut stream, cfg)?;
         let mut plain = Vec::new();

@@ -38,7 +38,7 @@
 //! # Example
 //!
 //! ```
-//! use nvpoll_tcp::tls::{
+//! use nvpoll_tls::{
 //!     ClientConfig, ConfiguredKey, Derivation, Handshake, IdentityVersion, ServerConfig,
 //! };
 //!
@@ -80,6 +80,9 @@
 //! assert_eq!(plain.len(), 24 + 20000);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod client;
 mod common;

@@ -1,6 +1,5 @@
 //! What the target tests share: a target on its own reactor, a DMA pool for our initiator, and a raw host that
 //! speaks NVMe/TCP PDU by PDU (to script both good and hostile hosts).
-#![allow(dead_code)]
 
 pub mod kernel;
 

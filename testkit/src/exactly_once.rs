@@ -8,7 +8,6 @@
 //! commands; and at the end of a round, with every R2T answered, every command but the held Asynchronous
 //! Event Requests must have been answered. A queue the target ends (a termination request or a close) is
 //! counted and left: its outstanding commands are the transport's to fail. Seeded, so a failure repeats.
-#![allow(dead_code)]
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -18,13 +17,13 @@ use std::time::{Duration, Instant};
 use nvpoll::spec::{fabrics, ConnectData, DsmRange, SglDescriptor, Sqe};
 use nvpoll_tcp::pdu::{self, Digests};
 
-use crate::target_common::{Polled, RawHost, Resp, HOSTNQN, NQN, NS1_BYTES};
+use crate::target::{Polled, RawHost, Resp, HOSTNQN, NQN, NS1_BYTES};
 
 /// xorshift64.
 pub struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -32,7 +31,7 @@ impl Rng {
     }
 
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.next_u64() % n
     }
 
     /// Often 0, small, at a boundary, a power of two; else anything.
@@ -42,7 +41,7 @@ impl Rng {
             1 => self.below(16) as u32,
             2 => u32::MAX - self.below(4) as u32,
             3 => 1 << self.below(32),
-            _ => self.next() as u32,
+            _ => self.next_u64() as u32,
         }
     }
 }
@@ -333,7 +332,7 @@ fn random_command(rng: &mut Rng, cid: u16, io_queue: bool) -> (Sqe, Vec<u8>) {
         0x00, 0x01, 0x02, 0x08, 0x09, 0x05, 0x7f, 0x04, 0x0d, 0x0e, 0x11, 0x15, 0xdc, 0x80,
     ];
     let opcode = if rng.below(8) == 0 {
-        rng.next() as u8
+        rng.next_u64() as u8
     } else if io_queue {
         IO[rng.below(IO.len() as u64) as usize]
     } else {
@@ -364,13 +363,13 @@ fn random_command(rng: &mut Rng, cid: u16, io_queue: bool) -> (Sqe, Vec<u8>) {
         // this one): both end queues by design, leaving nothing to check.
         while matches!(sqe.nsid as u8, 0x00 | 0x08) {
             sqe.nsid =
-                rng.next() as u32 & !0xff | [0x01, 0x04, 0x05, 0x06, 0x7f][rng.below(5) as usize];
+                rng.next_u64() as u32 & !0xff | [0x01, 0x04, 0x05, 0x06, 0x7f][rng.below(5) as usize];
         }
     }
     let data = match rng.below(6) {
         0 => {
             let n = [16usize, 512, 1024, 4096, 100][rng.below(5) as usize];
-            let data = vec![rng.next() as u8; n];
+            let data = vec![rng.next_u64() as u8; n];
             sqe.set_sgl(&SglDescriptor::in_capsule(0, n as u32));
             data
         }
@@ -383,7 +382,7 @@ fn random_command(rng: &mut Rng, cid: u16, io_queue: bool) -> (Sqe, Vec<u8>) {
             // Any descriptor at all, any PSDT.
             let mut b = [0u8; 16];
             for x in b.iter_mut() {
-                *x = rng.next() as u8;
+                *x = rng.next_u64() as u8;
             }
             sqe.set_dptr_bytes(&b);
             Vec::new()
@@ -395,7 +394,7 @@ fn random_command(rng: &mut Rng, cid: u16, io_queue: bool) -> (Sqe, Vec<u8>) {
     };
     // Reserved flag bits, FUSE and PSDT now and then.
     if rng.below(4) == 0 {
-        sqe.flags = rng.next() as u8;
+        sqe.flags = rng.next_u64() as u8;
     }
     (sqe, data)
 }
@@ -428,7 +427,7 @@ fn well_formed_io(rng: &mut Rng, cid: u16) -> (Sqe, Vec<u8>) {
     }
     sqe.cid = cid;
     let data = match sqe.opcode {
-        0x01 if len <= 4096 && rng.below(2) == 0 => vec![rng.next() as u8; len as usize],
+        0x01 if len <= 4096 && rng.below(2) == 0 => vec![rng.next_u64() as u8; len as usize],
         0x09 => {
             let n = (sqe.cdw10 & 0xff) as u64 + 1;
             let data: Vec<u8> = (0..n)

@@ -1,6 +1,5 @@
 //! Helpers for the TLS tests: peers as child processes (ended by PID on drop), ports polled with a
 //! deadline, and blocking drivers for our sans-IO handshake and session over a TcpStream.
-#![allow(dead_code)]
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
@@ -10,7 +9,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use nvpoll_tcp::tls::{ClientConfig, Handshake, ServerConfig, Session, TlsError};
+use nvpoll_tls::{ClientConfig, Handshake, ServerConfig, Session, TlsError};
 
 /// Bound for any one step of a test (spawn to listen, handshake, a reply).
 pub const STEP: Duration = Duration::from_secs(15);
