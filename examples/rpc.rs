@@ -17,8 +17,8 @@ use nvpoll_target::rpc::RpcClient;
 /// nvpoll target control: calls one JSON-RPC method on a running target's control socket and prints the result.
 ///
 /// The target serves the socket when started with --rpc-socket PATH. `rpc_get_methods` lists the methods;
-/// the README describes each. A JSON-RPC error is printed on stderr, with exit status 1; a socket that cannot
-/// be reached gives exit status 2.
+/// docs/target.md describes the socket and nvmf-target/src/rpc.rs each method. A JSON-RPC error is printed
+/// on stderr, with exit status 1; a socket that cannot be reached gives exit status 2.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {

@@ -33,7 +33,7 @@ use nvpoll_target::{
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// A JSON configuration file: listeners, defaults and subsystems (see the README). The flags that describe
+    /// A JSON configuration file: listeners, defaults and subsystems (see docs/target.md). The flags that describe
     /// the subsystem or the first listener (--nqn, --ram, --file, --pcie, --psk, --tls, --listen, ...) must
     /// then not be given.
     #[arg(long, value_name = "FILE")]
@@ -441,8 +441,8 @@ fn redact(arg: &str) -> String {
 }
 
 /// Says, once at start, when the system's TCP congestion control is BBR: on paths of microseconds (loopback,
-/// one rack) its window holds a few segments, and this target's reads measured at half speed or less (see the
-/// README's Large I/O section). The choice stays the system's unless --tcp-congestion is given.
+/// one rack) its window holds a few segments, and this target's reads measured at half speed or less (see
+/// docs/performance.md, Large I/O). The choice stays the system's unless --tcp-congestion is given.
 fn congestion_notice() {
     let path = "/proc/sys/net/ipv4/tcp_congestion_control";
     if let Ok(cc) = std::fs::read_to_string(path) {

@@ -1,7 +1,7 @@
 //! Pinned DMA memory, handed out as fixed-size buffers from a preallocated pool.
 //!
 //! A [`DmaPool`] maps all of its memory once, at creation: 2 MiB hugepages when they are reserved (see
-//! `hugepages.md`), ordinary 4 KiB pages otherwise, with one warning line on stderr per process. The memory is
+//! `docs/hugepages.md`), ordinary 4 KiB pages otherwise, with one warning line on stderr per process. The memory is
 //! mlock'ed and carved into size classes of power-of-two buffers (4 KiB and up), each with a lock-free free list.
 //! [`DmaPool::alloc`] pops a buffer from the smallest class that fits, and dropping the [`DmaBuf`] pushes it back:
 //! nothing is allocated or locked on the I/O path, and an exhausted class is an [`Error::Memory`], never a wait.
@@ -382,7 +382,7 @@ impl Mapping {
                         .map_or_else(|_| "unknown".to_string(), |s| s.available().to_string());
                     if mode == HugepageMode::Require {
                         return Err(Error::Memory(format!(
-                            "cannot map {pages} hugepages of 2 MiB ({free} available): {e}; see hugepages.md"
+                            "cannot map {pages} hugepages of 2 MiB ({free} available): {e}; see docs/hugepages.md"
                         )));
                     }
                     warn_once(
@@ -390,7 +390,7 @@ impl Mapping {
                         &format!(
                             "no 2 MiB hugepages for DMA memory ({pages} needed, {free} available: {e}); \
                              using ordinary 4 KiB pages (reserve some with `sysctl vm.nr_hugepages=N`, \
-                             see hugepages.md)"
+                             see docs/hugepages.md)"
                         ),
                     );
                 }

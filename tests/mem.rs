@@ -324,7 +324,7 @@ fn hugepages_are_used_when_reserved() {
     if reserved.available() < 2 {
         eprintln!(
             "SKIPPED hugepages_are_used_when_reserved: the kernel found only {} free 2 MiB pages \
-             (memory too fragmented; see hugepages.md)",
+             (memory too fragmented; see docs/hugepages.md)",
             reserved.available()
         );
         return;

@@ -93,7 +93,7 @@ pub enum Error {
         source: io::Error,
     },
     /// `VFIO_IOMMU_MAP_DMA` failed.
-    #[error("VFIO_IOMMU_MAP_DMA of {len:#x} bytes at IOVA {iova:#x}: {source} (out of locked memory? see `ulimit -l` and hugepages.md)")]
+    #[error("VFIO_IOMMU_MAP_DMA of {len:#x} bytes at IOVA {iova:#x}: {source} (out of locked memory? see `ulimit -l` and docs/hugepages.md)")]
     MapDma {
         /// The IOVA asked for.
         iova: u64,

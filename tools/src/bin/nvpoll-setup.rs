@@ -405,7 +405,7 @@ fn hugepages(count: u64, node: Option<u32>, size: &str) -> Result<(), String> {
             }
             _ => format!(
                 "this kernel or CPU has no {size} hugepages ({dir} is missing); 1 GiB pages need the pdpe1gb \
-                 CPU flag. See hugepages.md"
+                 CPU flag. See docs/hugepages.md"
             ),
         });
     }
@@ -433,7 +433,7 @@ fn hugepages(count: u64, node: Option<u32>, size: &str) -> Result<(), String> {
         println!(
             "It could not find {} more: memory is too fragmented (or too small) for that many contiguous pages \
              now. Free some memory and retry, run `echo 1 > /proc/sys/vm/compact_memory` first, or reserve them \
-             at boot with the kernel parameter {}. See hugepages.md (\"When the kernel cannot find them\").",
+             at boot with the kernel parameter {}. See docs/hugepages.md (\"When the kernel cannot find them\").",
             count - got,
             if kb == 2048 {
                 format!("hugepages={count}")
