@@ -5,8 +5,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nvpoll_tcp::dhchap::controller::{ControllerAuth, Policy, ReceiveOutcome, SendOutcome};
-use nvpoll_tcp::dhchap::{DhGroup, Message, Secret};
+use nvpoll_wire::dhchap::controller::{ControllerAuth, Policy, ReceiveOutcome, SendOutcome};
+use nvpoll_wire::dhchap::{DhGroup, Message, Secret};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(m) = Message::parse(data) {

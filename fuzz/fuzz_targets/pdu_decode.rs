@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nvpoll_tcp::pdu::{self, DecodeConfig, Decoded, Digests, Direction};
+use nvpoll_wire::pdu::{self, DecodeConfig, Decoded, Digests, Direction};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, bytes)) = data.split_first() else { return };

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nvpoll_tcp::tls::{
+use nvpoll_tls::{
     ClientConfig, Group, Handshake, HandshakeState, HashAlg, Psk, ServerConfig,
 };
 

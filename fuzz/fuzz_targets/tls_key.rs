@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nvpoll_tcp::tls::{ConfiguredKey, Derivation, IdentityVersion, ParsedIdentity};
+use nvpoll_tls::{ConfiguredKey, Derivation, IdentityVersion, ParsedIdentity};
 
 fuzz_target!(|data: &[u8]| {
     let _ = ParsedIdentity::parse(data);

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nvpoll_tcp::tls::{ClientConfig, Handshake, HashAlg, Psk, ServerConfig, Session, TlsError};
+use nvpoll_tls::{ClientConfig, Handshake, HashAlg, Psk, ServerConfig, Session, TlsError};
 
 const ID: &str = "NVMe0R01 nqn.fuzz-host nqn.fuzz-subsys";
 

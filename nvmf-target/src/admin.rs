@@ -18,7 +18,7 @@ use crate::discovery;
 use crate::handler::{Ctx, Queue, Reply};
 use crate::shared::{Listener, TargetShared};
 use crate::subsystem::{Kind, Subsystem, ANA_GROUP_MAX, MAX_NAMESPACES};
-use nvpoll_tcp::tls::ParsedIdentity;
+use nvpoll_tls::ParsedIdentity;
 
 /// The version we report: 1.3, so that Linux asks for namespace descriptors but not for the 2.0-only Identify
 /// structures.

@@ -59,8 +59,8 @@ use crate::subsystem::{
     Backing, HostAccess, HostKey, Limits, NamespaceConfig, SubsystemConfig, SubsystemLimits,
     DISCOVERY_NQN, MAX_NAMESPACES, MAX_NQN_LEN,
 };
-use nvpoll_tcp::tls::{ConfiguredKey, KeyError};
-use nvpoll_tcp::Error;
+use nvpoll_tls::{ConfiguredKey, KeyError};
+use nvpoll_wire::Error;
 
 /// Opens the namespace of a local NVMe controller given by its PCI address (`pcie` in a namespace object).
 /// The target cannot open one itself: the program supplies this (examples/target.rs uses nvpoll-pcie), or
@@ -690,7 +690,7 @@ fn subsystem(
             });
         }
         let secret = |field: &str, v: &str| {
-            nvpoll_tcp::dhchap::Secret::parse(v)
+            nvpoll_wire::dhchap::Secret::parse(v)
                 .map_err(|e| Problem::new(hat.key(field), e.to_string()))
         };
         match (&h.dhchap_key, &h.dhchap_ctrl_key) {
@@ -718,7 +718,7 @@ fn subsystem(
     }
     if let Some(list) = &doc.dhchap_hashes {
         for (i, n) in list.iter().enumerate() {
-            let h = nvpoll_tcp::dhchap::Hash::from_name(n)
+            let h = nvpoll_wire::dhchap::Hash::from_name(n)
                 .map_err(|e| Problem::new(at.key("dhchap_hashes").index(i), e.to_string()))?;
             cfg.dhchap.hashes.push(h);
         }
@@ -731,7 +731,7 @@ fn subsystem(
     }
     if let Some(list) = &doc.dhchap_dhgroups {
         for (i, n) in list.iter().enumerate() {
-            let g = nvpoll_tcp::dhchap::DhGroup::from_name(n)
+            let g = nvpoll_wire::dhchap::DhGroup::from_name(n)
                 .map_err(|e| Problem::new(at.key("dhchap_dhgroups").index(i), e.to_string()))?;
             cfg.dhchap.groups.push(g);
         }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use nvpoll_tcp::pdu::Digests;
+use nvpoll_wire::pdu::Digests;
 
 /// Something that happened on the target, for logging.
 #[derive(Clone, Copy, Debug)]

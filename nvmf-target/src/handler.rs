@@ -118,7 +118,7 @@ pub(crate) struct Queue {
     ana_gen: u64,
     /// In-band authentication, for a host with DH-HMAC-CHAP keys on the subsystem: until it succeeds only
     /// Authentication Send and Receive run.
-    pub auth: Option<Box<nvpoll_tcp::dhchap::controller::ControllerAuth>>,
+    pub auth: Option<Box<nvpoll_wire::dhchap::controller::ControllerAuth>>,
     /// When the host's next authentication message must have come.
     pub auth_deadline: Option<std::time::Instant>,
     /// The time a host has for each step of a DH-HMAC-CHAP transaction: twice the controller's keep-alive
@@ -141,7 +141,7 @@ impl Queue {
         let ns = queue_refs(&table);
         let (ana, ana_gen) = subsys.ana_view(ctrl.listener);
         let auth = subsys.dhchap_policy(&ctrl.hostnqn).map(|p| {
-            Box::new(nvpoll_tcp::dhchap::controller::ControllerAuth::new(
+            Box::new(nvpoll_wire::dhchap::controller::ControllerAuth::new(
                 &ctrl.hostnqn,
                 &subsys.nqn,
                 p,

@@ -10,7 +10,7 @@ use nvpoll::send::SendMode;
 
 use crate::events::{EventHook, TargetEvent};
 use crate::subsystem::{self, HostKey, SubsystemConfig};
-use nvpoll_tcp::Error;
+use nvpoll_wire::Error;
 
 /// Whether a listener speaks TLS.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -124,7 +124,7 @@ impl TargetTls {
     /// each of `subnqns`, the v0 and v1 identities derived from that host's key (RFC 8446 derivation).
     pub fn with_host_keys(
         required: bool,
-        keys: &[(String, nvpoll_tcp::tls::ConfiguredKey)],
+        keys: &[(String, nvpoll_tls::ConfiguredKey)],
         subnqns: &[String],
     ) -> TargetTls {
         TargetTls {
@@ -211,7 +211,7 @@ impl TargetConfig {
 
     pub(crate) fn limits(&self) -> Result<Limits, Error> {
         let bad = |what: String| Err(Error::InvalidArgument(what));
-        if self.maxh2cdata < nvpoll_tcp::pdu::MIN_MAXH2CDATA
+        if self.maxh2cdata < nvpoll_wire::pdu::MIN_MAXH2CDATA
             || self.maxh2cdata % 4 != 0
             || self.maxh2cdata > 16 << 20
         {

@@ -39,7 +39,7 @@
 //!
 //! # Example
 //! ```no_run
-//! # fn demo(handle: nvpoll_target::TargetHandle) -> Result<(), nvpoll_tcp::Error> {
+//! # fn demo(handle: nvpoll_target::TargetHandle) -> Result<(), nvpoll_wire::Error> {
 //! use std::path::Path;
 //! use nvpoll_target::rpc::{self, serde_json::json, RpcClient, ServeOptions};
 //!
@@ -72,7 +72,7 @@ use crate::config::{self, Address, Parsed, PcieResolver};
 use crate::options::{ListenerConfig, TlsMode};
 use crate::server::{SubsystemInfo, TargetHandle};
 use crate::subsystem::{HostAccess, HostKey};
-use nvpoll_tcp::Error;
+use nvpoll_wire::Error;
 
 /// JSON-RPC: the stream is not valid JSON.
 pub const PARSE_ERROR: i64 = -32700;
@@ -825,7 +825,7 @@ impl Shared {
                 let p: DhchapKeyParams = params(&p)?;
                 check_host(&p.host)?;
                 let secret = |field: &str, v: &str| {
-                    nvpoll_tcp::dhchap::Secret::parse(v)
+                    nvpoll_wire::dhchap::Secret::parse(v)
                         .map_err(|e| RpcError::params(format!("{field}: {e}")))
                 };
                 let key = crate::DhchapKey {
@@ -863,13 +863,13 @@ impl Shared {
                 let mut policy = crate::DhchapPolicy::default();
                 for n in &p.hashes {
                     policy.hashes.push(
-                        nvpoll_tcp::dhchap::Hash::from_name(n)
+                        nvpoll_wire::dhchap::Hash::from_name(n)
                             .map_err(|e| RpcError::params(format!("hashes: {e}")))?,
                     );
                 }
                 for n in &p.dhgroups {
                     policy.groups.push(
-                        nvpoll_tcp::dhchap::DhGroup::from_name(n)
+                        nvpoll_wire::dhchap::DhGroup::from_name(n)
                             .map_err(|e| RpcError::params(format!("dhgroups: {e}")))?,
                     );
                 }

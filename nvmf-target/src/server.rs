@@ -21,7 +21,7 @@ use crate::shared::{mode_to_u8, Listener, Registry, TargetCounters, TargetShared
 use crate::subsystem::{
     self, lock, AnaSetting, HostAccess, HostKey, NamespaceConfig, Subsystem, SubsystemConfig,
 };
-use nvpoll_tcp::Error;
+use nvpoll_wire::Error;
 
 /// A bound target, not serving yet.
 pub struct Target {
@@ -74,7 +74,7 @@ impl Target {
             stop: AtomicBool::new(false),
             events: config.events,
             send_mode: AtomicU8::new(mode_to_u8(config.send_mode)),
-            tls_server: nvpoll_tcp::tls::ServerConfig::new(move |id| lookup.psk_for(id)),
+            tls_server: nvpoll_tls::ServerConfig::new(move |id| lookup.psk_for(id)),
             wakers: std::sync::OnceLock::new(),
             tcp_congestion: config.tcp_congestion,
         });

@@ -32,10 +32,10 @@ use crate::options::TlsMode;
 use crate::shared::SessionStats;
 use crate::shared::{Listener, TargetShared};
 use crate::store::{FlushStatus, FlushTicket};
-use nvpoll_tcp::conn::{Conn, DIRECT_SEND_MIN};
-use nvpoll_tcp::dhchap::{self, controller::Computed};
-use nvpoll_tcp::pdu::{self, Decoded, Digests, Fes, Pdu, PduError};
-use nvpoll_tcp::Error;
+use nvpoll_wire::conn::{Conn, DIRECT_SEND_MIN};
+use nvpoll_wire::dhchap::{self, controller::Computed};
+use nvpoll_wire::pdu::{self, Decoded, Digests, Fes, Pdu, PduError};
+use nvpoll_wire::Error;
 
 /// Above this many unsent bytes the session stops reading new PDUs until the peer drains its socket.
 const TX_HIGH_WATER: usize = 4 << 20;
@@ -166,7 +166,7 @@ pub(crate) struct Session {
     /// When responses leave; refreshed from the target's setting at every poll.
     policy: SendPolicy,
     /// The TLS handshake while [`Phase::Tls`] runs, and the bytes it has not consumed yet.
-    tls_hs: Option<nvpoll_tcp::tls::Handshake>,
+    tls_hs: Option<nvpoll_tls::Handshake>,
     tls_inb: Vec<u8>,
     queue: Option<Queue>,
     slots: Vec<Slot>,
@@ -400,7 +400,7 @@ impl Session {
             match self.conn.peek_first_byte() {
                 Ok(None) => return Progress::Idle,
                 Ok(Some(0x16)) => {
-                    self.tls_hs = Some(nvpoll_tcp::tls::Handshake::server(
+                    self.tls_hs = Some(nvpoll_tls::Handshake::server(
                         self.target.tls_server.clone(),
                     ));
                     self.phase = Phase::Tls;

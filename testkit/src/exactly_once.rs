@@ -362,8 +362,8 @@ fn random_command(rng: &mut Rng, cid: u16, io_queue: bool) -> (Sqe, Vec<u8>) {
         // Not Property Set (it may disable the controller, which ends its queues) nor Disconnect (which ends
         // this one): both end queues by design, leaving nothing to check.
         while matches!(sqe.nsid as u8, 0x00 | 0x08) {
-            sqe.nsid =
-                rng.next_u64() as u32 & !0xff | [0x01, 0x04, 0x05, 0x06, 0x7f][rng.below(5) as usize];
+            sqe.nsid = rng.next_u64() as u32 & !0xff
+                | [0x01, 0x04, 0x05, 0x06, 0x7f][rng.below(5) as usize];
         }
     }
     let data = match rng.below(6) {

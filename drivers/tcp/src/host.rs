@@ -316,7 +316,7 @@ fn fabrics_connect_auth(
         else {
             unreachable!("a completion with an error status is a rejection");
         };
-        return Err(Error::Refused(Box::new(crate::error::ConnectRefusal {
+        return Err(Error::Refused(Box::new(crate::ConnectRefusal {
             status,
             invalid,
             qid: q.qid(),

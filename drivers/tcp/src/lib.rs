@@ -1,16 +1,15 @@
-//! NVMe/TCP host for nvpoll: PDUs, TLS 1.3 PSK, the connection and the initiator (the target is crate nvpoll-target).
+//! The NVMe/TCP host of nvpoll: the controller and its queue pairs ([`host`], [`queue`]), and multipath with
+//! ANA ([`multipath`]), on the wire layer `nvpoll-wire` (PDUs, the connection, DH-HMAC-CHAP) and
+//! `nvpoll-tls`, which it re-exports for its users. The target, crate `nvpoll-target`, sits on the same
+//! wire layer, not on this crate.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-pub mod conn;
-pub mod dhchap;
-mod error;
 pub mod host;
 pub mod multipath;
-pub mod pdu;
 pub mod queue;
 
-pub use error::Error;
+pub use nvpoll_wire::{conn, dhchap, pdu, ConnectRefusal, Error};
 
 /// TLS 1.3 with external PSKs: the crate [`nvpoll_tls`], re-exported so that `nvpoll_tcp::tls::Psk` names the
 /// same type.

@@ -1,7 +1,7 @@
 //! Tests of the NVMe/TCP PDU codec: spec layouts byte by byte, round trips, streaming, malformed input.
 
 use nvpoll::spec::{Cqe, Sqe};
-use nvpoll_tcp::pdu::*;
+use nvpoll_wire::pdu::*;
 use proptest::prelude::*;
 
 const BIG: u32 = 1 << 20;

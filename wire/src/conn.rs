@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use crate::tls::{Handshake, Session};
 use crate::Error;
+use nvpoll_tls::{Handshake, Session};
 
 /// Counters of one connection; cheap to copy and print.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -129,8 +129,9 @@ impl Conn {
         set_congestion(&self.stream, name)
     }
 
-    /// Moves the buffers into new allocations of the calling thread (see `HostQueue::rehome`).
-    pub(crate) fn rehome(&mut self) {
+    /// Moves the buffers into new allocations of the calling thread, for a connection that has moved to the
+    /// reactor that will own it (so that its memory is that thread's, see `nvpoll::mem::rehome_vec`).
+    pub fn rehome(&mut self) {
         nvpoll::mem::rehome_vec(&mut self.tx);
         nvpoll::mem::rehome_vec(&mut self.rx);
         if let Some(old) = self.tls.take() {
@@ -383,7 +384,7 @@ impl Conn {
         let total: usize = plain.iter().map(|p| p.len()).sum();
         ensure_len(
             &mut tls.out,
-            crate::tls::KEY_UPDATE_LEN + Session::sealed_len(total),
+            nvpoll_tls::KEY_UPDATE_LEN + Session::sealed_len(total),
         );
         let (records, written) = tls.session.seal_to_slice(plain, &mut tls.out)?;
         tls.out_end = written;
@@ -423,7 +424,7 @@ impl Conn {
                 let plain = &self.tx[self.tx_sent..];
                 ensure_len(
                     &mut tls.out,
-                    tls.out_end + crate::tls::KEY_UPDATE_LEN + Session::sealed_len(plain.len()),
+                    tls.out_end + nvpoll_tls::KEY_UPDATE_LEN + Session::sealed_len(plain.len()),
                 );
                 let (records, written) = tls
                     .session
@@ -597,7 +598,7 @@ impl Conn {
         let mut used = tls.inb_start;
         while used < tls.inb_end {
             // Decrypt straight into the receive buffer, after the data not yet consumed.
-            let room = (tls.inb_end - used).min(crate::tls::MAX_CIPHERTEXT + 512);
+            let room = (tls.inb_end - used).min(nvpoll_tls::MAX_CIPHERTEXT + 512);
             if self.rx.len() - self.rx_end < room {
                 if self.rx_start > 0 {
                     self.rx.copy_within(self.rx_start..self.rx_end, 0);
@@ -618,7 +619,7 @@ impl Conn {
                     used += consumed;
                     self.rx_end += written;
                 }
-                Err(crate::tls::TlsError::Closed) => {
+                Err(nvpoll_tls::TlsError::Closed) => {
                     self.closed = true;
                     tls.inb_start = used;
                     if self.rx_end > self.rx_start {
@@ -676,7 +677,7 @@ impl Conn {
     /// `timeout`. Afterwards every PDU travels in records.
     pub fn tls_client_handshake(
         &mut self,
-        cfg: crate::tls::ClientConfig,
+        cfg: nvpoll_tls::ClientConfig,
         timeout: Duration,
     ) -> Result<(), Error> {
         let (hs, first) = Handshake::client(cfg)?;

@@ -650,8 +650,8 @@ pub fn concat_tls(
     generated: &[u8],
     hostnqn: &str,
     subnqn: &str,
-) -> Option<(String, crate::tls::Psk)> {
-    use crate::tls::{Derivation, HashAlg, IdentityVersion, RetainedKey};
+) -> Option<(String, nvpoll_tls::Psk)> {
+    use nvpoll_tls::{Derivation, HashAlg, IdentityVersion, RetainedKey};
     let alg = match hash {
         Hash::Sha256 => HashAlg::Sha256,
         Hash::Sha384 => HashAlg::Sha384,

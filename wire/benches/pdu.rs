@@ -5,7 +5,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use nvpoll::spec::{Cqe, Sqe};
-use nvpoll_tcp::pdu::{
+use nvpoll_wire::pdu::{
     decode, encode_c2h_data, encode_c2h_data_header, encode_capsule_cmd, encode_capsule_resp,
     C2HDataHdr, DecodeConfig, Decoded, Digests, Direction,
 };

@@ -52,7 +52,7 @@ pub enum Error {
     Refused(Box<ConnectRefusal>),
     /// The TLS handshake or a record failed (wrong PSK, unknown identity, bad record MAC, ...).
     #[error("TLS: {0}")]
-    Tls(#[from] crate::tls::TlsError),
+    Tls(#[from] nvpoll_tls::TlsError),
     /// In-band authentication (DH-HMAC-CHAP) failed or was required without a key.
     #[error("DH-HMAC-CHAP: {0}")]
     Auth(String),

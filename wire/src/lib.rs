@@ -1,0 +1,17 @@
+//! The NVMe/TCP wire layer that nvpoll's host (`nvpoll-tcp`) and target (`nvpoll-target`) share:
+//!
+//! - [`pdu`]: the PDUs of NVMe/TCP 1.0 (ICReq/ICResp, capsules, data, R2T, termination requests), their
+//!   header and data digests, encoded and decoded without panics;
+//! - [`conn`]: one connection, plain or TLS 1.3 (through `nvpoll-tls`), with its receive buffer and its send
+//!   path (inline, or gathered and coalesced at the reactor's flush);
+//! - [`dhchap`]: NVMe in-band authentication (DH-HMAC-CHAP), the host's and the controller's side;
+//! - [`Error`]: what can go wrong on the wire, for both sides.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod conn;
+pub mod dhchap;
+mod error;
+pub mod pdu;
+
+pub use error::{ConnectRefusal, Error};
