@@ -34,7 +34,7 @@ use nvpoll::spec::{self, cns, feature, reg, Aqa, Cap, Cc, Cqe, Csts, IdentifyCon
 use nvpoll::trid::PciAddress;
 
 use crate::device::Device;
-use crate::error::Error;
+use crate::error::{Dead, Error};
 use crate::qpair::CtrlLink;
 use crate::qpair::{PcieQueuePair, QueueOptions, Recovery};
 use crate::ring::{lock_admin, Failure, Queue, QueueLayout, SglMode};
@@ -348,10 +348,7 @@ impl<D: Device> PcieController<D> {
                     return Ok(csts);
                 }
                 if !Cc(self.dev.read32(reg::CC as usize)).en() {
-                    return Err(Error::Dead(
-                        "the controller was reset during bring-up (CC.EN reads 0 after it was set)"
-                            .into(),
-                    ));
+                    return Err(Error::Dead(Dead::ResetDuringBringUp));
                 }
             }
             if Instant::now() >= deadline {
@@ -617,10 +614,8 @@ impl<D: Device> PcieController<D> {
     fn ensure_running(&self) -> Result<(), Error> {
         match self.shared.state.load() {
             CtrlState::Removed => Err(Error::Removed),
-            CtrlState::Detached => Err(Error::Dead("the controller was shut down".into())),
-            CtrlState::Failed => Err(Error::Dead(
-                "the controller could not be reset and was given up".into(),
-            )),
+            CtrlState::Detached => Err(Error::Dead(Dead::ShutDown)),
+            CtrlState::Failed => Err(Error::Dead(Dead::GivenUp)),
             CtrlState::Running => Ok(()),
         }
     }
@@ -766,7 +761,7 @@ impl<D: Device> PcieController<D> {
             }
         }
         self.lose(CtrlState::Failed, Failure::Lost);
-        Err(last.unwrap_or(Error::Dead("the controller could not be reset".into())))
+        Err(last.unwrap_or(Error::Dead(Dead::GivenUp)))
     }
 
     /// One attempt: move the epoch (queue pairs stop touching their rings), disable, free the memory of

@@ -6,6 +6,7 @@
 use std::io;
 
 use nvpoll::spec::Status;
+use nvpoll::trid::PciAddress;
 
 /// Everything that can go wrong in the PCIe driver and its setup tool.
 #[derive(Debug, thiserror::Error)]
@@ -20,12 +21,23 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// `VFIO_GET_API_VERSION` failed or returned a version other than the one this driver speaks.
+    /// `VFIO_GET_API_VERSION` failed.
     #[error("VFIO_GET_API_VERSION: {0}")]
     ApiVersion(#[source] io::Error),
-    /// `VFIO_CHECK_EXTENSION(VFIO_TYPE1v2_IOMMU)` failed or said no.
+    /// `VFIO_GET_API_VERSION` returned a version other than the one this driver speaks.
+    #[error("VFIO_GET_API_VERSION: the kernel speaks VFIO API {kernel}, this driver {driver}")]
+    ApiMismatch {
+        /// The kernel's version.
+        kernel: i32,
+        /// The driver's version.
+        driver: i32,
+    },
+    /// `VFIO_CHECK_EXTENSION(VFIO_TYPE1v2_IOMMU)` failed.
     #[error("VFIO_CHECK_EXTENSION(TYPE1v2): {0} (the kernel needs vfio_iommu_type1 and an enabled IOMMU: intel_iommu=on or amd_iommu=on on the kernel command line)")]
     CheckExtension(#[source] io::Error),
+    /// `VFIO_CHECK_EXTENSION(VFIO_TYPE1v2_IOMMU)` said no.
+    #[error("VFIO_CHECK_EXTENSION(TYPE1v2): the type-1 v2 IOMMU is not supported (the kernel needs vfio_iommu_type1 and an enabled IOMMU: intel_iommu=on or amd_iommu=on on the kernel command line)")]
+    NoType1v2,
     /// Opening `/dev/vfio/N` failed.
     #[error("opening the VFIO group {path}: {source}")]
     OpenGroup {
@@ -56,9 +68,12 @@ pub enum Error {
     /// `VFIO_SET_IOMMU(VFIO_TYPE1v2_IOMMU)` failed.
     #[error("VFIO_SET_IOMMU(TYPE1v2): {0}")]
     SetIommu(#[source] io::Error),
-    /// `VFIO_IOMMU_GET_INFO` failed, or its answer could not be read.
+    /// `VFIO_IOMMU_GET_INFO` failed.
     #[error("VFIO_IOMMU_GET_INFO: {0}")]
     IommuInfo(#[source] io::Error),
+    /// `VFIO_IOMMU_GET_INFO` asked for a larger buffer on the second call too: its answer kept growing.
+    #[error("VFIO_IOMMU_GET_INFO: the answer kept growing between two calls")]
+    IommuInfoGrowing,
     /// `VFIO_GROUP_GET_DEVICE_FD` failed.
     #[error("VFIO_GROUP_GET_DEVICE_FD({bdf}): {source} (is the device bound to vfio-pci, and not open elsewhere?)")]
     DeviceFd {
@@ -80,9 +95,19 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// Mapping BAR0 into the process failed, or BAR0 cannot be mapped.
+    /// Mapping BAR0 into the process failed.
     #[error("mapping BAR0: {0}")]
     MapBar(#[source] io::Error),
+    /// VFIO does not offer BAR0 for mmap, or it is too small for an NVMe controller's registers.
+    #[error("mapping BAR0: BAR0 of {bdf} is not mappable (flags {flags:#x}, {size} bytes)")]
+    BarNotMappable {
+        /// The device.
+        bdf: PciAddress,
+        /// The region's VFIO flags.
+        flags: u32,
+        /// The region's size.
+        size: u64,
+    },
     /// Reading or writing PCI configuration space through the device fd failed.
     #[error("PCI config space at {offset:#x}: {source}")]
     Config {
@@ -114,13 +139,26 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// No IOVA range the IOMMU allows can hold a DMA region (or the IOMMU's page sizes do not fit it).
-    #[error("the IOMMU cannot map {len:#x} bytes of DMA memory: {why}")]
+    /// A DMA region is not aligned to the IOMMU's smallest page (or is empty), so the IOMMU cannot map it.
+    #[error(
+        "the IOMMU cannot map {len:#x} bytes of DMA memory: the region at {vaddr:#x} is not aligned to \
+         the IOMMU's smallest page of {page:#x} bytes"
+    )]
+    IovaUnaligned {
+        /// The region's virtual address.
+        vaddr: u64,
+        /// The region's length.
+        len: u64,
+        /// The IOMMU's smallest page size.
+        page: u64,
+    },
+    /// No IOVA range the IOMMU allows has room for a DMA region.
+    #[error("the IOMMU cannot map {len:#x} bytes of DMA memory: no allowed IOVA range has room (ranges {ranges:x?})")]
     NoIova {
         /// The region's length.
         len: u64,
-        /// Why.
-        why: String,
+        /// The allowed IOVA ranges, as inclusive `(start, end)` pairs.
+        ranges: Vec<(u64, u64)>,
     },
     /// Reading sysfs (or another file the driver or tool needs) failed.
     #[error("{path}: {source}")]
@@ -135,9 +173,43 @@ pub enum Error {
     /// capabilities).
     #[error("unsupported device: {0}")]
     Unsupported(String),
-    /// MSI-X interrupts could not be set up ([`crate::PcieOptions::interrupts`]).
-    #[error("setting up MSI-X interrupts: {0}")]
-    Interrupts(String),
+    /// `VFIO_DEVICE_GET_IRQ_INFO` failed for an interrupt index (MSI-X, or the device request interrupt).
+    #[error("VFIO_DEVICE_GET_IRQ_INFO ({irq}): {source}")]
+    IrqInfo {
+        /// The interrupt index asked about.
+        irq: Irq,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The device offers no vector of an interrupt index (`VFIO_DEVICE_GET_IRQ_INFO` reports a count of 0).
+    #[error("{bdf} has no {irq} interrupt")]
+    NoIrq {
+        /// The device.
+        bdf: PciAddress,
+        /// The interrupt index.
+        irq: Irq,
+    },
+    /// Creating an eventfd for VFIO to signal failed.
+    #[error("eventfd for {irq}: {source}")]
+    Eventfd {
+        /// The interrupt index the eventfd was for.
+        irq: Irq,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `VFIO_DEVICE_SET_IRQS` failed to attach eventfds to the vectors of an interrupt index.
+    #[error("VFIO_DEVICE_SET_IRQS ({irq}, {vectors} vectors): {source}")]
+    SetIrqs {
+        /// The interrupt index.
+        irq: Irq,
+        /// How many vectors were asked for.
+        vectors: usize,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
     /// The controller reported a fatal status (CSTS.CFS).
     #[error("the controller reports a fatal status (CSTS.CFS)")]
     Fatal,
@@ -164,7 +236,7 @@ pub enum Error {
     Protocol(String),
     /// The queue pair or controller cannot take commands any more (reset, failed, detached).
     #[error("{0}")]
-    Dead(String),
+    Dead(Dead),
     /// The caller asked for something invalid.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -174,6 +246,46 @@ pub enum Error {
     /// DMA memory could not be had.
     #[error("DMA memory: {0}")]
     Memory(#[source] nvpoll::Error),
+}
+
+/// A VFIO interrupt index the driver sets up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Irq {
+    /// MSI-X: one vector per queue ([`crate::PcieOptions::interrupts`]).
+    Msix,
+    /// The device request interrupt: the kernel signals it when it wants the device back.
+    Request,
+}
+
+impl std::fmt::Display for Irq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Irq::Msix => "MSI-X",
+            Irq::Request => "device request",
+        })
+    }
+}
+
+/// Why a controller or queue pair takes no more commands ([`Error::Dead`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Dead {
+    /// The controller was reset while the command was outstanding.
+    #[error("the controller was reset")]
+    Reset,
+    /// The controller was shut down (detached or dropped).
+    #[error("the controller was shut down")]
+    ShutDown,
+    /// Resets could not bring the controller back, and it was given up.
+    #[error("the controller could not be reset and was given up")]
+    GivenUp,
+    /// The command was outstanding across more resets than the retry limit allows.
+    #[error("the command's retries are used up")]
+    RetriesUsedUp,
+    /// CC.EN read 0 while the driver waited for CSTS.RDY: someone reset the controller during bring-up.
+    #[error("the controller was reset during bring-up (CC.EN reads 0 after it was set)")]
+    ResetDuringBringUp,
 }
 
 impl Error {

@@ -52,6 +52,6 @@ pub mod vfio;
 
 pub use ctrl::{CtrlStats, PcieController, PcieOptions};
 pub use device::Device;
-pub use error::Error;
+pub use error::{Dead, Error, Irq};
 pub use qpair::{PcieQueuePair, QueueOptions, Recovery, RecoveryStats};
 pub use ring::QueueStats;

@@ -12,7 +12,7 @@ use nvpoll::mem::{DmaBuf, DmaPool};
 use nvpoll::spec::{reg, Cqe, Csts, SglDescriptor, Sqe, CQE_SIZE, SQE_SIZE};
 
 use crate::device::Device;
-use crate::error::Error;
+use crate::error::{Dead, Error};
 use crate::mmio::{wmb, SharedMem};
 use crate::prp::{self, Shape, PAGE_SIZE};
 
@@ -81,16 +81,14 @@ impl Failure {
     /// The driver's error for a queue that failed this way (what a command run to completion returns).
     pub(crate) fn to_pcie(&self) -> Error {
         match self {
-            Failure::Reset => Error::Dead("the controller was reset".into()),
-            Failure::Detached => Error::Dead("the controller was shut down".into()),
+            Failure::Reset => Error::Dead(Dead::Reset),
+            Failure::Detached => Error::Dead(Dead::ShutDown),
             Failure::Fatal => Error::Fatal,
             Failure::Removed => Error::Removed,
             Failure::Timeout => Error::Timeout("a command completion"),
             Failure::Protocol(s) => Error::Protocol(s.clone()),
-            Failure::Lost => {
-                Error::Dead("the controller could not be reset and was given up".into())
-            }
-            Failure::Retries => Error::Dead("the command's retries are used up".into()),
+            Failure::Lost => Error::Dead(Dead::GivenUp),
+            Failure::Retries => Error::Dead(Dead::RetriesUsedUp),
         }
     }
 }

@@ -29,7 +29,7 @@ use nvpoll::trid::PciAddress;
 use vfio_bindings::bindings::vfio as sys;
 
 use crate::device::Device;
-use crate::error::Error;
+use crate::error::{Error, Irq};
 use crate::mmio::Bar;
 use crate::sysfs::{Sysfs, NVME_CLASS};
 
@@ -126,11 +126,10 @@ impl IommuInfo {
     ) -> Result<u64, Error> {
         let pg = self.min_page_size();
         if vaddr % pg != 0 || len % pg != 0 || len == 0 {
-            return Err(Error::NoIova {
+            return Err(Error::IovaUnaligned {
+                vaddr,
                 len,
-                why: format!(
-                    "the region at {vaddr:#x} is not aligned to the IOMMU's smallest page of {pg:#x} bytes"
-                ),
+                page: pg,
             });
         }
         let overlaps = |iova: u64| taken.iter().any(|&(t, tl)| iova < t + tl && t < iova + len);
@@ -152,7 +151,7 @@ impl IommuInfo {
         }
         Err(Error::NoIova {
             len,
-            why: format!("no allowed IOVA range has room (ranges {:x?})", self.ranges),
+            ranges: self.ranges.clone(),
         })
     }
 }
@@ -308,10 +307,10 @@ impl VfioDevice {
         })?;
         let version = ioctl_val(&container, VFIO_GET_API_VERSION, 0).map_err(Error::ApiVersion)?;
         if version != sys::VFIO_API_VERSION as i32 {
-            return Err(Error::ApiVersion(io::Error::other(format!(
-                "the kernel speaks VFIO API {version}, this driver {}",
-                sys::VFIO_API_VERSION
-            ))));
+            return Err(Error::ApiMismatch {
+                kernel: version,
+                driver: sys::VFIO_API_VERSION as i32,
+            });
         }
         let ext = ioctl_val(
             &container,
@@ -320,9 +319,7 @@ impl VfioDevice {
         )
         .map_err(Error::CheckExtension)?;
         if ext <= 0 {
-            return Err(Error::CheckExtension(io::Error::other(
-                "the type-1 v2 IOMMU is not supported",
-            )));
+            return Err(Error::NoType1v2);
         }
 
         let gpath = format!("/dev/vfio/{group}");
@@ -403,10 +400,11 @@ impl VfioDevice {
 
         let bar0 = region_info(&device, sys::VFIO_PCI_BAR0_REGION_INDEX)?;
         if bar0.flags & sys::VFIO_REGION_INFO_FLAG_MMAP == 0 || bar0.size < 0x2000 {
-            return Err(Error::MapBar(io::Error::other(format!(
-                "BAR0 of {bdf} is not mappable (flags {:#x}, {} bytes)",
-                bar0.flags, bar0.size
-            ))));
+            return Err(Error::BarNotMappable {
+                bdf,
+                flags: bar0.flags,
+                size: bar0.size,
+            });
         }
         let len = bar0.size as usize;
         // SAFETY: a fresh shared mapping of the device fd at the offset VFIO gave for BAR0; the kernel picks
@@ -712,13 +710,14 @@ struct IrqSetOne {
 /// back). A kernel without it (no such IRQ, or refusing it) gets a warning and `None`: removal then waits
 /// for the process to close the device.
 fn register_request(device: &File, bdf: PciAddress) -> Option<File> {
-    let warn = |why: String| {
+    let warn = |why: Error| {
         log::warn!(
             "{bdf}: no VFIO device request channel ({why}); removing the device will wait \
              until this process closes it"
         );
         None
     };
+    let irq = Irq::Request;
     let mut info = sys::vfio_irq_info {
         argsz: std::mem::size_of::<sys::vfio_irq_info>() as u32,
         index: sys::VFIO_PCI_REQ_IRQ_INDEX,
@@ -726,14 +725,14 @@ fn register_request(device: &File, bdf: PciAddress) -> Option<File> {
     };
     // SAFETY: VFIO_DEVICE_GET_IRQ_INFO reads and writes a `vfio_irq_info` of `argsz` bytes.
     if let Err(e) = unsafe { ioctl_ptr(device, VFIO_DEVICE_GET_IRQ_INFO, &mut info) } {
-        return warn(format!("VFIO_DEVICE_GET_IRQ_INFO: {e}"));
+        return warn(Error::IrqInfo { irq, source: e });
     }
     if info.count == 0 {
-        return warn("the kernel reports no request IRQ".into());
+        return warn(Error::NoIrq { bdf, irq });
     }
     let efd = match new_eventfd() {
         Ok(fd) => File::from(fd),
-        Err(e) => return warn(format!("eventfd: {e}")),
+        Err(source) => return warn(Error::Eventfd { irq, source }),
     };
     let mut set = IrqSetOne {
         head: sys::vfio_irq_set {
@@ -749,7 +748,11 @@ fn register_request(device: &File, bdf: PciAddress) -> Option<File> {
     // SAFETY: VFIO_DEVICE_SET_IRQS reads `argsz` bytes: the fixed `vfio_irq_set` and `count` (1) eventfd
     // numbers right after it, which is exactly `IrqSetOne` (repr(C), the fd at offset 20).
     if let Err(e) = unsafe { ioctl_ptr(device, VFIO_DEVICE_SET_IRQS, &mut set) } {
-        return warn(format!("VFIO_DEVICE_SET_IRQS: {e}"));
+        return warn(Error::SetIrqs {
+            irq,
+            vectors: 1,
+            source: e,
+        });
     }
     Some(efd)
 }
@@ -793,9 +796,7 @@ fn iommu_info(container: &File) -> Result<IommuInfo, Error> {
             .collect();
         return Ok(parse_iommu_info(&raw[..argsz.min(bytes)]));
     }
-    Err(Error::IommuInfo(io::Error::other(
-        "the IOMMU info kept growing between two calls",
-    )))
+    Err(Error::IommuInfoGrowing)
 }
 
 impl Device for VfioDevice {
@@ -854,6 +855,7 @@ impl VfioDevice {
     pub fn enable_msix(&self, want: u16) -> Result<Vec<std::os::fd::OwnedFd>, Error> {
         let inner = self.lock();
         let files = inner.files.as_ref().ok_or(Error::Removed)?;
+        let irq = Irq::Msix;
         let mut info = sys::vfio_irq_info {
             argsz: std::mem::size_of::<sys::vfio_irq_info>() as u32,
             index: sys::VFIO_PCI_MSIX_IRQ_INDEX,
@@ -861,17 +863,14 @@ impl VfioDevice {
         };
         // SAFETY: VFIO_DEVICE_GET_IRQ_INFO reads and writes a `vfio_irq_info` of `argsz` bytes.
         unsafe { ioctl_ptr(&files.device, VFIO_DEVICE_GET_IRQ_INFO, &mut info) }
-            .map_err(|e| Error::Interrupts(format!("VFIO_DEVICE_GET_IRQ_INFO (MSI-X): {e}")))?;
+            .map_err(|source| Error::IrqInfo { irq, source })?;
         let n = (info.count as usize).min(usize::from(want)).min(MAX_MSIX);
         if n == 0 {
-            return Err(Error::Interrupts(format!(
-                "{} has no MSI-X vectors",
-                self.bdf
-            )));
+            return Err(Error::NoIrq { bdf: self.bdf, irq });
         }
         let mut fds = Vec::with_capacity(n);
         for _ in 0..n {
-            fds.push(new_eventfd().map_err(|e| Error::Interrupts(format!("eventfd: {e}")))?);
+            fds.push(new_eventfd().map_err(|source| Error::Eventfd { irq, source })?);
         }
         let mut set = IrqSetMany {
             head: sys::vfio_irq_set {
@@ -890,8 +889,12 @@ impl VfioDevice {
         // SAFETY: VFIO_DEVICE_SET_IRQS reads `argsz` bytes: the fixed `vfio_irq_set` and `count` eventfd
         // numbers right after it; `IrqSetMany` is repr(C) with the array at the end of the fixed part and
         // room for MAX_MSIX >= count of them.
-        unsafe { ioctl_ptr(&files.device, VFIO_DEVICE_SET_IRQS, &mut set) }.map_err(|e| {
-            Error::Interrupts(format!("VFIO_DEVICE_SET_IRQS (MSI-X, {n} vectors): {e}"))
+        unsafe { ioctl_ptr(&files.device, VFIO_DEVICE_SET_IRQS, &mut set) }.map_err(|source| {
+            Error::SetIrqs {
+                irq,
+                vectors: n,
+                source,
+            }
         })?;
         Ok(fds)
     }
@@ -974,7 +977,10 @@ mod tests {
                 .unwrap(),
             mb2
         );
-        assert!(info.choose(0x1001, 4096, mb2, &[]).is_err());
+        assert!(matches!(
+            info.choose(0x1001, 4096, mb2, &[]),
+            Err(Error::IovaUnaligned { .. })
+        ));
         let tiny = IommuInfo {
             page_sizes: 4096,
             ranges: vec![(0, 0xfff)],
