@@ -5,7 +5,7 @@
 //! back exactly once.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -534,10 +534,13 @@ fn repeated_resets_under_load_lose_and_repeat_nothing() {
     };
     let (dev, pool, mut ctrl) = attach(o);
     let stop = Arc::new(AtomicBool::new(false));
+    // Writes completed by all the writers, so that each reset comes after some I/O went through.
+    let completed = Arc::new(AtomicU64::new(0));
     let mut handles = Vec::new();
     for t in 0..3u64 {
         let mut qp = ctrl.create_queue_pair(8).unwrap();
         let (pool, stop) = (pool.clone(), Arc::clone(&stop));
+        let completed = Arc::clone(&completed);
         handles.push(std::thread::spawn(move || {
             let mut got = BTreeMap::new();
             let (first, mut next) = (t * 1000, t * 1000);
@@ -553,6 +556,7 @@ fn repeated_resets_under_load_lose_and_repeat_nothing() {
                     let tag = c.tag;
                     assert!(c.result.is_ok(), "tag {tag}: {:?}", c.result);
                     assert!(got.insert(tag, ()).is_none(), "tag {tag} completed twice");
+                    completed.fetch_add(1, Ordering::Release);
                 }
                 if (stopping || next == first + 1000) && qp.outstanding() == 0 {
                     break;
@@ -564,8 +568,20 @@ fn repeated_resets_under_load_lose_and_repeat_nothing() {
         }));
     }
     let mut resets = 0;
+    let mut before = 0;
     for i in 0..12 {
-        std::thread::sleep(Duration::from_millis(3));
+        // Each reset waits for writes to complete since the previous one (or for the writers to be done).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while completed.load(Ordering::Acquire) == before
+            && handles.iter().any(|h| !h.is_finished())
+        {
+            assert!(
+                Instant::now() < deadline,
+                "no write completed in 10 s after reset {resets}"
+            );
+            std::thread::yield_now();
+        }
+        before = completed.load(Ordering::Acquire);
         if i % 3 == 0 {
             ctrl.reset().unwrap();
         } else {
@@ -665,11 +681,14 @@ fn a_release_request_releases_the_device_and_fails_everything() {
 fn a_release_request_with_queue_pairs_busy_on_other_threads() {
     let (dev, pool, mut ctrl) = attach(opts());
     let stop = Arc::new(AtomicBool::new(false));
+    // Successful completions per writer, so that the release is requested only once both are busy.
+    let progress: Arc<[AtomicU64; 2]> = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
     let mut threads = Vec::new();
     for t in 0..2u64 {
         let mut qp = ctrl.create_queue_pair(16).unwrap();
         let pool = pool.clone();
         let stop = Arc::clone(&stop);
+        let progress = Arc::clone(&progress);
         threads.push(std::thread::spawn(move || {
             let (mut ok, mut failed, mut submitted) = (0u64, 0u64, 0u64);
             let mut tag = t * 1_000_000;
@@ -688,7 +707,10 @@ fn a_release_request_with_queue_pairs_busy_on_other_threads() {
                 }
                 while let Some(c) = qp.pop_completion() {
                     match c.result {
-                        Ok(()) => ok += 1,
+                        Ok(()) => {
+                            ok += 1;
+                            progress[t as usize].fetch_add(1, Ordering::Release);
+                        }
                         Err(_) => failed += 1,
                     }
                 }
@@ -698,7 +720,19 @@ fn a_release_request_with_queue_pairs_busy_on_other_threads() {
             (ok, failed, err.map(|e| e.to_string()))
         }));
     }
-    std::thread::sleep(Duration::from_millis(50));
+    // Wait until every writer has completed a write: the release then finds both queue pairs busy.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while progress.iter().any(|p| p.load(Ordering::Acquire) == 0) {
+        assert!(
+            threads.iter().all(|t| !t.is_finished()),
+            "a writer stopped before the release was requested"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "a writer completed no write in 10 s (completions per writer: {progress:?})"
+        );
+        std::thread::yield_now();
+    }
     dev.request_release();
     let deadline = Instant::now() + Duration::from_secs(5);
     while !matches!(ctrl.poll_admin(), Err(Error::Removed)) {
