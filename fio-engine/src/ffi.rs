@@ -14,6 +14,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use crate::error::Error;
 use crate::job::{Dir, Io, Job, Queued};
 use crate::settings::{RawOptions, Settings, OPTIONS};
 
@@ -141,7 +142,7 @@ fn engine() -> *mut ioengine_ops {
         let mut ops = Box::new(build_ops());
         if let Some(running) = running_fio_version() {
             if let Err(e) = crate::check_fio_version(BUILT_FOR, sys::FIO_IOOPS_VERSION, &running) {
-                log_line(&e);
+                log_line(&format!("nvpoll: {e}"));
                 // fio then refuses the engine itself ("bad ioops version").
                 ops.version = -1;
             }
@@ -212,7 +213,8 @@ unsafe fn file_names(td: *mut thread_data) -> Vec<String> {
         .collect()
 }
 
-fn fail(msg: &str) -> c_int {
+/// Prints `msg` where fio prints its errors, as the engine's (`nvpoll: ...`), and returns fio's failure.
+fn fail(msg: impl std::fmt::Display) -> c_int {
     log_line(&format!("nvpoll: {msg}"));
     1
 }
@@ -223,7 +225,7 @@ fn fail(msg: &str) -> c_int {
 ///
 /// # Safety
 /// `td` is fio's live thread, its io_ops this engine.
-unsafe fn ensure_job(td: *mut thread_data) -> Result<&'static mut Job, String> {
+unsafe fn ensure_job(td: *mut thread_data) -> Result<&'static mut Job, Error> {
     // SAFETY: the caller's promise.
     if let Some(j) = unsafe { job(td) } {
         return Ok(j);
@@ -231,44 +233,26 @@ unsafe fn ensure_job(td: *mut thread_data) -> Result<&'static mut Job, String> {
     // SAFETY: as above.
     let td_ref = unsafe { &mut *td };
     if td_ref.io_ops != engine() {
-        return Err(format!(
-            "fio's thread structure does not match the headers this engine was built with ({BUILT_FOR}); \
-             rebuild it against the running fio's source"
-        ));
+        return Err(Error::FioHeaders { built: BUILT_FOR });
     }
     if td_ref.o.use_thread == 0 {
-        return Err(
-            "this engine needs thread=1 (fio jobs as threads of one process share its controllers)"
-                .into(),
-        );
+        return Err(Error::NotThreads);
     }
     if !td_ref.o.directory.is_null() {
-        return Err(
-            "directory= means nothing here: a filename names a controller and namespace".into(),
-        );
+        return Err(Error::Directory);
     }
     if td_ref.o.file_size_low != 0 || td_ref.o.file_size_high != 0 {
-        return Err(
-            "filesize= means nothing here: a namespace's size is its own (use size= and offset=)"
-                .into(),
-        );
+        return Err(Error::FileSize);
     }
     if td_ref.o.nr_files as usize > td_ref.files_index as usize || td_ref.files_index == 0 {
-        return Err("every file must be named: filename='trtype=tcp traddr=... trsvcid=... subnqn=NQN ns=N' \
-                    (nrfiles= cannot create controllers)"
-            .into());
+        return Err(Error::UnnamedFiles);
     }
     // SAFETY: `td` is fio's thread, its eo this engine's options.
     let raw = unsafe { raw_options(td) };
     let settings = Settings::parse(&raw)?;
     let depth = match u16::try_from(td_ref.o.iodepth) {
         Ok(d) if d > 0 => d,
-        _ => {
-            return Err(format!(
-                "iodepth={} is out of range (1 to 65535)",
-                td_ref.o.iodepth
-            ))
-        }
+        _ => return Err(Error::IoDepth(u64::from(td_ref.o.iodepth))),
     };
     // SAFETY: as above.
     let names = unsafe { file_names(td) };

@@ -14,6 +14,8 @@
 
 use nvpoll::trid::TransportId;
 
+use crate::error::Error;
+
 /// One fio file: a controller and the namespace on it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileTarget {
@@ -24,10 +26,7 @@ pub struct FileTarget {
 }
 
 /// Reads a fio filename. The error says what is wrong and shows the form expected.
-pub fn parse(name: &str) -> Result<FileTarget, String> {
-    let hint = "expected e.g. 'trtype=tcp adrfam=IPv4 traddr=127.0.0.1 trsvcid=4420 subnqn=NQN ns=1' \
-                or 'trtype=PCIe traddr=0000.04.00.0 ns=1' (fio splits filenames at ':': write an NQN's \
-                colons as '\\:' and a PCI address with dots)";
+pub fn parse(name: &str) -> Result<FileTarget, Error> {
     let mut nsid = None;
     let mut words = Vec::new();
     let mut pcie = false;
@@ -35,14 +34,15 @@ pub fn parse(name: &str) -> Result<FileTarget, String> {
         let (key, value) = word.split_once(['=', ':']).unwrap_or((word, ""));
         if key.eq_ignore_ascii_case("ns") {
             if nsid.is_some() {
-                return Err(format!("filename '{name}': ns is given twice"));
+                return Err(Error::NsTwice { name: name.into() });
             }
             let n: u32 = value
                 .parse()
                 .ok()
                 .filter(|&n| n != 0 && n != u32::MAX)
-                .ok_or_else(|| {
-                    format!("filename '{name}': ns={value} is not a namespace ID (1 to 4294967294)")
+                .ok_or_else(|| Error::BadNsid {
+                    name: name.into(),
+                    value: value.into(),
                 })?;
             nsid = Some(n);
             continue;
@@ -67,24 +67,24 @@ pub fn parse(name: &str) -> Result<FileTarget, String> {
         trid.push_str(&value);
     }
     if trid.is_empty() {
-        return Err(format!("filename '{name}' names no controller: {hint}"));
+        return Err(Error::NoController { name: name.into() });
     }
-    let trid: TransportId = trid
-        .parse()
-        .map_err(|e| format!("filename '{name}': {e}; {hint}"))?;
+    let trid: TransportId = trid.parse().map_err(|source| Error::BadTransportId {
+        name: name.into(),
+        source,
+    })?;
     match trid.subnqn() {
         None if matches!(trid, TransportId::Tcp { .. }) => {
-            return Err(format!("filename '{name}': subnqn is missing; {hint}"))
+            return Err(Error::NoSubnqn { name: name.into() })
         }
         None => {}
         Some(nqn) if !is_nqn(nqn) => {
             // Most likely fio cut the filename at the NQN's first unescaped colon, and the Connect would go
             // to a subsystem nobody meant.
-            return Err(format!(
-                "filename '{name}': subnqn '{nqn}' is not an NQN (nqn.yyyy-mm.reverse.domain:name). fio \
-                 splits filenames at every ':' that is not escaped, so write an NQN's colons as '\\:' \
-                 (subnqn={nqn}\\:name); fio removes the backslash"
-            ));
+            return Err(Error::NotAnNqn {
+                name: name.into(),
+                nqn: nqn.into(),
+            });
         }
         Some(_) => {}
     }
@@ -156,23 +156,32 @@ mod tests {
 
     #[test]
     fn bad_filenames_say_what_is_wrong() {
-        let e = parse("/dev/nvme0n1").unwrap_err();
+        let e = parse("/dev/nvme0n1").unwrap_err().to_string();
         assert!(e.contains("expected e.g."), "{e}");
-        let e = parse("trtype=tcp traddr=127.0.0.1 ns=1").unwrap_err();
+        let e = parse("trtype=tcp traddr=127.0.0.1 ns=1")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("subnqn is missing"), "{e}");
-        let e = parse("trtype=tcp traddr=127.0.0.1 subnqn=x ns=0").unwrap_err();
+        let e = parse("trtype=tcp traddr=127.0.0.1 subnqn=x ns=0")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("ns=0"), "{e}");
-        let e = parse("trtype=tcp traddr=127.0.0.1 subnqn=x ns=1 ns=2").unwrap_err();
+        let e = parse("trtype=tcp traddr=127.0.0.1 subnqn=x ns=1 ns=2")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("twice"), "{e}");
-        let e = parse("trtype=tcp traddr=localhost subnqn=x").unwrap_err();
+        let e = parse("trtype=tcp traddr=localhost subnqn=x")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("traddr"), "{e}");
-        let e = parse("").unwrap_err();
+        let e = parse("").unwrap_err().to_string();
         assert!(e.contains("names no controller"), "{e}");
         // What fio hands over when a job file leaves an NQN's colon unescaped: the part before it.
         let e = parse(
             "trtype=tcp adrfam=IPv4 traddr=127.0.0.1 trsvcid=4420 subnqn=nqn.2016-06.io.spdk",
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             e.contains("'nqn.2016-06.io.spdk' is not an NQN")
                 && e.contains("fio splits filenames at every ':'")

@@ -9,6 +9,7 @@ use nvpoll::api::{IoOp, IoRequest};
 use nvpoll::mem::{DmaBuf, DmaPool};
 use nvpoll::Error;
 
+use crate::error::Error as EngineError;
 use crate::filename;
 use crate::registry::{self, AnyQueuePair, Attached};
 use crate::settings::{Idle, Settings};
@@ -108,31 +109,33 @@ impl Job {
         settings: &Settings,
         depth: u16,
         log: fn(&str),
-    ) -> Result<Job, String> {
+    ) -> Result<Job, EngineError> {
         let mut files = Vec::with_capacity(names.len());
         for name in names {
             let t = filename::parse(name)?;
             let attached = registry::attach(&t.trid, settings)?;
             let ns = match t.nsid {
                 Some(n) => attached.info.namespace(n).cloned().ok_or_else(|| {
-                    let active: Vec<u32> =
-                        attached.info.namespaces.iter().map(|n| n.nsid).collect();
-                    format!(
-                        "{}: namespace {n} is not active (active: {active:?})",
-                        attached.name
-                    )
+                    EngineError::InactiveNamespace {
+                        name: attached.name.clone(),
+                        nsid: n,
+                        active: attached.info.namespaces.iter().map(|n| n.nsid).collect(),
+                    }
                 })?,
-                None => attached.info.namespaces.first().cloned().ok_or_else(|| {
-                    format!("{}: the controller has no active namespace", attached.name)
-                })?,
+                None => attached
+                    .info
+                    .namespaces
+                    .first()
+                    .cloned()
+                    .ok_or_else(|| EngineError::NoNamespace(attached.name.clone()))?,
             };
             let qp = attached.create_queue_pair(depth, settings.send_mode)?;
             if qp.depth() < usize::from(depth) {
-                return Err(format!(
-                    "{}: the queue pair holds {} commands, fewer than iodepth={depth}",
-                    attached.name,
-                    qp.depth()
-                ));
+                return Err(EngineError::QueueTooShallow {
+                    name: attached.name.clone(),
+                    holds: qp.depth(),
+                    depth,
+                });
             }
             files.push(FileQp {
                 qp,
@@ -167,19 +170,21 @@ impl Job {
     /// Refuses block sizes the namespaces or controllers cannot take: every size in `sizes` (fio's bs,
     /// bssplit and bsrange bounds) must be a multiple of each namespace's block size, and `max_bs` within each
     /// controller's largest transfer.
-    pub fn check_block_sizes(&self, sizes: &[u64], max_bs: u64) -> Result<(), String> {
+    pub fn check_block_sizes(&self, sizes: &[u64], max_bs: u64) -> Result<(), EngineError> {
         for f in &self.files {
-            if let Some(bad) = sizes.iter().find(|&&s| s % u64::from(f.block_size) != 0) {
-                return Err(format!(
-                    "{}: a block size of {bad} bytes is not a multiple of the namespace's {}-byte blocks",
-                    f.name, f.block_size
-                ));
+            if let Some(&bad) = sizes.iter().find(|&&s| s % u64::from(f.block_size) != 0) {
+                return Err(EngineError::BlockSize {
+                    file: f.name.clone(),
+                    bs: bad,
+                    block_size: f.block_size,
+                });
             }
             if max_bs > u64::from(f.attached.info.max_transfer) {
-                return Err(format!(
-                    "{}: bs={max_bs} exceeds the controller's largest transfer, {} bytes",
-                    f.name, f.attached.info.max_transfer
-                ));
+                return Err(EngineError::TransferTooLarge {
+                    file: f.name.clone(),
+                    bs: max_bs,
+                    max: f.attached.info.max_transfer,
+                });
             }
         }
         Ok(())
@@ -187,12 +192,16 @@ impl Job {
 
     /// Allocates the job's I/O buffer area of `bytes` (fio's iomem_alloc), pinned and, for PCIe
     /// controllers, mapped for their devices. Returns its address for fio to carve.
-    pub fn alloc_memory(&mut self, bytes: usize) -> Result<*mut u8, String> {
+    pub fn alloc_memory(&mut self, bytes: usize) -> Result<*mut u8, EngineError> {
         let size = bytes.max(4096).next_power_of_two();
-        let mut whole = self
-            .new_memory(size, 1)?
-            .alloc(size)
-            .map_err(|e| e.to_string())?;
+        let mut whole =
+            self.new_memory(size, 1)?
+                .alloc(size)
+                .map_err(|source| EngineError::IoBuffers {
+                    count: 1,
+                    size,
+                    source,
+                })?;
         let ptr = whole.as_mut_ptr();
         if let Some(m) = self.memory.as_mut() {
             m.whole = Some(whole);
@@ -202,11 +211,15 @@ impl Job {
 
     /// A pool of `count` buffers of `size` bytes, reachable by every controller of the job, kept as the
     /// job's memory.
-    fn new_memory(&mut self, size: usize, count: usize) -> Result<DmaPool, String> {
+    fn new_memory(&mut self, size: usize, count: usize) -> Result<DmaPool, EngineError> {
         let pool = DmaPool::builder()
             .class(size, count)
             .build()
-            .map_err(|e| format!("I/O buffers ({count} x {size} bytes): {e}"))?;
+            .map_err(|source| EngineError::IoBuffers {
+                count,
+                size,
+                source,
+            })?;
         let mut mapped: Vec<Arc<Attached>> = Vec::new();
         for f in &self.files {
             if f.attached.is_pcie() && !mapped.iter().any(|m| Arc::ptr_eq(m, &f.attached)) {
@@ -226,37 +239,35 @@ impl Job {
     /// index and its buffer's address, `stride` bytes each.
     /// A job that moves no data (trim only) has no area: each io_u then gets a small buffer of its own (a
     /// deallocate's range is written there).
-    pub fn carve(&mut self, bufs: &[(usize, usize)], stride: usize) -> Result<(), String> {
+    pub fn carve(&mut self, bufs: &[(usize, usize)], stride: usize) -> Result<(), EngineError> {
         let n = bufs.iter().map(|b| b.0 + 1).max().unwrap_or(0);
         self.views = (0..n).map(|_| None).collect();
         if self.memory.is_none() {
-            let pool = self.new_memory(4096, n.max(1))?;
+            let count = n.max(1);
+            let pool = self.new_memory(4096, count)?;
             for &(index, _) in bufs {
-                self.views[index] = Some(pool.alloc(4096).map_err(|e| e.to_string())?);
+                let buf = pool.alloc(4096).map_err(|source| EngineError::IoBuffers {
+                    count,
+                    size: 4096,
+                    source,
+                })?;
+                self.views[index] = Some(buf);
             }
             return Ok(());
         }
         let mem = self.memory.as_mut().expect("checked above");
-        let mut rest = mem
-            .whole
-            .take()
-            .ok_or("the I/O buffers were carved twice")?;
+        let mut rest = mem.whole.take().ok_or(EngineError::CarvedTwice)?;
         let base = rest.as_mut_ptr() as usize;
         let mut sorted = bufs.to_vec();
         sorted.sort_by_key(|b| b.1);
         let mut at = base;
         for (index, addr) in sorted {
             if addr < at {
-                return Err(format!(
-                    "io_u {index}'s buffer at {addr:#x} overlaps another or lies before the area at {base:#x}"
-                ));
+                return Err(EngineError::BufferOverlaps { index, addr, base });
             }
-            let (_, tail) = rest
-                .split_at(addr - at)
-                .map_err(|e| format!("io_u {index}'s buffer is outside the area: {e}"))?;
-            let (view, tail) = tail
-                .split_at(stride)
-                .map_err(|e| format!("io_u {index}'s buffer is outside the area: {e}"))?;
+            let outside = |source| EngineError::BufferOutside { index, source };
+            let (_, tail) = rest.split_at(addr - at).map_err(outside)?;
+            let (view, tail) = tail.split_at(stride).map_err(outside)?;
             self.views[index] = Some(view);
             rest = tail;
             at = addr + stride;

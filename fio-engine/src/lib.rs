@@ -18,6 +18,7 @@
 // The engine's unsafe code is the C interface (`ffi`); the rest is safe.
 #![deny(unsafe_code)]
 
+pub mod error;
 pub mod filename;
 pub mod job;
 pub mod registry;
@@ -27,17 +28,19 @@ pub mod settings;
 #[allow(unsafe_code)]
 mod ffi;
 
+pub use error::Error;
+
 /// Whether an engine built against fio `built` (e.g. `fio-3.33`, whose ioengine interface is version
 /// `ops_version`) may run in the fio `running`: the error names both versions and how to rebuild.
-pub fn check_fio_version(built: &str, ops_version: u32, running: &str) -> Result<(), String> {
+pub fn check_fio_version(built: &str, ops_version: u32, running: &str) -> Result<(), Error> {
     if built == running {
         return Ok(());
     }
-    Err(format!(
-        "nvpoll: this engine was built against {built}'s headers (ioengine ops version {ops_version}) and \
-         cannot run in {running}: rebuild it against {running}'s source (scripts/fio-source.sh, or \
-         FIO_DIR=/path/to/{running}'s source)"
-    ))
+    Err(Error::FioVersion {
+        built: built.into(),
+        ops_version,
+        running: running.into(),
+    })
 }
 
 /// The fio version the engine was built for (`fio-3.33`), or `None` when it was built without fio's headers.
@@ -53,7 +56,9 @@ mod tests {
     #[test]
     fn another_fio_version_is_refused_naming_both() {
         assert!(super::check_fio_version("fio-3.33", 31, "fio-3.33").is_ok());
-        let e = super::check_fio_version("fio-3.33", 31, "fio-3.38").unwrap_err();
+        let e = super::check_fio_version("fio-3.33", 31, "fio-3.38")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("fio-3.33") && e.contains("fio-3.38") && e.contains("version 31"),
             "{e}"

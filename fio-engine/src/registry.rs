@@ -13,6 +13,7 @@ use nvpoll_pcie::{PcieController, PcieOptions};
 use nvpoll_tcp::host::TcpController;
 use nvpoll_tcp::multipath::MultipathController;
 
+use crate::error::Error;
 use crate::settings::Settings;
 
 /// A queue pair of any transport, owned by one fio job.
@@ -72,32 +73,45 @@ impl Attached {
     }
 
     /// Connects (creates) one I/O queue pair of `depth` for a job.
-    pub fn create_queue_pair(&self, depth: u16, mode: SendMode) -> Result<AnyQueuePair, String> {
+    pub fn create_queue_pair(&self, depth: u16, mode: SendMode) -> Result<AnyQueuePair, Error> {
         let mut g = self.lock();
-        let ctrl = g.as_mut().ok_or("the controller is shut down")?;
-        let failed =
-            |e: &dyn std::fmt::Display| format!("{}: creating an I/O queue pair: {e}", self.name);
+        let ctrl = g.as_mut().ok_or(Error::ShutDown)?;
+        let failed = |e| Error::CreateQueuePair {
+            name: self.name.clone(),
+            source: e,
+        };
         let mut qp: AnyQueuePair = match ctrl {
-            AnyController::Tcp(c) => Box::new(c.connect_io_queue(depth).map_err(|e| failed(&e))?),
-            AnyController::Multipath(c) => {
-                Box::new(c.connect_io_queue(depth).map_err(|e| failed(&e))?)
+            AnyController::Tcp(c) => {
+                Box::new(c.connect_io_queue(depth).map_err(|e| failed(e.into()))?)
             }
-            AnyController::Pcie(c) => Box::new(c.create_queue_pair(depth).map_err(|e| failed(&e))?),
+            AnyController::Multipath(c) => {
+                Box::new(c.connect_io_queue(depth).map_err(|e| failed(e.into()))?)
+            }
+            AnyController::Pcie(c) => {
+                Box::new(c.create_queue_pair(depth).map_err(|e| failed(e.into()))?)
+            }
         };
         if !matches!(ctrl, AnyController::Pcie(_)) {
             qp.set_send_mode(mode)
-                .map_err(|e| format!("{}: send_mode: {e}", self.name))?;
+                .map_err(|source| Error::SetSendMode {
+                    name: self.name.clone(),
+                    source,
+                })?;
         }
         Ok(qp)
     }
 
     /// Makes `pool`'s memory reachable by the controller's device (PCIe: maps it into its IOMMU domain).
-    pub fn map_pool(&self, pool: &DmaPool) -> Result<(), String> {
+    pub fn map_pool(&self, pool: &DmaPool) -> Result<(), Error> {
         match self.lock().as_ref() {
-            Some(AnyController::Pcie(c)) => c
-                .device()
-                .map_pool(pool)
-                .map_err(|e| format!("{}: mapping the job's I/O buffers: {e}", self.name)),
+            Some(AnyController::Pcie(c)) => {
+                c.device()
+                    .map_pool(pool)
+                    .map_err(|source| Error::MapBuffers {
+                        name: self.name.clone(),
+                        source,
+                    })
+            }
             _ => Ok(()),
         }
     }
@@ -134,7 +148,7 @@ static REGISTRY: Mutex<Vec<(String, Weak<Attached>)>> = Mutex::new(Vec::new());
 const ADMIN_POLL: Duration = Duration::from_millis(50);
 
 /// The controller `trid` names, attached with `settings` if no job has attached it so far.
-pub fn attach(trid: &TransportId, settings: &Settings) -> Result<Arc<Attached>, String> {
+pub fn attach(trid: &TransportId, settings: &Settings) -> Result<Arc<Attached>, Error> {
     let key = settings.controller_key(trid);
     let mut reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
     reg.retain(|(_, w)| w.strong_count() > 0);
@@ -151,24 +165,35 @@ pub fn attach(trid: &TransportId, settings: &Settings) -> Result<Arc<Attached>, 
         .class(4096, 64)
         .hugepages(nvpoll::mem::HugepageMode::Off)
         .build()
-        .map_err(|e| format!("{name}: DMA memory for the admin queue: {e}"))?;
+        .map_err(|source| Error::AdminMemory {
+            name: name.clone(),
+            source,
+        })?;
     let ctrl = match trid {
         TransportId::Pcie { bdf } => AnyController::Pcie(Box::new(
             PcieController::open(*bdf, pool, PcieOptions::default())
-                .map_err(|e| format!("opening {bdf}: {e}"))?,
+                .map_err(|source| Error::OpenPcie { bdf: *bdf, source })?,
         )),
         TransportId::Tcp { .. } => {
             let mut paths = settings.connect_options(trid)?;
             if paths.len() == 1 {
                 let o = paths.pop().expect("one path");
-                AnyController::Tcp(Box::new(
-                    TcpController::connect(o, pool)
-                        .map_err(|e| format!("connecting to {name}: {e}"))?,
-                ))
+                AnyController::Tcp(Box::new(TcpController::connect(o, pool).map_err(
+                    |source| Error::Connect {
+                        name: name.clone(),
+                        multipath: false,
+                        source,
+                    },
+                )?))
             } else {
                 AnyController::Multipath(Box::new(
-                    MultipathController::connect(paths, pool, settings.policy)
-                        .map_err(|e| format!("connecting to {name} (multipath): {e}"))?,
+                    MultipathController::connect(paths, pool, settings.policy).map_err(
+                        |source| Error::Connect {
+                            name: name.clone(),
+                            multipath: true,
+                            source,
+                        },
+                    )?,
                 ))
             }
         }

@@ -7,6 +7,8 @@ use nvpoll::trid::TransportId;
 use nvpoll_tcp::host::ConnectOptions;
 use nvpoll_tcp::multipath::PathPolicy;
 
+use crate::error::Error;
+
 /// One engine option: its name, fio's short label, its default and its help text, as fio shows them.
 pub struct OptionDoc {
     /// The option's name in a job file.
@@ -132,33 +134,41 @@ pub struct Settings {
     pub idle: Idle,
 }
 
-fn secret(name: &str, v: &str) -> Result<String, String> {
+fn secret(option: &'static str, v: &str) -> Result<String, Error> {
     if v.trim_start().starts_with("DHHC-1:") {
         return Ok(v.trim().to_string());
     }
     std::fs::read_to_string(v)
         .map(|t| t.trim().to_string())
-        .map_err(|e| format!("{name}: neither a DHHC-1:...: secret nor a readable file ({v}: {e})"))
+        .map_err(|source| Error::Secret {
+            option,
+            value: v.into(),
+            source,
+        })
 }
 
 impl Settings {
     /// Checks the options; the error names the option and what it accepts.
-    pub fn parse(raw: &RawOptions) -> Result<Settings, String> {
+    pub fn parse(raw: &RawOptions) -> Result<Settings, Error> {
         let [hostnqn, psk_path, send_mode, digest, dh, dh_ctrl, paths, policy, idle] = &raw.0;
         let psk = match psk_path.as_deref().filter(|p| !p.is_empty()) {
             None => None,
             Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|e| format!("psk_path: cannot read {p}: {e}"))?;
+                let text = std::fs::read_to_string(p).map_err(|source| Error::PskRead {
+                    path: p.into(),
+                    source,
+                })?;
                 let key = text.trim().to_string();
-                nvpoll_tcp::tls::ConfiguredKey::parse(&key)
-                    .map_err(|e| format!("psk_path: {p}: {e}"))?;
+                nvpoll_tcp::tls::ConfiguredKey::parse(&key).map_err(|source| Error::PskKey {
+                    path: p.into(),
+                    source,
+                })?;
                 Some((p.to_string(), key))
             }
         };
         let send_mode = match send_mode.as_deref() {
             None | Some("") => SendMode::Deferred,
-            Some(m) => m.parse().map_err(|e| format!("send_mode: {e}"))?,
+            Some(m) => m.parse().map_err(Error::SendMode)?,
         };
         let digests = match digest.as_deref().map(str::to_ascii_lowercase).as_deref() {
             None | Some("") | Some("none") => (false, false),
@@ -166,14 +176,16 @@ impl Settings {
             Some("data") => (false, true),
             Some("both") => (true, true),
             Some(other) => {
-                return Err(format!(
-                    "digest={other}: expected none, header, data or both"
-                ))
+                return Err(Error::BadOption {
+                    option: "digest",
+                    value: other.into(),
+                    expected: "none, header, data or both",
+                })
             }
         };
         let dhchap = match dh.as_deref().filter(|s| !s.is_empty()) {
             None if dh_ctrl.as_deref().is_some_and(|s| !s.is_empty()) => {
-                return Err("dhchap_ctrl_secret needs dhchap_secret".into())
+                return Err(Error::CtrlSecretAlone)
             }
             None => None,
             Some(s) => Some((
@@ -190,9 +202,9 @@ impl Settings {
             Some(list) => list
                 .split(',')
                 .map(|p| {
-                    p.trim().parse::<SocketAddr>().map_err(|_| {
-                        format!("paths: '{p}' is not ADDR:PORT (an IP address and a port)")
-                    })
+                    p.trim()
+                        .parse::<SocketAddr>()
+                        .map_err(|_| Error::BadPath(p.into()))
                 })
                 .collect::<Result<_, _>>()?,
         };
@@ -201,12 +213,22 @@ impl Settings {
             Some(p) => [PathPolicy::QueueDepth, PathPolicy::RoundRobin]
                 .into_iter()
                 .find(|c| c.name().eq_ignore_ascii_case(p))
-                .ok_or_else(|| format!("path_policy={p}: expected queue-depth or round-robin"))?,
+                .ok_or_else(|| Error::BadOption {
+                    option: "path_policy",
+                    value: p.into(),
+                    expected: "queue-depth or round-robin",
+                })?,
         };
         let idle = match idle.as_deref() {
             None | Some("") | Some("yield") => Idle::Yield,
             Some("spin") => Idle::Spin,
-            Some(other) => return Err(format!("idle={other}: expected spin or yield")),
+            Some(other) => {
+                return Err(Error::BadOption {
+                    option: "idle",
+                    value: other.into(),
+                    expected: "spin or yield",
+                })
+            }
         };
         Ok(Settings {
             hostnqn: hostnqn.clone().filter(|s| !s.is_empty()),
@@ -247,27 +269,26 @@ impl Settings {
 
     /// The connect options of each path to the NVMe/TCP controller `trid` names: its own address first,
     /// then `paths`.
-    pub fn connect_options(&self, trid: &TransportId) -> Result<Vec<ConnectOptions>, String> {
-        let mut first =
-            ConnectOptions::from_trid(trid, self.hostnqn.as_deref()).map_err(|e| e.to_string())?;
+    pub fn connect_options(&self, trid: &TransportId) -> Result<Vec<ConnectOptions>, Error> {
+        let mut first = ConnectOptions::from_trid(trid, self.hostnqn.as_deref())
+            .map_err(Error::ConnectOptions)?;
         first.header_digest = self.digests.0;
         first.data_digest = self.digests.1;
         if let Some((h, c)) = &self.dhchap {
-            first = first
-                .with_dhchap(h, c.as_deref())
-                .map_err(|e| format!("dhchap_secret: {e}"))?;
+            first = first.with_dhchap(h, c.as_deref()).map_err(Error::Dhchap)?;
         }
         if let Some((p, key)) = &self.psk {
             first = first
                 .with_psk_args(key, None, 0)
-                .map_err(|e| format!("psk_path: {p}: {e}"))?;
+                .map_err(|source| Error::PskSetup {
+                    path: p.clone(),
+                    source,
+                })?;
         }
         let mut all = vec![first.clone()];
         for addr in &self.paths {
             if *addr == first.addr {
-                return Err(format!(
-                    "paths: {addr} is the filename's own address; list only the others"
-                ));
+                return Err(Error::OwnPath(*addr));
             }
             let mut o = first.clone();
             o.addr = *addr;
@@ -322,7 +343,7 @@ mod tests {
             ("psk_path", "/nonexistent/key", "psk_path"),
             ("dhchap_ctrl_secret", "DHHC-1:00:x:", "needs dhchap_secret"),
         ] {
-            let e = Settings::parse(&raw(&[(k, v)])).unwrap_err();
+            let e = Settings::parse(&raw(&[(k, v)])).unwrap_err().to_string();
             assert!(e.contains(needle), "{k}={v}: {e}");
         }
     }
