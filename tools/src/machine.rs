@@ -19,22 +19,49 @@ struct Line(AtomicU32);
 /// Batches measured; the median one is reported (a batch a preemption hit is an outlier, not the machine).
 const BATCHES: usize = 5;
 
+/// Why [`core_round_trip`] measured nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RoundTripError {
+    /// Zero rounds were asked for.
+    #[error("the round trip needs at least one round")]
+    NoRounds,
+    /// A core is not among those this process may run on.
+    #[error("core {core} is not among the cores this process may run on ({allowed})")]
+    CoreNotAllowed {
+        /// The core asked for.
+        core: usize,
+        /// The cores this process may use.
+        allowed: nvpoll::reactor::CoreList,
+    },
+    /// A measuring thread could not be started.
+    #[error("starting a thread: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// A measuring thread could not be pinned to its core.
+    #[error("could not pin a thread to core {0}")]
+    Pin(usize),
+    /// The echo thread stopped before the measurement was done.
+    #[error("the other thread stopped")]
+    EchoStopped,
+    /// A measuring thread panicked.
+    #[error("the {0} thread panicked")]
+    Panicked(&'static str),
+}
+
 /// The round trip of a cache line between cores `a` and `b`: one thread pinned to each, passing a flag back
 /// and forth `rounds` times in each of five batches; the median batch's mean round trip.
 ///
 /// Run it while nothing else spins on those cores (a busy-polling reactor there shares its core with the
 /// measuring thread, and the result is the scheduler's time slice, not the machine). `a == b` measures
 /// two threads taking turns on one core.
-pub fn core_round_trip(a: usize, b: usize, rounds: u32) -> Result<Duration, String> {
+pub fn core_round_trip(a: usize, b: usize, rounds: u32) -> Result<Duration, RoundTripError> {
     if rounds == 0 {
-        return Err("the round trip needs at least one round".into());
+        return Err(RoundTripError::NoRounds);
     }
     let all = nvpoll::reactor::CoreList::all();
-    for c in [a, b] {
-        if !all.cores().contains(&c) {
-            return Err(format!(
-                "core {c} is not among the cores this process may run on ({all})"
-            ));
+    for core in [a, b] {
+        if !all.cores().contains(&core) {
+            return Err(RoundTripError::CoreNotAllowed { core, allowed: all });
         }
     }
     let line = Arc::new(Line(AtomicU32::new(0)));
@@ -52,11 +79,11 @@ pub fn core_round_trip(a: usize, b: usize, rounds: u32) -> Result<Duration, Stri
         let line = Arc::clone(&line);
         std::thread::Builder::new()
             .name("core-rtt-echo".into())
-            .spawn(move || -> Result<(), String> {
+            .spawn(move || -> Result<(), RoundTripError> {
                 if !core_affinity::set_for_current(core_affinity::CoreId { id: b }) {
                     // Tell the other side, which waits for the first pass.
                     line.0.store(u32::MAX, Ordering::Release);
-                    return Err(format!("could not pin a thread to core {b}"));
+                    return Err(RoundTripError::Pin(b));
                 }
                 for _ in 0..total {
                     loop {
@@ -70,16 +97,16 @@ pub fn core_round_trip(a: usize, b: usize, rounds: u32) -> Result<Duration, Stri
                 }
                 Ok(())
             })
-            .map_err(|e| format!("starting a thread: {e}"))?
+            .map_err(RoundTripError::Spawn)?
     };
     let ping = {
         let line = Arc::clone(&line);
         std::thread::Builder::new()
             .name("core-rtt-ping".into())
-            .spawn(move || -> Result<Vec<Duration>, String> {
+            .spawn(move || -> Result<Vec<Duration>, RoundTripError> {
                 if !core_affinity::set_for_current(core_affinity::CoreId { id: a }) {
                     line.0.store(u32::MAX, Ordering::Release);
-                    return Err(format!("could not pin a thread to core {a}"));
+                    return Err(RoundTripError::Pin(a));
                 }
                 let mut batches = Vec::with_capacity(BATCHES);
                 for _ in 0..BATCHES {
@@ -91,12 +118,12 @@ pub fn core_round_trip(a: usize, b: usize, rounds: u32) -> Result<Duration, Stri
                             .is_err()
                         {
                             // The echo thread gave up (u32::MAX).
-                            return Err("the other thread stopped".into());
+                            return Err(RoundTripError::EchoStopped);
                         }
                         loop {
                             match line.0.load(Ordering::Acquire) {
                                 0 => break,
-                                u32::MAX => return Err("the other thread stopped".into()),
+                                u32::MAX => return Err(RoundTripError::EchoStopped),
                                 _ => wait(),
                             }
                         }
@@ -105,18 +132,16 @@ pub fn core_round_trip(a: usize, b: usize, rounds: u32) -> Result<Duration, Stri
                 }
                 Ok(batches)
             })
-            .map_err(|e| format!("starting a thread: {e}"))?
+            .map_err(RoundTripError::Spawn)?
     };
     let pinged = ping
         .join()
-        .map_err(|_| "the measuring thread panicked".to_string())?;
+        .map_err(|_| RoundTripError::Panicked("measuring"))?;
     if pinged.is_err() {
         // Release the echo thread if it still waits.
         line.0.store(u32::MAX, Ordering::Release);
     }
-    let echoed = echo
-        .join()
-        .map_err(|_| "the echo thread panicked".to_string())?;
+    let echoed = echo.join().map_err(|_| RoundTripError::Panicked("echo"))?;
     echoed?;
     let mut batches = pinged?;
     batches.sort();
@@ -151,7 +176,14 @@ mod tests {
     #[test]
     fn refuses_a_core_it_may_not_use_and_zero_rounds() {
         let e = core_round_trip(0, 100_000, 10).unwrap_err();
-        assert!(e.contains("core 100000 is not among"), "{e}");
-        assert!(core_round_trip(0, 0, 0).is_err());
+        assert!(
+            matches!(e, RoundTripError::CoreNotAllowed { core: 100_000, .. }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("core 100000 is not among"), "{e}");
+        assert!(matches!(
+            core_round_trip(0, 0, 0),
+            Err(RoundTripError::NoRounds)
+        ));
     }
 }
