@@ -322,3 +322,54 @@ impl From<Error> for nvpoll::Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn an_interrupt_ioctl_failure_names_the_ioctl_and_keeps_the_os_error() {
+        let e = Error::SetIrqs {
+            irq: Irq::Msix,
+            vectors: 9,
+            source: io::Error::from_raw_os_error(libc::EINVAL),
+        };
+        let text = e.to_string();
+        assert!(
+            text.starts_with("VFIO_DEVICE_SET_IRQS (MSI-X, 9 vectors): "),
+            "{text}"
+        );
+        let source = e.source().expect("the OS error is the source");
+        let os = source.downcast_ref::<io::Error>().expect("an io::Error");
+        assert_eq!(os.raw_os_error(), Some(libc::EINVAL));
+        let e = Error::IrqInfo {
+            irq: Irq::Request,
+            source: io::Error::from_raw_os_error(libc::ENOTTY),
+        };
+        assert!(
+            e.to_string()
+                .starts_with("VFIO_DEVICE_GET_IRQ_INFO (device request): "),
+            "{e}"
+        );
+        assert!(e.source().is_some());
+        let bdf: PciAddress = "0000:04:00.0".parse().unwrap();
+        let e = Error::NoIrq {
+            bdf,
+            irq: Irq::Msix,
+        };
+        assert_eq!(e.to_string(), "0000:04:00.0 has no MSI-X interrupt");
+    }
+
+    #[test]
+    fn a_dead_queue_says_why_and_is_a_lost_connection() {
+        use nvpoll::TransportError as _;
+        let e = Error::Dead(Dead::GivenUp);
+        assert_eq!(
+            e.to_string(),
+            "the controller could not be reset and was given up"
+        );
+        assert_eq!(e.class(), nvpoll::ErrorClass::ConnectionLost);
+    }
+}
