@@ -33,16 +33,16 @@ done
 
 if [ "${1:-}" != --in-guest ]; then
     say "building the target (release)"
-    (cd "$ROOT" && cargo build -q --release --example target) || die "the build failed"
+    (cd "$ROOT" && cargo build -q --release --bin nvpoll-target) || die "the build failed"
     meta=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps)
     [[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"
-    BIN=${BASH_REMATCH[1]}/release/examples
-    NVPOLL_EXAMPLES_DIR=$BIN exec "$ROOT/scripts/vm.sh" -- env COUNTS="$COUNTS" ROUNDS="$ROUNDS" \
-        RUNTIME="$RUNTIME" NVPOLL_EXAMPLES_DIR="$BIN" bash "$ROOT/scripts/bench-connections-guest.sh" --in-guest
+    BIN=${BASH_REMATCH[1]}/release
+    NVPOLL_BIN_DIR=$BIN exec "$ROOT/scripts/vm.sh" -- env COUNTS="$COUNTS" ROUNDS="$ROUNDS" \
+        RUNTIME="$RUNTIME" NVPOLL_BIN_DIR="$BIN" bash "$ROOT/scripts/bench-connections-guest.sh" --in-guest
 fi
 
 # ---- in the guest
-BIN=${NVPOLL_EXAMPLES_DIR:?}
+BIN=${NVPOLL_BIN_DIR:?}
 [ -n "${VM_NVMET_NQN:-}" ] || die "no nvmet target in the guest (NVPOLL_VM_NVMET=0?)"
 command -v nvme >/dev/null || die "nvme-cli is missing in the guest"
 command -v fio >/dev/null || die "fio is missing (install it on the host: the guest runs on the host's root fs)"
@@ -73,7 +73,7 @@ cat > "$WORK/target.json" <<JSON
  "subsystems": [{"nqn": "$NQN", "allow_any_host": true, "namespaces": [{"ram": "256M"}]},
                 {"nqn": "$IDLE_NQN", "allow_any_host": true, "namespaces": [{"ram": "16M"}]}]}
 JSON
-"$BIN/target" --config "$WORK/target.json" --cores 1 --idle poll > "$WORK/target.log" 2>&1 &
+"$BIN/nvpoll-target" --config "$WORK/target.json" --cores 1 --idle poll > "$WORK/target.log" 2>&1 &
 TPID=$!
 for _ in $(seq 300); do grep -q "listening on" "$WORK/target.log" && break; kill -0 "$TPID" 2>/dev/null || break; sleep 0.1; done
 grep -q "listening on" "$WORK/target.log" || { cat "$WORK/target.log" >&2; die "our target did not start"; }

@@ -46,9 +46,9 @@ command -v fio >/dev/null 2>&1 || die "fio is not installed (apt-get install fio
 
 # --- in the guest: the kernel's block device against our target -------------------------------------------
 if [ "${1:-}" = --in-guest ]; then
-    BIN=${NVPOLL_EXAMPLES_DIR:?}
+    BIN=${NVPOLL_BIN_DIR:?}
     SO=$(dirname "$BIN")/libnvpoll_fio.so
-    "$BIN/target" --listen 127.0.0.1:$PORT --nqn $SUBNQN --ram 512M --cores "$TCORE" --idle poll \
+    "$BIN/nvpoll-target" --listen 127.0.0.1:$PORT --nqn $SUBNQN --ram 512M --cores "$TCORE" --idle poll \
         > /tmp/bench-target.log 2>&1 &
     tpid=$!
     trap 'nvme disconnect -n $SUBNQN >/dev/null 2>&1 || true; kill $tpid 2>/dev/null || true' EXIT
@@ -82,19 +82,19 @@ fi
 
 # --- on this machine ---------------------------------------------------------------------------------------
 say "building the engine, perf and target (release)"
-(cd "$ROOT" && cargo build -q --release -p nvpoll-fio --lib && cargo build -q --release --example perf --example target) ||
+(cd "$ROOT" && cargo build -q --release -p nvpoll-fio --lib && cargo build -q --release --bin nvpoll-perf --bin nvpoll-target) ||
     die "the build failed"
 meta=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps)
 [[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"
 REL=${BASH_REMATCH[1]}/release
-BIN=$REL/examples
+BIN=$REL
 SO=$REL/libnvpoll_fio.so
 [ -f "$SO" ] || die "$SO was not built: the engine needs fio's source (scripts/fio-source.sh)"
 
 if [ "${BENCH_GUEST:-0}" = 1 ]; then
     say "in the guest: the kernel's nvme-tcp (io_uring, libaio) and our engine against our target"
-    NVPOLL_EXAMPLES_DIR=$BIN "$ROOT/scripts/vm.sh" -- env RUNTIME="$RUNTIME" ICORE=0 TCORE=1 PORT="$PORT" \
-        SHAPES="$SHAPES" NVPOLL_EXAMPLES_DIR="$BIN" bash "$ROOT/scripts/bench-fio.sh" --in-guest
+    NVPOLL_BIN_DIR=$BIN "$ROOT/scripts/vm.sh" -- env RUNTIME="$RUNTIME" ICORE=0 TCORE=1 PORT="$PORT" \
+        SHAPES="$SHAPES" NVPOLL_BIN_DIR="$BIN" bash "$ROOT/scripts/bench-fio.sh" --in-guest
     exit $?
 fi
 
@@ -136,7 +136,7 @@ start_ours() {
   ]
 }
 JSON
-    "$BIN/target" --config "$WORK/target.json" --cores "$TCORE" --idle poll > "$WORK/target.log" 2>&1 &
+    "$BIN/nvpoll-target" --config "$WORK/target.json" --cores "$TCORE" --idle poll > "$WORK/target.log" 2>&1 &
     TGT_PID=$!
     wait_listen "$PORT"; wait_listen $((PORT + 1))
 }
@@ -144,7 +144,7 @@ JSON
 rpc() { /usr/bin/python3 "$SPDK_DIR/scripts/rpc.py" -s "$WORK/spdk.sock" "$@" >> "$WORK/rpc.log" 2>&1 || die "rpc.py $* failed"; }
 start_spdk() {
     rm -f "$WORK/spdk.sock"   # the last nvmf_tgt's, which would answer nothing
-    # 4 GiB, as benches/scale.rs gives it: with 1 GiB, the two 256 MiB RAM disks and 128 queue pairs of 128
+    # 4 GiB, as tools/benches/scale.rs gives it: with 1 GiB, the two 256 MiB RAM disks and 128 queue pairs of 128
     # requests with 8 KiB in-capsule buffers did not fit, and nvmf_tgt reset the 128th Connect ("Unable to
     # allocate bufs on tqpair"), which failed our perf's qd1 x 128 cell.
     "$SPDK_DIR/build/bin/nvmf_tgt" -m "$((1 << TCORE))" --no-huge -s 4096 -r "$WORK/spdk.sock" > "$WORK/nvmf_tgt.log" 2>&1 &
@@ -203,7 +203,7 @@ run_one() {   # who shape sec -> IOPS
             fio_iops <<< "$out" ;;
         perf)
             [ "$sec" = tls ] && tls=(--psk "$KEY" --psk-identity-version 0)
-            out=$(timeout -k 5 $((RUNTIME + 60)) "$BIN/perf" --trid "trtype:tcp traddr:127.0.0.1 trsvcid:$port subnqn:$sub" \
+            out=$(timeout -k 5 $((RUNTIME + 60)) "$BIN/nvpoll-perf" --trid "trtype:tcp traddr:127.0.0.1 trsvcid:$port subnqn:$sub" \
                 --hostnqn "$HOSTNQN" --workload randwrite --io-size 4k --qd "$qd" --jobs "$jobs" --time "${RUNTIME}s" \
                 --warmup 2s --runs 1 --send-mode adaptive --cores "$ICORE" --json --quiet "${tls[@]}" 2>&1) || true
             if [[ "$out" =~ \"iops\":([0-9.]+) ]]; then echo "${BASH_REMATCH[1]%.*}"

@@ -2,9 +2,9 @@
 # scripts/bench-idle-queues.sh - what idle queue pairs cost the INITIATOR's reactor (issue 46): our perf measures
 # one queue at qd1 and eight at qd32 (4 KiB random reads) on one reactor that also carries N connected idle
 # queue pairs (perf --idle-queues N), with the reactor parking idle pollers (the default) and without
-# (--no-parking: every queue pair read on every iteration, as before), rounds interleaved, against one target
-# example on another core (the same target for every cell; its ready group reads only ready sessions).
-# benches/connections.rs measures the target's side.
+# (--no-parking: every queue pair read on every iteration, as before), rounds interleaved, against one nvpoll-target
+# on another core (the same target for every cell; its ready group reads only ready sessions).
+# tools/benches/connections.rs measures the target's side.
 #
 # Prints per cell the median IOPS and, per mode, the median of the per-round ratios to N = 0 with their spread.
 #
@@ -28,10 +28,10 @@ for n in $COUNTS; do [[ "$n" =~ ^[0-9]+$ ]] || die "COUNTS: '$n' is not a number
 command -v python3 >/dev/null 2>&1 || die "python3 is needed for the table"
 
 say "building perf and the target (release)"
-(cd "$ROOT" && cargo build -q --release --example perf --example target) || die "the build failed"
+(cd "$ROOT" && cargo build -q --release --bin nvpoll-perf --bin nvpoll-target) || die "the build failed"
 meta=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps)
 [[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"
-BIN=${BASH_REMATCH[1]}/release/examples
+BIN=${BASH_REMATCH[1]}/release
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/$PROG.XXXXXX")
 TPID=
@@ -41,7 +41,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$BIN/target" --listen "127.0.0.1:$PORT" --nqn "$NQN" --ram 512M --cores "$TCORE" --idle poll \
+"$BIN/nvpoll-target" --listen "127.0.0.1:$PORT" --nqn "$NQN" --ram 512M --cores "$TCORE" --idle poll \
     --io-queues 1024 > "$WORK/target.log" 2>&1 &
 TPID=$!
 for _ in $(seq 200); do grep -q "listening on" "$WORK/target.log" && break; kill -0 "$TPID" 2>/dev/null || break; sleep 0.05; done
@@ -54,7 +54,7 @@ run() {   # idle-queues qd jobs parking(on|off) -> IOPS or "fail"
     for _ in $(seq "$ctrls"); do trids+=(--trid "trtype:tcp traddr:127.0.0.1 trsvcid:$PORT subnqn:$NQN"); done
     [ "$mode" = off ] && extra=(--no-parking)
     local out
-    out=$(timeout -k 5 $((TIME + 120)) "$BIN/perf" "${trids[@]}" --cores "$ICORE" --qd "$qd" --jobs "$jobs" \
+    out=$(timeout -k 5 $((TIME + 120)) "$BIN/nvpoll-perf" "${trids[@]}" --cores "$ICORE" --qd "$qd" --jobs "$jobs" \
         --idle-queues "$n" "${extra[@]}" --workload randread --time "${TIME}s" --warmup 500ms --runs 1 \
         --send-mode deferred --json --quiet 2>"$WORK/perf.err") || { tail -n 3 "$WORK/perf.err" >&2; echo fail; return; }
     python3 -c 'import json,sys; print(int(json.load(sys.stdin)["rows"][0]["median"]["iops"]))' <<< "$out" 2>/dev/null || echo fail

@@ -26,7 +26,7 @@
 # Knobs (environment):
 #   SPDK_DIR                 the SPDK build (required)
 #   SPDK_RPC_PYTHON          the python3 that runs rpc.py (default /usr/bin/python3)
-#   NVPOLL_EXAMPLES_DIR      folder with our built perf and target (default: cargo build --release)
+#   NVPOLL_BIN_DIR      folder with our built perf and target (default: cargo build --release)
 #   BENCH_TIME=3             seconds per run
 #   BENCH_RUNS=3             rounds: runs per target, initiator and cell (the median is printed)
 #   BENCH_CELLS              workload:size:qd list, default
@@ -106,7 +106,7 @@ start_ours() {
 }
 JSON
     # Polling, as SPDK's nvmf_tgt does: the comparison is of two polled targets (the binary's default is hybrid).
-    "$BIN/target" --config "$WORK/target.json" --cores "$TCORE" --idle poll > "$WORK/target.log" 2>&1 &
+    "$BIN/nvpoll-target" --config "$WORK/target.json" --cores "$TCORE" --idle poll > "$WORK/target.log" 2>&1 &
     TGT_PID=$!
     wait_listen "$PLAIN_PORT" "$TGT_PID" "$WORK/target.log"
     wait_listen "$TLS_PORT" "$TGT_PID" "$WORK/target.log"
@@ -166,7 +166,7 @@ spdk_run() {   # sec workload bytes qd -> "IOPS CPU" (IOPS "fail" when it failed
 our_run() {   # sec workload bytes qd -> "IOPS CPU" (IOPS "fail" when it failed)
     local sec=$1 w=$2 b=$3 q=$4 port=$PLAIN_PORT sub=$SUBNQN args=() out iops
     [ "$sec" = tls ] && { port=$TLS_PORT; sub=$SUBNQN_TLS; args=(--psk "$KEY" --psk-identity-version 0); }
-    run_sampled "run(s) per row" timeout -k 2 $((TIME + 15)) "$BIN/perf" \
+    run_sampled "run(s) per row" timeout -k 2 $((TIME + 15)) "$BIN/nvpoll-perf" \
         --trid "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$sub" \
         --hostnqn "$HOSTNQN" --workload "$w" --io-size "$b" --qd "$q" --jobs 1 --time "${TIME}s" --warmup 0s --runs 1 \
         --send-mode adaptive --cores "$ICORE" --json "${args[@]}"
@@ -196,13 +196,13 @@ measure_cell() {   # spdk|ours round sec cell
     CPU_OF[$tgt/ours/$sec/$cell]+="$oc "
     say "round $round/$RUNS, $tgt target, $sec $w $s qd$q: spdk_nvme_perf $a (CPU $ac us/IO), our perf $o (CPU $oc us/IO)"
 }
-# The cache-line round trip between the target's core and the initiator's (examples/core_rtt), measured
+# The cache-line round trip between the target's core and the initiator's (nvpoll-core-rtt), measured
 # while nothing runs there: on a VM the hypervisor moves the virtual CPUs, and this round trip (70, 110 or
 # 500 ns on the development VM) moved our pair's 4 KiB qd128 reads between 1M and 0.5M IOPS (issue 47). It
 # is taken before each target starts and after the last stops, and printed with the round.
 rtt() {
     local out
-    if [ -x "$BIN/core_rtt" ] && out=$("$BIN/core_rtt" "$TCORE" "$ICORE" --rounds 5000 2>/dev/null) &&
+    if [ -x "$BIN/nvpoll-core-rtt" ] && out=$("$BIN/nvpoll-core-rtt" "$TCORE" "$ICORE" --rounds 5000 2>/dev/null) &&
         [[ "$out" =~ round\ trip\ ([0-9]+)\ ns ]]; then
         echo "${BASH_REMATCH[1]}"
     else

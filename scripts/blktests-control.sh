@@ -2,7 +2,7 @@
 # scripts/blktests-control.sh - blktests' NVME_TARGET_CONTROL script for nvpoll's
 # target: blktests' nvme group calls it to learn where the target is and to add
 # and remove the subsystems its tests use, through the target's control socket
-# (the rpc example). See blktests' Documentation/running-tests.md.
+# (nvpoll-rpc). See blktests' Documentation/running-tests.md.
 #
 #   config --show-blkdev-type | --show-trtype | --show-hostnqn | --show-hostid |
 #          --show-host-traddr | --show-traddr | --show-trsvid |
@@ -17,7 +17,7 @@
 # DH-HMAC-CHAP (the subsystem's host entry gets dhchap_key, dhchap_ctrl_key).
 #
 # Environment (scripts/blktests.sh sets these in the guest):
-#   NVPOLL_BT_RPC     the rpc example            (required for setup/cleanup)
+#   NVPOLL_BT_RPC     nvpoll-rpc                 (required for setup/cleanup)
 #   NVPOLL_BT_SOCKET  the target's control socket (default /run/nvpoll-blktests.sock)
 #   NVPOLL_BT_PORT    its listener's port         (default 4420)
 #   NVPOLL_BT_STATE   where namespace files go    (default /tmp/nvpoll-blktests)
@@ -34,7 +34,7 @@ die() { echo "blktests-control: $*" >&2; exit 1; }
 host_file() { [ -r "$1" ] && tr -d '\n' < "$1"; }
 
 rpc() {
-    [ -n "${NVPOLL_BT_RPC:-}" ] && [ -x "$NVPOLL_BT_RPC" ] || die "NVPOLL_BT_RPC must name the rpc example"
+    [ -n "${NVPOLL_BT_RPC:-}" ] && [ -x "$NVPOLL_BT_RPC" ] || die "NVPOLL_BT_RPC must name nvpoll-rpc"
     "$NVPOLL_BT_RPC" -s "$SOCKET" "$@"
 }
 

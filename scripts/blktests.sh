@@ -36,7 +36,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 if [ "${1:-}" = --in-guest ]; then
     OUT=$2; shift 2
     TESTS=("$@")
-    EX=$ROOT/target/debug/examples
+    EX=$ROOT/target/debug
     export NVME_IMG_SIZE=${NVPOLL_BT_IMG_SIZE:-256M}
     if [ -n "${NVPOLL_BT_NVME_CLI:-}" ]; then
         mkdir -p /tmp/bt-bin && cp "$NVPOLL_BT_NVME_CLI" /tmp/bt-bin/nvme && export PATH=/tmp/bt-bin:$PATH
@@ -54,13 +54,13 @@ if [ "${1:-}" = --in-guest ]; then
     # --- 1. nvpoll's target
     cp -a "$NVPOLL_BT_DIR" /tmp/bt-ours || exit 2
     printf '{"listeners": [{"address": "127.0.0.1:4420"}], "subsystems": []}\n' > /tmp/bt-empty.json
-    "$EX/target" --config /tmp/bt-empty.json --rpc-socket /run/nvpoll-blktests.sock \
+    "$EX/nvpoll-target" --config /tmp/bt-empty.json --rpc-socket /run/nvpoll-blktests.sock \
         > "$OUT/target.log" 2>&1 &
     tpid=$!
     for _ in $(seq 100); do grep -q "control socket" "$OUT/target.log" && break; sleep 0.1; done
     grep -q "control socket" "$OUT/target.log" || { echo "blktests: the target did not start"; cat "$OUT/target.log"; exit 2; }
     echo "blktests: against nvpoll's target (pid $tpid): ${TESTS[*]}"
-    (cd /tmp/bt-ours && NVME_TARGET_CONTROL=$ROOT/scripts/blktests-control.sh NVPOLL_BT_RPC=$EX/rpc \
+    (cd /tmp/bt-ours && NVME_TARGET_CONTROL=$ROOT/scripts/blktests-control.sh NVPOLL_BT_RPC=$EX/nvpoll-rpc \
         NVPOLL_BT_PORT=4420 ./check "${TESTS[@]}") > "$OUT/nvpoll.txt" 2>&1
     kill -INT "$tpid"; wait "$tpid"
     echo "blktests: the target exited with status $? ($(grep '^stats:' "$OUT/target.log"))"
@@ -92,7 +92,7 @@ export NVPOLL_BT_DIR=$BLKTESTS_DIR
 OUT=${NVPOLL_BT_OUT:-$(mktemp -d "${TMPDIR:-/tmp}/nvpoll-blktests.XXXXXX")}
 mkdir -p "$OUT"
 cd "$ROOT"
-cargo build --examples --quiet || exit 2
+cargo build --bins --quiet || exit 2
 # nvmet's tests set up their own ports: the guest's standing nvmet target would be in their way.
 NVPOLL_VM_NVMET=0 NVPOLL_VM_TIMEOUT=${NVPOLL_BT_TIMEOUT:-5400} NVPOLL_VM_OUT=$OUT \
     "$ROOT/scripts/vm.sh" -- bash "$ROOT/scripts/blktests.sh" --in-guest "$OUT" "$@"

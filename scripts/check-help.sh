@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Checks that the first line of every binary's --help says what that binary does: not a crate's
 # description (clap's `about` with no value takes the package's), and not empty.
-# usage: scripts/check-help.sh   (builds the examples and binaries in the debug profile)
+# usage: scripts/check-help.sh   (builds the binaries in the debug profile)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "check-help: $*" >&2; exit 1; }
-cargo build -q --workspace --examples --bins || die "the build failed"
+cargo build -q --workspace --bins || die "the build failed"
 meta=$(cargo metadata --format-version 1 --no-deps) || die "cargo metadata failed"
 [[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"
 bin=${BASH_REMATCH[1]}/debug
 # every package's description, one a line
 descs=$(grep -o '"description":"[^"]*"' <<< "$meta" | sed 's/^"description":"//; s/"$//')
 bad=0 n=0
-for exe in "$bin"/examples/{perf,identify,hello_world,target,rpc} "$bin"/nvpoll-setup; do
+for exe in "$bin"/nvpoll-{perf,identify,hello-world,target,rpc,setup,core-rtt}; do
     [ -x "$exe" ] || die "$exe was not built"
     help=$("$exe" --help) || die "$exe --help failed"
     first=$(head -n 1 <<< "$help")
@@ -22,7 +22,7 @@ for exe in "$bin"/examples/{perf,identify,hello_world,target,rpc} "$bin"/nvpoll-
     elif grep -qxF -- "$first" <<< "$descs"; then
         echo "check-help: ${exe##*/}: --help opens with a crate's description: $first"; bad=1
     else
-        printf 'check-help: %-12s %s\n' "${exe##*/}" "$first"
+        printf 'check-help: %-19s %s\n' "${exe##*/}" "$first"
     fi
 done
 [ "$bad" = 0 ] || exit 1

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # A Connect the target refuses is named by its real reason in every tool: perf, identify and hello_world against
-# our target (the example, debug build) asking for a subsystem it does not have must fail and say "the target
+# our target (nvpoll-target, debug build) asking for a subsystem it does not have must fail and say "the target
 # has no subsystem NQN" (the fio engine's own test checks the same for fio). Issue 45: they said "Attempted
 # Write to Read Only Range", the NVM meaning of the Fabrics code 82h.
-# usage: scripts/check-refused-connect.sh   (builds the examples in the debug profile; uses 127.0.0.1:PORT)
+# usage: scripts/check-refused-connect.sh   (builds the binaries in the debug profile; uses 127.0.0.1:PORT)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "check-refused-connect: $*" >&2; exit 1; }
 PORT=${PORT:-4497}
-cargo build -q --examples || die "the build failed"
+cargo build -q --bins || die "the build failed"
 meta=$(cargo metadata --format-version 1 --no-deps) || die "cargo metadata failed"
 [[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"
-bin=${BASH_REMATCH[1]}/debug/examples
+bin=${BASH_REMATCH[1]}/debug
 work=$(mktemp -d)
-"$bin/target" --listen "127.0.0.1:$PORT" --nqn nqn.2016-06.io.spdk:cnode1 --ram 16M > "$work/target.log" 2>&1 &
+"$bin/nvpoll-target" --listen "127.0.0.1:$PORT" --nqn nqn.2016-06.io.spdk:cnode1 --ram 16M > "$work/target.log" 2>&1 &
 tpid=$!
 trap 'kill -TERM $tpid 2>/dev/null; wait $tpid 2>/dev/null; rm -rf "$work"' EXIT
 for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.05; done
@@ -24,7 +24,7 @@ trid="trtype:tcp traddr:127.0.0.1 trsvcid:$PORT subnqn:$nqn"
 bad=0
 for tool in identify hello_world perf; do
     args=(--trid "$trid"); [ "$tool" = perf ] && args+=(--time 1s --warmup 0s --runs 1)
-    rc=0; out=$(timeout 60 "$bin/$tool" "${args[@]}" 2>&1) || rc=$?
+    rc=0; out=$(timeout 60 "$bin/nvpoll-${tool//_/-}" "${args[@]}" 2>&1) || rc=$?
     if [ "$rc" = 0 ]; then echo "check-refused-connect: $tool succeeded against a subsystem that does not exist"; bad=1
     elif ! grep -qF -- "$want" <<< "$out"; then
         echo "check-refused-connect: $tool (exit $rc) does not say '$want':"; printf '%s\n' "$out"; bad=1

@@ -4,7 +4,7 @@
 # usage: scripts/fault-test.sh
 #
 # Creates a network namespace nvpoll-fault-<pid> joined to this one by a veth pair (a /30 in 10.201.0.0/16),
-# runs our target (examples/target.rs) inside it on a file namespace, and runs `perf --verify --faults`
+# runs our target (nvpoll-target) inside it on a file namespace, and runs `perf --verify --faults`
 # from here against it, one scenario at a time. Each scenario is one perf run of 8 to 12 s; the fault is
 # injected a few seconds in, and every fault is undone by the script itself:
 #   kill -9 + restart   the target is killed and started again 1 s later on the same file (twice: with
@@ -29,8 +29,8 @@
 # the namespace, the veth pair, the processes and the temporary files go away on any exit.
 #
 # Knobs (environment):
-#   NVPOLL_EXAMPLES_DIR      folder with the built perf and target examples (default: builds them, see below)
-#   NVPOLL_FAULT_PROFILE     debug | release: the profile to build when NVPOLL_EXAMPLES_DIR is unset (debug)
+#   NVPOLL_BIN_DIR      folder with the built nvpoll-perf and nvpoll-target (default: builds them, see below)
+#   NVPOLL_FAULT_PROFILE     debug | release: the profile to build when NVPOLL_BIN_DIR is unset (debug)
 #   NVPOLL_FAULT_KEEP=0      1: keep the work folder (perf and target logs)
 #   NVPOLL_FAULT_SCENARIOS   comma-separated subset of: kill, kill-fail-fast, gone, reset, blackhole, lossy,
 #                            kill-tls, lossy-tls, mp-kill, mp-ana, mp-blackhole (default: all but lossy-tls,
@@ -60,10 +60,10 @@ else die "neither nft (apt-get install nftables) nor iptables found"
 fi
 
 # ---------------------------------------------------------------------------------------------------------------
-# the examples
+# the binaries
 # ---------------------------------------------------------------------------------------------------------------
-if [ -n "${NVPOLL_EXAMPLES_DIR:-}" ]; then
-    BIN=$NVPOLL_EXAMPLES_DIR
+if [ -n "${NVPOLL_BIN_DIR:-}" ]; then
+    BIN=$NVPOLL_BIN_DIR
 else
     profile=${NVPOLL_FAULT_PROFILE:-debug}
     case "$profile" in
@@ -71,13 +71,13 @@ else
         release) flags=(--release) ;;
         *) die "NVPOLL_FAULT_PROFILE must be debug or release, not '$profile'" ;;
     esac
-    say "building the perf and target examples ($profile)"
-    (cd "$ROOT" && cargo build -q "${flags[@]}" --example perf --example target --example rpc) || die "the build failed"
+    say "building nvpoll-perf, nvpoll-target and nvpoll-rpc ($profile)"
+    (cd "$ROOT" && cargo build -q "${flags[@]}" --bin nvpoll-perf --bin nvpoll-target --bin nvpoll-rpc) || die "the build failed"
     meta=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps)
     [[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"
-    BIN=${BASH_REMATCH[1]}/$profile/examples
+    BIN=${BASH_REMATCH[1]}/$profile
 fi
-for b in perf target rpc; do [ -x "$BIN/$b" ] || die "no $b example in $BIN"; done
+for b in perf target rpc; do [ -x "$BIN/nvpoll-$b" ] || die "no nvpoll-$b in $BIN"; done
 
 # ---------------------------------------------------------------------------------------------------------------
 # namespace, veth pair, cleanup
@@ -167,10 +167,10 @@ start_target() {   # starts the target (with MP=1: the first of the two) in the 
     if [ "$MP" = 1 ]; then
         mp_config "$PORT" 1 > "$WORK/target1.json"
         rm -f "$WORK/rpc1.sock"
-        ip netns exec "$NS" "$BIN/target" --config "$WORK/target1.json" --rpc-socket "$WORK/rpc1.sock" --cores 1 \
+        ip netns exec "$NS" "$BIN/nvpoll-target" --config "$WORK/target1.json" --rpc-socket "$WORK/rpc1.sock" --cores 1 \
             >> "$WORK/target.log" 2>&1 &
     else
-        ip netns exec "$NS" "$BIN/target" --listen "$TARGET_IP:$PORT" --nqn "$NQN" --file "$IMG" --cores 1 "${TLS_ARGS[@]}" \
+        ip netns exec "$NS" "$BIN/nvpoll-target" --listen "$TARGET_IP:$PORT" --nqn "$NQN" --file "$IMG" --cores 1 "${TLS_ARGS[@]}" \
             >> "$WORK/target.log" 2>&1 &
     fi
     TARGET_PID=$!
@@ -178,7 +178,7 @@ start_target() {   # starts the target (with MP=1: the first of the two) in the 
 }
 start_target2() {   # the second multipath target, on PORT2
     mp_config "$PORT2" 1000 > "$WORK/target2.json"
-    ip netns exec "$NS" "$BIN/target" --config "$WORK/target2.json" --cores 1 >> "$WORK/target2.log" 2>&1 &
+    ip netns exec "$NS" "$BIN/nvpoll-target" --config "$WORK/target2.json" --cores 1 >> "$WORK/target2.log" 2>&1 &
     TARGET2_PID=$!
     wait_listening "$PORT2" "$TARGET2_PID" "$WORK/target2.log"
 }
@@ -192,7 +192,7 @@ stop_target2() {
     TARGET2_PID=''
 }
 ana() {   # STATE: the first target's path, ANA group 1
-    "$BIN/rpc" -s "$WORK/rpc1.sock" ana_state_set nqn="$NQN" listener="$TARGET_IP:$PORT" group=1 state="$1" \
+    "$BIN/nvpoll-rpc" -s "$WORK/rpc1.sock" ana_state_set nqn="$NQN" listener="$TARGET_IP:$PORT" group=1 state="$1" \
         > /dev/null || die "ana_state_set $1 failed"
 }
 stop_target() {   # SIGNAL
@@ -292,7 +292,7 @@ run_scenario() {   # LABEL POLICY EXPECT SECONDS INJECT [perf args...]
     log_from=$(wc -l < "$WORK/target.log")
     local trids=(--trid "trtype:tcp traddr:$TARGET_IP trsvcid:$PORT subnqn:$NQN")
     [ "$MP" = 0 ] || trids+=(--trid "trtype:tcp traddr:$TARGET_IP trsvcid:$PORT2 subnqn:$NQN" --multipath)
-    timeout -k 5 $((secs + 60)) "$BIN/perf" \
+    timeout -k 5 $((secs + 60)) "$BIN/nvpoll-perf" \
         "${trids[@]}" --hostnqn "$HOSTNQN" \
         --verify --faults --quiet --qd 16 --time "${secs}s" --warmup 0s --runs 1 --workload randrw \
         --send-mode deferred --cores 0 --reconnect-delay 200ms --drain-timeout 30s \

@@ -10,7 +10,7 @@
 #
 # usage: SPDK_DIR=/path/to/spdk scripts/interop-spdk-dhchap.sh
 # SPDK_DIR is an SPDK build (v26.05) made by its own instructions; this script never builds one, and without
-# SPDK_DIR it says so and exits 0. Knobs: NVPOLL_EXAMPLES_DIR (our perf, target and rpc; default a release
+# SPDK_DIR it says so and exits 0. Knobs: NVPOLL_BIN_DIR (our perf, target and rpc; default a release
 # build), TCORE/ICORE (cores of the target and the initiator; default 0 and 1), TIME (seconds per cell, 2),
 # PORT (first of two ports, 4460), DHCHAP_HASHES and DHCHAP_GROUPS (space-separated subsets).
 # Exit status: 0 when every cell passed and both wrong keys were refused, 1 otherwise, 2 on a setup failure.
@@ -29,11 +29,11 @@ SUBNQN=nqn.2016-06.io.spdk:dhchap
 OURNQN=nqn.2024-01.io.nvpoll:dhchap
 
 our_binaries
-if [ ! -x "$BIN/rpc" ] && [ -z "${NVPOLL_EXAMPLES_DIR:-}" ]; then
-    (cd "$ROOT" && cargo build -q --release --example rpc) || die "building the rpc example failed"
+if [ ! -x "$BIN/nvpoll-rpc" ] && [ -z "${NVPOLL_BIN_DIR:-}" ]; then
+    (cd "$ROOT" && cargo build -q --release --bin nvpoll-rpc) || die "building nvpoll-rpc failed"
 fi
-RPC_BIN=$BIN/rpc
-[ -x "$RPC_BIN" ] || die "no rpc example in $BIN"
+RPC_BIN=$BIN/nvpoll-rpc
+[ -x "$RPC_BIN" ] || die "no nvpoll-rpc in $BIN"
 make_work nvpoll-dhchap
 PIDS=()
 # shellcheck disable=SC2317  # invoked by the traps
@@ -90,7 +90,7 @@ ours_to_spdk() {   # hash group mode
     local h=$1 g=$2 mode=$3 args=(--dhchap-secret "$WORK/hk" --dhchap-hashes "$1" --dhchap-dhgroups "$2")
     [ "$mode" = bidirectional ] && args+=(--dhchap-ctrl-secret "$WORK/ck")
     local log=$WORK/ours-spdk-$h-$g-$mode.log rc=0 t0=$EPOCHREALTIME
-    timeout -k 2 $((TIME + 30)) "$BIN/perf" --trid "trtype:tcp traddr:127.0.0.1 trsvcid:$PORT subnqn:$SUBNQN" \
+    timeout -k 2 $((TIME + 30)) "$BIN/nvpoll-perf" --trid "trtype:tcp traddr:127.0.0.1 trsvcid:$PORT subnqn:$SUBNQN" \
         --hostnqn "$HOSTNQN" --workload randrw --qd 4 --time "${TIME}s" --warmup 0s --runs 1 --cores "$ICORE" \
         --verify --quiet -vv "${args[@]}" > "$log" 2>&1 || rc=$?
     local secs; secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
@@ -107,7 +107,7 @@ for h in "${HASHES[@]}"; do for g in "${GROUPS_[@]}"; do for m in host-only bidi
     ours_to_spdk "$h" "$g" "$m"
 done; done; done
 rc=0
-timeout 30 "$BIN/perf" --trid "trtype:tcp traddr:127.0.0.1 trsvcid:$PORT subnqn:$SUBNQN" --hostnqn "$HOSTNQN" \
+timeout 30 "$BIN/nvpoll-perf" --trid "trtype:tcp traddr:127.0.0.1 trsvcid:$PORT subnqn:$SUBNQN" --hostnqn "$HOSTNQN" \
     --time 1s --warmup 0s --runs 1 --cores "$ICORE" --quiet --dhchap-secret "$WORK/bad" > "$WORK/bad-ours.log" 2>&1 || rc=$?
 if [ "$rc" != 0 ] && grep -q "DH-HMAC-CHAP" "$WORK/bad-ours.log"; then
     record ours-spdk wrong-key - - - ok
@@ -124,7 +124,7 @@ cat > "$WORK/ours.json" <<JSON
                  "namespaces": [{"ram": "256M"}]}]}
 JSON
 chmod 600 "$WORK/ck2"
-"$BIN/target" --config "$WORK/ours.json" --cores "$TCORE" --rpc-socket "$WORK/ours.sock" > "$WORK/ours.log" 2>&1 &
+"$BIN/nvpoll-target" --config "$WORK/ours.json" --cores "$TCORE" --rpc-socket "$WORK/ours.sock" > "$WORK/ours.log" 2>&1 &
 OUR_PID=$!
 PIDS+=("$OUR_PID")
 wait_listen "$((PORT + 1))" "$OUR_PID" "$WORK/ours.log"

@@ -27,7 +27,7 @@
 # Knobs (environment):
 #   SPDK_DIR                 the SPDK build (required)
 #   SPDK_RPC_PYTHON          the python3 that runs rpc.py (default /usr/bin/python3)
-#   NVPOLL_EXAMPLES_DIR      folder with our built perf and target (default: cargo build --release)
+#   NVPOLL_BIN_DIR      folder with our built perf and target (default: cargo build --release)
 #   INTEROP_TIME=2           seconds per cell
 #   INTEROP_WORKLOAD=randrw  randrw (50% reads) | randread | randwrite | read | write
 #   INTEROP_DIRECTIONS       ours-spdk,spdk-ours (default both; "" runs only nvme_fuzz)
@@ -151,7 +151,7 @@ start_our_target() {
   ]
 }
 JSON
-    "$BIN/target" --config "$conf" --cores "$TCORE" > "$WORK/our-target.log" 2>&1 &
+    "$BIN/nvpoll-target" --config "$conf" --cores "$TCORE" > "$WORK/our-target.log" 2>&1 &
     OUR_TGT_PID=$!
     PIDS+=("$OUR_TGT_PID")
     wait_listen "$OUR_PLAIN_PORT" "$OUR_TGT_PID" "$WORK/our-target.log"
@@ -175,7 +175,7 @@ ours_to_spdk() {   # sec dg size qd qp
     [ "$sec" = tls ] && { port=$SPDK_TLS_PORT; sub=$SUBNQN_TLS; args+=(--psk "$KEY" --psk-identity-version 0); }
     [ "$dg" = hd ] && args+=(--header-digest --data-digest)
     local log=$WORK/ours-spdk-$sec-$dg-$size-$qd-$qp.log rc=0
-    run_bounded "$log" "$BIN/perf" --trid "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$sub" \
+    run_bounded "$log" "$BIN/nvpoll-perf" --trid "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$sub" \
         --hostnqn "$HOSTNQN" --workload "$WORKLOAD" --rwmix 50 --io-size "$size" --qd "$per" --jobs "$qp" \
         --time "${TIME}s" --warmup 0s --runs 1 --send-mode adaptive --cores "$ICORE" --verify --json --quiet \
         "${args[@]}" || rc=$?

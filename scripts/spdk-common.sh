@@ -48,19 +48,19 @@ bytes() {   # 512 | 4k | 128k | 1m -> bytes
     esac
 }
 
-our_binaries() {   # sets BIN: NVPOLL_EXAMPLES_DIR, or a release build of our perf, target and core_rtt
-    if [ -n "${NVPOLL_EXAMPLES_DIR:-}" ]; then
-        BIN=$NVPOLL_EXAMPLES_DIR
+our_binaries() {   # sets BIN: NVPOLL_BIN_DIR, or a release build of our perf, target and core_rtt
+    if [ -n "${NVPOLL_BIN_DIR:-}" ]; then
+        BIN=$NVPOLL_BIN_DIR
     else
         say "building our perf, target and core_rtt (release)"
-        (cd "$ROOT" && cargo build -q --release --example perf --example target --example core_rtt) ||
+        (cd "$ROOT" && cargo build -q --release --bin nvpoll-perf --bin nvpoll-target --bin nvpoll-core-rtt) ||
             die "the build failed"
         local meta
         meta=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps) || die "cargo metadata failed"
         [[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"
-        BIN=${BASH_REMATCH[1]}/release/examples
+        BIN=${BASH_REMATCH[1]}/release
     fi
-    [ -x "$BIN/perf" ] && [ -x "$BIN/target" ] || die "no perf and target in $BIN"
+    [ -x "$BIN/nvpoll-perf" ] && [ -x "$BIN/nvpoll-target" ] || die "no perf and target in $BIN"
 }
 
 make_work() {   # NAME: sets WORK (a fresh private folder), KEYFILE (KEY in it, mode 600) and RPC_SOCK

@@ -3,7 +3,7 @@
 #
 # usage: scripts/vm-test.sh
 #
-#  1. builds the workspace's test executables and examples on this machine
+#  1. builds the workspace's test executables and binaries on this machine
 #     (debug profile; NVPOLL_VM_PROFILE=release for release);
 #  2. boots ONE throw-away guest with scripts/vm.sh;
 #  3. in the guest, with NVPOLL_VM=1, runs every test executable that has
@@ -25,8 +25,8 @@
 #                                  which matches no test name, only those run
 #   NVPOLL_VM_TEST_TIMEOUT=600     seconds for one test executable or script
 #   NVPOLL_VM_KEEP=0               1: keep the results folder (and vm.sh's run folder)
-#   NVPOLL_EXAMPLES_DIR            set for the guest to the built examples' folder
-#                                  (e.g. target/debug/examples) unless already set
+#   NVPOLL_BIN_DIR                 set for the guest to the built binaries' folder
+#                                  (e.g. target/debug) unless already set
 #   every other NVPOLL_VM_* knob of scripts/vm.sh (cache, memory, timeout,
 #   verbosity, ...), and every NVPOLL_* variable reaches the guest.
 set -euo pipefail
@@ -188,7 +188,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/nvpoll-vm-test.XXXXXX")
 cleanup() { if [ "${NVPOLL_VM_KEEP:-0}" = 1 ]; then echo "vm-test: kept $WORK" >&2; else rm -rf "$WORK"; fi; }
 trap cleanup EXIT
 
-echo "vm-test: building test executables and examples ($PROFILE)"
+echo "vm-test: building test executables and binaries ($PROFILE)"
 if ! cargo test --workspace --no-run "${CARGO_PROFILE[@]}" --message-format=json-render-diagnostics > "$WORK/cargo.json"; then
     echo "vm-test: the build failed" >&2; exit 2
 fi
@@ -204,14 +204,14 @@ while IFS= read -r line; do
     printf '%s\t%s\t%s\n' "$exe" "$dir" "$label"
 done < "$WORK/cargo.json" | sort -t "$TAB" -k3 > "$WORK/executables"
 # --lib too: the fio ioengine (libnvpoll_fio.so) is a library no test links, used by scripts/vm-tests/75-*
-if ! cargo build --workspace --lib --examples "${CARGO_PROFILE[@]}"; then
+if ! cargo build --workspace --lib --bins "${CARGO_PROFILE[@]}"; then
     echo "vm-test: the build failed" >&2; exit 2
 fi
-# where the examples are, for the scripts in scripts/vm-tests
-if [ -z "${NVPOLL_EXAMPLES_DIR:-}" ]; then
+# where the binaries are, for the scripts in scripts/vm-tests
+if [ -z "${NVPOLL_BIN_DIR:-}" ]; then
     meta=$(cargo metadata --format-version 1 --no-deps)
     [[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || { echo "vm-test: no target_directory in cargo metadata" >&2; exit 2; }
-    export NVPOLL_EXAMPLES_DIR=${BASH_REMATCH[1]}/$PROFILE/examples
+    export NVPOLL_BIN_DIR=${BASH_REMATCH[1]}/$PROFILE
 fi
 shopt -s nullglob
 # shellcheck disable=SC2206  # the pattern is meant to glob

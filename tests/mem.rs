@@ -352,12 +352,39 @@ fn hugepages_are_used_when_reserved() {
     drop(pool);
 }
 
+/// Prints warnings and errors on stderr as the binaries' logger does (`nvpoll: warning: ...`), without the
+/// tools crate: the core crate's tests depend on no other crate of the workspace.
+struct StderrWarnings;
+
+static STDERR_WARNINGS: StderrWarnings = StderrWarnings;
+
+impl log::Log for StderrWarnings {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::Level::Warn
+    }
+
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            let krate = r.target().split("::").next().unwrap_or("nvpoll");
+            let level = if r.level() == log::Level::Warn {
+                "warning"
+            } else {
+                "error"
+            };
+            eprintln!("{}: {level}: {}", krate.replace('_', "-"), r.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
 #[test]
 fn falls_back_to_ordinary_pages_with_one_warning() {
     if std::env::var_os(FALLBACK_CHILD).is_some() {
         // The child: three pools, which would each warn if the warning were not once per process. The
-        // warning goes through the log facade; the binaries' logger prints it on stderr.
-        nvpoll_tools::logging::init(0);
+        // warning goes through the log facade; a logger of the binaries' shape prints it on stderr.
+        log::set_logger(&STDERR_WARNINGS).unwrap();
+        log::set_max_level(log::LevelFilter::Warn);
         for _ in 0..3 {
             let pool = DmaPool::builder().class(4096, 4).build().unwrap();
             assert_eq!(pool.page_kind(), PageKind::Normal);

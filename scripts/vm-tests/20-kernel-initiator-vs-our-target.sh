@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # scripts/vm-tests/20-kernel-initiator-vs-our-target.sh - the Linux kernel's
-# NVMe/TCP host against nvpoll's target (examples/target), inside the guest of
+# NVMe/TCP host against nvpoll's target (nvpoll-target), inside the guest of
 # scripts/vm.sh (scripts/vm-test.sh runs it there).
 #
-#  1. starts the target example on 127.0.0.1:4430 with a 96 MiB RAM namespace;
+#  1. starts nvpoll-target on 127.0.0.1:4430 with a 96 MiB RAM namespace;
 #  2. nvme discover must list its subsystem;
 #  3. without digests, then with --hdr-digest --data-digest: nvme connect, fio
 #     randwrite of 32 MiB with --verify=crc32c at bs 4k and 128k (writes go
@@ -21,8 +21,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
 PORT=4430
 ADDR=127.0.0.1
 NQN=nqn.2024-01.io.nvpoll:vmtest
-EXAMPLES=${NVPOLL_EXAMPLES_DIR:-$ROOT/target/debug/examples}
-BIN=$EXAMPLES/target
+EXAMPLES=${NVPOLL_BIN_DIR:-$ROOT/target/debug}
+BIN=$EXAMPLES/nvpoll-target
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/nvpoll-kernel-vs-target.XXXXXX")
 LOG=$WORK/target.log
 TPID=
@@ -82,7 +82,7 @@ gone() {
 }
 
 # ---- 1. the target -----------------------------------------------------------
-[ -x "$BIN" ] || fail "no target example at $BIN (build it: cargo build --examples)"
+[ -x "$BIN" ] || fail "no nvpoll-target at $BIN (build it: cargo build --bins)"
 core=$(( $(nproc) - 1 ))
 "$BIN" --listen "$ADDR:$PORT" --nqn "$NQN" --ram 96M --block-size 512 --cores "$core" > "$LOG" 2>&1 &
 TPID=$!

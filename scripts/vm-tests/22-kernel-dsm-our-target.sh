@@ -3,7 +3,7 @@
 # Dataset Management against nvpoll's target, in the guest of scripts/vm.sh
 # (blktests nvme/019 and nvme/025 check the same against nvmet).
 #
-#  1. starts the target example with a RAM namespace (1) and a file namespace
+#  1. starts nvpoll-target with a RAM namespace (1) and a file namespace
 #     (2), 4 KiB blocks, and connects the kernel host;
 #  2. Identify: ONCS has Dataset Management, each namespace's DLFEAT says
 #     deallocated blocks read as zeroes; the block devices take discards;
@@ -20,7 +20,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
 PORT=4432
 ADDR=127.0.0.1
 NQN=nqn.2024-01.io.nvpoll:vm-dsm
-EXAMPLES=${NVPOLL_EXAMPLES_DIR:-$ROOT/target/debug/examples}
+EXAMPLES=${NVPOLL_BIN_DIR:-$ROOT/target/debug}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/nvpoll-dsm.XXXXXX")
 LOG=$WORK/target.log
 TPID=
@@ -42,7 +42,7 @@ modprobe nvme-tcp 2>/dev/null || true
 
 # ---- 1. target and connection ----------------------------------------------------
 truncate -s 64M "$WORK/ns.img"
-"$EXAMPLES/target" --listen "$ADDR:$PORT" --nqn "$NQN" --ram 64M --file "$WORK/ns.img" --block-size 4096 \
+"$EXAMPLES/nvpoll-target" --listen "$ADDR:$PORT" --nqn "$NQN" --ram 64M --file "$WORK/ns.img" --block-size 4096 \
     > "$LOG" 2>&1 &
 TPID=$!
 for _ in $(seq 100); do grep -q "listening on" "$LOG" && break; kill -0 "$TPID" 2>/dev/null || break; sleep 0.1; done

@@ -3,7 +3,7 @@
 # each other with NVMe persistent reservations on nvpoll's target, in the guest
 # of scripts/vm.sh (what blktests nvme/054 checks against nvmet's configfs).
 #
-#  1. starts the target example with a file namespace on two listeners;
+#  1. starts nvpoll-target with a file namespace on two listeners;
 #     connects two kernel hosts (two host NQNs and host IDs: one controller
 #     each, one through each listener);
 #  2. one host alone walks the sequence of blktests nvme/054 (which only knows
@@ -26,7 +26,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
 PORT=4434
 ADDR=127.0.0.1
 NQN=nqn.2024-01.io.nvpoll:vm-resv
-EXAMPLES=${NVPOLL_EXAMPLES_DIR:-$ROOT/target/debug/examples}
+EXAMPLES=${NVPOLL_BIN_DIR:-$ROOT/target/debug}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/nvpoll-resv.XXXXXX")
 LOG=$WORK/target.log
 TPID=
@@ -50,7 +50,7 @@ modprobe nvme-tcp 2>/dev/null || true
 
 start_target() {
     : > "$LOG"
-    "$EXAMPLES/target" --listen "$ADDR:$PORT" --listener "$ADDR:$((PORT + 1))" --nqn "$NQN" --file "$WORK/ns.img" \
+    "$EXAMPLES/nvpoll-target" --listen "$ADDR:$PORT" --listener "$ADDR:$((PORT + 1))" --nqn "$NQN" --file "$WORK/ns.img" \
         > "$LOG" 2>&1 &
     TPID=$!
     for _ in $(seq 100); do grep -q "listening on" "$LOG" && break; kill -0 "$TPID" 2>/dev/null || break; sleep 0.1; done

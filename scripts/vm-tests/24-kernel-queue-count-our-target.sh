@@ -4,7 +4,7 @@
 # scripts/vm.sh (what blktests nvme/048 checks with nvmet's attr_qid_max, a
 # configfs file it cannot find on our target).
 #
-#  1. starts the target example with a control socket; nvme connect with
+#  1. starts nvpoll-target with a control socket; nvme connect with
 #     --keep-alive-tmo 1 --reconnect-delay 2: the controller is live with the
 #     guest's CPU count of I/O queues (the target grants more);
 #  2. rpc subsystem_set_max_io_queues 1: the target tears the controller down,
@@ -18,7 +18,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
 PORT=4436
 ADDR=127.0.0.1
 NQN=nqn.2024-01.io.nvpoll:vm-qcount
-EXAMPLES=${NVPOLL_EXAMPLES_DIR:-$ROOT/target/debug/examples}
+EXAMPLES=${NVPOLL_BIN_DIR:-$ROOT/target/debug}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/nvpoll-qcount.XXXXXX")
 LOG=$WORK/target.log
 SOCK=$WORK/ctl.sock
@@ -37,7 +37,7 @@ trap cleanup EXIT
 command -v nvme >/dev/null || fail "nvme-cli is missing in the guest"
 modprobe nvme-tcp 2>/dev/null || true
 
-"$EXAMPLES/target" --listen "$ADDR:$PORT" --nqn "$NQN" --ram 64M --rpc-socket "$SOCK" > "$LOG" 2>&1 &
+"$EXAMPLES/nvpoll-target" --listen "$ADDR:$PORT" --nqn "$NQN" --ram 64M --rpc-socket "$SOCK" > "$LOG" 2>&1 &
 TPID=$!
 for _ in $(seq 100); do grep -q "control socket" "$LOG" && break; kill -0 "$TPID" 2>/dev/null || break; sleep 0.1; done
 grep -q "control socket" "$LOG" || fail "step 1: the target did not start"
@@ -60,7 +60,7 @@ say "connected: /dev/$ctrl, state $(state), queue_count $(count)"
 # Sets the grant to $1 and waits (30 s at most) for the controller to be live again with $1 + 1 queues.
 grant() {
     local want=$(($1 + 1)) t0=$EPOCHREALTIME out
-    out=$("$EXAMPLES/rpc" -s "$SOCK" subsystem_set_max_io_queues nqn="$NQN" max_io_queues="$1" 2>&1) \
+    out=$("$EXAMPLES/nvpoll-rpc" -s "$SOCK" subsystem_set_max_io_queues nqn="$NQN" max_io_queues="$1" 2>&1) \
         || fail "subsystem_set_max_io_queues $1: $out"
     for _ in $(seq 300); do
         [ "$(count)" = "$want" ] && [ "$(state)" = live ] && break

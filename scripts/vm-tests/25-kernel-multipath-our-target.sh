@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # scripts/vm-tests/25-kernel-multipath-our-target.sh - the Linux kernel host's
-# native NVMe multipath against nvpoll's target (examples/target) reporting
+# native NVMe multipath against nvpoll's target (nvpoll-target) reporting
 # ANA, inside the guest of scripts/vm.sh (scripts/vm-test.sh runs it there).
 #
-#  1. starts the target example (--config, --rpc-socket, --idle hybrid) with
+#  1. starts nvpoll-target (--config, --rpc-socket, --idle hybrid) with
 #     one subsystem on two listeners, 127.0.0.1:4440 and 127.0.0.1:4441, open
 #     to any host, with one 64 MiB file namespace in ANA group 1;
 #  2. the kernel must have native multipath (nvme_core multipath=Y);
@@ -34,9 +34,9 @@ ADDR=127.0.0.1
 PORT_A=4440
 PORT_B=4441
 NQN=nqn.2024-01.io.nvpoll:vm-multipath
-EXAMPLES=${NVPOLL_EXAMPLES_DIR:-$ROOT/target/debug/examples}
-BIN=$EXAMPLES/target
-RPC=$EXAMPLES/rpc
+EXAMPLES=${NVPOLL_BIN_DIR:-$ROOT/target/debug}
+BIN=$EXAMPLES/nvpoll-target
+RPC=$EXAMPLES/nvpoll-rpc
 FIO_SECS=${NVPOLL_MP_FIO_SECS:-40}
 WAIT_SECS=${NVPOLL_MP_WAIT_SECS:-30}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/nvpoll-kernel-multipath.XXXXXX")
@@ -169,8 +169,8 @@ only_flows() {
 }
 
 # ---- 1. the target -----------------------------------------------------------
-[ -x "$BIN" ] || fail "step 1: no target example at $BIN (build it: cargo build --examples)"
-[ -x "$RPC" ] || fail "step 1: no rpc example at $RPC (build it: cargo build --examples)"
+[ -x "$BIN" ] || fail "step 1: no nvpoll-target at $BIN (build it: cargo build --bins)"
+[ -x "$RPC" ] || fail "step 1: no nvpoll-rpc at $RPC (build it: cargo build --bins)"
 command -v fio >/dev/null || fail "step 1: no fio in the guest"
 command -v nvme >/dev/null || fail "step 1: no nvme-cli in the guest"
 truncate -s 64M "$WORK/ns1.img" || fail "step 1: cannot make the namespace's file"

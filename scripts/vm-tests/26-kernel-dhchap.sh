@@ -21,7 +21,7 @@ NVMET_PORT=4438
 ADDR=127.0.0.1
 NQN=nqn.2024-01.io.nvpoll:vm-dhchap
 TNQN=nqn.2024-01.io.nvpoll:vm-dhchap-nvmet
-EXAMPLES=${NVPOLL_EXAMPLES_DIR:-$ROOT/target/debug/examples}
+EXAMPLES=${NVPOLL_BIN_DIR:-$ROOT/target/debug}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/nvpoll-dhchap.XXXXXX")
 LOG=$WORK/target.log
 SOCK=$WORK/ctl.sock
@@ -67,13 +67,13 @@ cat > "$WORK/config.json" <<EOF
  "subsystems": [{"nqn": "$NQN", "hosts": [{"nqn": "$VM_HOSTNQN", "dhchap_key": "$KEY", "dhchap_ctrl_key": "$CKEY"}],
                  "namespaces": [{"ram": "64M"}]}]}
 EOF
-"$EXAMPLES/target" --config "$WORK/config.json" --rpc-socket "$SOCK" > "$LOG" 2>&1 &
+"$EXAMPLES/nvpoll-target" --config "$WORK/config.json" --rpc-socket "$SOCK" > "$LOG" 2>&1 &
 TPID=$!
 for _ in $(seq 100); do grep -q "control socket" "$LOG" && break; kill -0 "$TPID" 2>/dev/null || break; sleep 0.1; done
 grep -q "control socket" "$LOG" || fail "A: the target did not start"
 grep -q -- "${KEY:10:16}" "$LOG" && fail "A: the target logged key material"
 
-rpc() { "$EXAMPLES/rpc" -s "$SOCK" "$@" >/dev/null || fail "rpc $*"; }
+rpc() { "$EXAMPLES/nvpoll-rpc" -s "$SOCK" "$@" >/dev/null || fail "rpc $*"; }
 ctrl_of() {
     local c
     for c in /sys/class/nvme/nvme*; do
@@ -169,7 +169,7 @@ HOSTDIR=$CFG/hosts/$VM_HOSTNQN
 TCKEY=$(nvme gen-dhchap-key -m 2 -l 48 -n "$TNQN") || fail "gen-dhchap-key"
 echo "$KEY" > "$HOSTDIR/dhchap_key" || fail "B: dhchap_key"
 perf_nvmet() {   # extra perf args...
-    "$EXAMPLES/perf" --trid "trtype:tcp traddr:$ADDR trsvcid:$NVMET_PORT subnqn:$TNQN" --hostnqn "$VM_HOSTNQN" \
+    "$EXAMPLES/nvpoll-perf" --trid "trtype:tcp traddr:$ADDR trsvcid:$NVMET_PORT subnqn:$TNQN" --hostnqn "$VM_HOSTNQN" \
         --qd 4 --time 1s --warmup 0s --runs 1 --workload randrw --verify --quiet "$@" > "$WORK/perf.txt" 2>&1
 }
 B_ROWS=()

@@ -19,7 +19,7 @@ P1=4439
 P2=4440
 ADDR=127.0.0.1
 NQN=nqn.2024-01.io.nvpoll:vm-remap
-EXAMPLES=${NVPOLL_EXAMPLES_DIR:-$ROOT/target/debug/examples}
+EXAMPLES=${NVPOLL_BIN_DIR:-$ROOT/target/debug}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/nvpoll-remap.XXXXXX")
 LOG=$WORK/target.log
 SOCK=$WORK/ctl.sock
@@ -50,11 +50,11 @@ cat > "$WORK/config.json" <<EOF
    {"nsid": 2, "file": "$WORK/ns2.img", "ana_group": 2, "uuid": "${UUID[2]}"},
    {"nsid": 3, "file": "$WORK/ns3.img", "ana_group": 3, "uuid": "${UUID[3]}"}]}]}
 EOF
-"$EXAMPLES/target" --config "$WORK/config.json" --rpc-socket "$SOCK" > "$LOG" 2>&1 &
+"$EXAMPLES/nvpoll-target" --config "$WORK/config.json" --rpc-socket "$SOCK" > "$LOG" 2>&1 &
 TPID=$!
 for _ in $(seq 100); do grep -q "control socket" "$LOG" && break; kill -0 "$TPID" 2>/dev/null || break; sleep 0.1; done
 grep -q "control socket" "$LOG" || fail "step 1: the target did not start"
-rpc() { "$EXAMPLES/rpc" -s "$SOCK" "$@"; }
+rpc() { "$EXAMPLES/nvpoll-rpc" -s "$SOCK" "$@"; }
 
 for p in "$P1" "$P2"; do
     out=$(nvme connect -t tcp -a "$ADDR" -s "$p" -n "$NQN" --hostnqn "$VM_HOSTNQN" --hostid "$VM_HOSTID" 2>&1) ||

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# nvpoll-setup and the PCIe examples in the guest (run by scripts/vm-test.sh):
+# nvpoll-setup and the PCIe tools in the guest (run by scripts/vm-test.sh):
 #  - status lists both emulated controllers with driver, IOMMU group and state;
 #  - bind refuses the kernel-driven twin while its namespace is mounted, then binds it once unmounted;
 #  - identify and hello_world drive the twin through VFIO (trtype:pcie);
 #  - unbind gives it back to nvme, and the filesystem written before is intact;
 #  - hugepages reserves pages and reports what it got.
 set -euo pipefail
-bin=${NVPOLL_EXAMPLES_DIR:-target/debug/examples}
+bin=${NVPOLL_BIN_DIR:-target/debug}
 setup=${NVPOLL_SETUP:-$(dirname "$bin")/nvpoll-setup}
 twin=0000:00:05.0
 dev=${VM_KNVME_DEV:?not in the scripts/vm.sh guest}
@@ -48,13 +48,13 @@ out=$("$setup" status)
 grep -Eq "^  $twin +vfio-pci +$group .*ready for nvpoll" <<<"$out" || { echo "$out"; fail "status after bind"; }
 
 # Our driver on the twin: its serial is the kernel one's.
-out=$("$bin/identify" --trid "trtype:pcie traddr:$twin"); echo "$out"
+out=$("$bin/nvpoll-identify" --trid "trtype:pcie traddr:$twin"); echo "$out"
 grep -q "^sn *: NVPOLLKERN" <<<"$out" || fail "identify over PCIe: wrong serial"
 grep -q "^mn *: QEMU NVMe Ctrl" <<<"$out" || fail "identify over PCIe: wrong model"
 grep -q "^namespace 1: .* blocks of 512 bytes" <<<"$out" || fail "identify over PCIe: namespace"
 # Far from the filesystem's blocks (the namespace is 1 GiB; ext4 uses the start and its groups sparsely).
-"$bin/hello_world" --trid "trtype:pcie traddr:$twin" --lba 2097000
-"$bin/hello_world" --trid "trtype:pcie traddr:$VM_VFIO_BDF" --lba 100
+"$bin/nvpoll-hello-world" --trid "trtype:pcie traddr:$twin" --lba 2097000
+"$bin/nvpoll-hello-world" --trid "trtype:pcie traddr:$VM_VFIO_BDF" --lba 100
 
 "$setup" unbind $twin
 [ "$(driver $twin)" = nvme ] || fail "the twin is not back on nvme"

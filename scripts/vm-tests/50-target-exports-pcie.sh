@@ -3,7 +3,7 @@
 # kernel's NVMe/TCP initiator reads back, over TCP, what our PCIe path wrote; then writes through TCP land on
 # the SSD, as our PCIe path reads them.
 set -euo pipefail
-bin=${NVPOLL_EXAMPLES_DIR:-target/debug/examples}
+bin=${NVPOLL_BIN_DIR:-target/debug}
 nqn=nqn.2024-01.io.nvpoll:pcie-export
 port=4431
 fail() { echo "export-pcie: FAIL: $*"; exit 1; }
@@ -23,7 +23,7 @@ head -c 65536 /dev/urandom > /tmp/expect.bin
 pcie_io write /tmp/expect.bin $((1 << 20)) || fail "our PCIe path could not write"
 
 # 2. Export it over NVMe/TCP and connect the kernel initiator.
-"$bin/target" --listen 127.0.0.1:$port --nqn $nqn --pcie "$VM_VFIO_BDF" --cores 1 > /tmp/export.log 2>&1 &
+"$bin/nvpoll-target" --listen 127.0.0.1:$port --nqn $nqn --pcie "$VM_VFIO_BDF" --cores 1 > /tmp/export.log 2>&1 &
 tpid=$!
 trap 'kill $tpid 2>/dev/null || true; nvme disconnect -n $nqn >/dev/null 2>&1 || true' EXIT
 for _ in $(seq 100); do nvme discover -t tcp -a 127.0.0.1 -s $port >/dev/null 2>&1 && break; sleep 0.1; done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/vm-tests/60-faults-kernel-nvmet.sh - fault injection between our NVMe/TCP initiator and the kernel's
 # nvmet-tcp target, inside the scripts/vm.sh guest (run by scripts/vm-test.sh, or alone:
-# scripts/vm.sh bash scripts/vm-tests/60-faults-kernel-nvmet.sh after cargo build --examples).
+# scripts/vm.sh bash scripts/vm-tests/60-faults-kernel-nvmet.sh after cargo build --bins).
 #
 # perf --verify --faults (qd 8, 7 s runs, retry policy) against $VM_NVMET_ADDR:$VM_NVMET_PORT while:
 #   a) port unlinked   the subsystem's link under the nvmet port is removed for 1 s (nvmet drops the
@@ -19,7 +19,7 @@
 set -euo pipefail
 
 PROG=60-faults
-bin=${NVPOLL_EXAMPLES_DIR:-target/debug/examples}
+bin=${NVPOLL_BIN_DIR:-target/debug}
 die() { echo "$PROG: FAIL: $*" >&2; exit 1; }
 say() { echo "$PROG: $*"; }
 loud() {
@@ -29,7 +29,7 @@ loud() {
 }
 
 [ -n "${VM_NVMET_NQN:-}" ] || die "VM_NVMET_NQN is not set: no nvmet-tcp target in this guest (NVPOLL_VM_NVMET=0?)"
-[ -x "$bin/perf" ] || die "no perf example in $bin (cargo build --examples)"
+[ -x "$bin/nvpoll-perf" ] || die "no nvpoll-perf in $bin (cargo build --bins)"
 cfg=/sys/kernel/config/nvmet
 port=''
 for p in "$cfg"/ports/*; do
@@ -68,7 +68,7 @@ run_scenario() {   # LABEL EXPECT INJECT SECONDS [PERF ARGS...]: perf in the bac
     RAN=$((RAN + 1))
     log=$(mktemp)
     say "---- $label: $secs s run"
-    timeout -k 5 90 "$bin/perf" \
+    timeout -k 5 90 "$bin/nvpoll-perf" \
         --trid "trtype:tcp traddr:$VM_NVMET_ADDR trsvcid:$VM_NVMET_PORT subnqn:$VM_NVMET_NQN" \
         --verify --faults --quiet --qd 8 --time "${secs}s" --warmup 0s --runs 1 --workload randrw --send-mode deferred \
         --reconnect-delay 200ms --drain-timeout 30s --recovery retry "$@" \

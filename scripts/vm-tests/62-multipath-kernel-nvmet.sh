@@ -2,7 +2,7 @@
 # scripts/vm-tests/62-multipath-kernel-nvmet.sh - our multipath initiator (perf --multipath) over two paths
 # to one kernel nvmet-tcp subsystem, against the kernel target's ANA support, inside the scripts/vm.sh guest
 # (run by scripts/vm-test.sh: NVPOLL_VM_SCRIPTS=62- NVPOLL_VM_TEST_FILTER=@none scripts/vm-test.sh runs it
-# alone; or scripts/vm.sh bash scripts/vm-tests/62-multipath-kernel-nvmet.sh after cargo build --examples).
+# alone; or scripts/vm.sh bash scripts/vm-tests/62-multipath-kernel-nvmet.sh after cargo build --bins).
 #
 # Setup: a second nvmet port (a new ports/N: tcp, ipv4, $VM_NVMET_ADDR, the first free trsvcid above
 # $VM_NVMET_PORT) with $VM_NVMET_NQN linked to it, so that the subsystem is on two ports; its namespaces
@@ -32,7 +32,7 @@
 set -euo pipefail
 
 PROG=62-multipath
-bin=${NVPOLL_EXAMPLES_DIR:-target/debug/examples}
+bin=${NVPOLL_BIN_DIR:-target/debug}
 KATO_S=2
 WAIT_SECS=${NVPOLL_MP_WAIT_SECS:-60}   # the bound of each polling wait
 NFT_TABLE=nvpoll_mp_fault
@@ -47,7 +47,7 @@ since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; 
 T0=$EPOCHREALTIME
 
 [ -n "${VM_NVMET_NQN:-}" ] || die "VM_NVMET_NQN is not set: no nvmet-tcp target in this guest (NVPOLL_VM_NVMET=0?)"
-[ -x "$bin/perf" ] || die "no perf example in $bin (cargo build --examples)"
+[ -x "$bin/nvpoll-perf" ] || die "no nvpoll-perf in $bin (cargo build --bins)"
 command -v ss >/dev/null || die "no ss in the guest (install iproute2 on the host: the guest runs on the host's root fs)"
 cfg=/sys/kernel/config/nvmet
 sub=$cfg/subsystems/$VM_NVMET_NQN
@@ -188,7 +188,7 @@ run_scenario() {   # LABEL EXPECT INJECT SECONDS: perf in the background, INJECT
     log=$(mktemp)
     d0=$(dmesg 2>/dev/null | wc -l) || d0=0
     say "---- $label: $secs s run"
-    timeout -k 5 $((secs + 90)) "$bin/perf" \
+    timeout -k 5 $((secs + 90)) "$bin/nvpoll-perf" \
         --trid "trtype:tcp traddr:$VM_NVMET_ADDR trsvcid:$VM_NVMET_PORT subnqn:$VM_NVMET_NQN" \
         --trid "trtype:tcp traddr:$VM_NVMET_ADDR trsvcid:$svc2 subnqn:$VM_NVMET_NQN" --multipath \
         --verify --faults --quiet --qd 16 --jobs "$JOBS" --time "${secs}s" --warmup 0s --runs 1 --workload randrw \

@@ -6,7 +6,7 @@
 # Every run must lose nothing, find no verify mismatch and fail no I/O (fault-test.sh's checks).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-export NVPOLL_EXAMPLES_DIR=${NVPOLL_EXAMPLES_DIR:-target/debug/examples}
+export NVPOLL_BIN_DIR=${NVPOLL_BIN_DIR:-target/debug}
 export NVPOLL_FAULT_SCENARIOS=${NVPOLL_FAULT_SCENARIOS:-lossy,lossy-tls,kill}
 export NVPOLL_FAULT_NETEM=require
 exec "$here/../fault-test.sh"

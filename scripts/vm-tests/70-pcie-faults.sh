@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/vm-tests/70-pcie-faults.sh - fault injection against our NVMe/PCIe driver and QEMU's emulated NVMe
 # controller bound to vfio-pci, inside the scripts/vm.sh guest (run by scripts/vm-test.sh, or alone:
-# scripts/vm.sh bash scripts/vm-tests/70-pcie-faults.sh after cargo build --examples --bins).
+# scripts/vm.sh bash scripts/vm-tests/70-pcie-faults.sh after cargo build --bins --bins).
 #
 # perf --verify --faults (qd 8 x 2 jobs, randrw) on $VM_VFIO_BDF while, from outside the process:
 #   a) function reset, retry       echo 1 > /sys/bus/pci/devices/$VM_VFIO_BDF/reset (the kernel's FLR of the
@@ -25,14 +25,14 @@
 set -euo pipefail
 
 PROG=70-pcie-faults
-bin=${NVPOLL_EXAMPLES_DIR:-target/debug/examples}
+bin=${NVPOLL_BIN_DIR:-target/debug}
 setup=${NVPOLL_SETUP:-$(dirname "$bin")/nvpoll-setup}
 die() { echo "$PROG: FAIL: $*" >&2; exit 1; }
 say() { echo "$PROG: $*"; }
 
 bdf=${VM_VFIO_BDF:?not in the scripts/vm.sh guest}
 dev=/sys/bus/pci/devices/$bdf
-[ -x "$bin/perf" ] || die "no perf example in $bin (cargo build --examples)"
+[ -x "$bin/nvpoll-perf" ] || die "no nvpoll-perf in $bin (cargo build --bins)"
 [ -x "$setup" ] || die "no nvpoll-setup at $setup (cargo build -p nvpoll-tools --bins)"
 [ -d "$dev" ] || die "no PCI device $bdf"
 driver() { basename "$(readlink -f "/sys/bus/pci/devices/$1/driver" 2>/dev/null)" 2>/dev/null || true; }
@@ -78,7 +78,7 @@ LOG='' RC=0 INJECT_S=''
 run_perf() {   # INJECT SECONDS RECOVERY: perf in the background, INJECT (a function) here
     local inject=$1 time=$2 recovery=$3
     LOG=$(mktemp) RC=0
-    timeout -k 5 120 "$bin/perf" --trid "trtype:pcie traddr:$bdf" \
+    timeout -k 5 120 "$bin/nvpoll-perf" --trid "trtype:pcie traddr:$bdf" \
         --verify --faults --quiet --qd 8 --time "${time}s" --warmup 0s --runs 1 --workload randrw \
         --send-mode deferred --io-timeout 5s --drain-timeout 30s --recovery "$recovery" > "$LOG" 2>&1 &
     perf_pid=$!

@@ -8,7 +8,7 @@
 #     fio's verify must still pass: nothing was reported written that was not.
 # fio exits non-zero on any I/O error or verify mismatch; each job's report must say err= 0.
 set -euo pipefail
-bin=${NVPOLL_EXAMPLES_DIR:-target/debug/examples}
+bin=${NVPOLL_BIN_DIR:-target/debug}
 so=$(cd "$(dirname "$bin")" && pwd -P)/libnvpoll_fio.so
 fail() { echo "fio-engine: FAIL: $*" >&2; exit 1; }
 [ -f "$so" ] || fail "$so is not built (scripts/vm-test.sh builds it; it needs fio's source: scripts/fio-source.sh)"
@@ -43,7 +43,7 @@ run nvmet-qd128x8 --filename="$nf" "${host[@]}" --rw=randwrite --bs=4k --iodepth
 nqn=nqn.2024-01.io.nvpoll:fio-fault
 port=4432
 start_target() {
-    "$bin/target" --listen 127.0.0.1:$port --nqn $nqn --pcie "$pcie" --cores 1 >> /tmp/fio-fault-target.log 2>&1 &
+    "$bin/nvpoll-target" --listen 127.0.0.1:$port --nqn $nqn --pcie "$pcie" --cores 1 >> /tmp/fio-fault-target.log 2>&1 &
     tpid=$!
     for _ in $(seq 300); do
         grep -q "listening on 127.0.0.1:$port" /tmp/fio-fault-target.log 2>/dev/null && return 0

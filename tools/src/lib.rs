@@ -1,9 +1,13 @@
-//! nvpoll's tools. The perf engine ([`loadgen`]), the binaries' logger ([`logging`]) and `nvpoll-setup` live
-//! here rather than in the core crate or a driver, so an embedder of `nvpoll` and a transport compiles neither
-//! clap, histograms, JSON nor a logger; `perf`, `identify`, the target and the benchmarks use this crate.
+//! nvpoll's tools: the products a user installs (`cargo install --path tools` gives `nvpoll-perf`,
+//! `nvpoll-target`, `nvpoll-identify`, `nvpoll-rpc`, `nvpoll-setup`, `nvpoll-hello-world` and
+//! `nvpoll-core-rtt`), and what they share: the perf engine ([`loadgen`]), the command line and controller
+//! opening ([`cli`]), the logger ([`logging`]) and the machine checks ([`machine`]). They live here rather than
+//! in the core crate or a driver, so an embedder of `nvpoll` or a transport compiles neither clap, histograms,
+//! JSON nor a logger. The loopback, idle, scaling and connection benchmarks are this crate's benches.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod loadgen;
 pub mod logging;
 pub mod machine;

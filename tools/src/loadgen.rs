@@ -2,7 +2,7 @@
 //! pollers, latency in an HDR histogram, CPU time per I/O from the reactors' thread clocks, and an optional
 //! verify mode that stamps every written block (LBA, generation, CRC32C) and checks it on every read.
 //!
-//! `examples/perf` and the loopback benchmark are built on it; a storage engine can use it to qualify a
+//! `nvpoll-perf` and the loopback benchmark are built on it; a storage engine can use it to qualify a
 //! device the same way.
 
 use std::fmt::Write as _;

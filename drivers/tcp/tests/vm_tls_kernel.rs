@@ -251,7 +251,7 @@ fn vm_tls_our_initiator_against_nvmet() {
     ctrl.shutdown().expect("shutdown");
 }
 
-/// The seed's two shapes with TLS: our perf (NVPOLL_EXAMPLES_DIR) writes 4 KiB blocks at qd1 x 128 jobs and at
+/// The seed's two shapes with TLS: our perf (NVPOLL_BIN_DIR) writes 4 KiB blocks at qd1 x 128 jobs and at
 /// qd128 x 8 jobs over ONE controller of nvmet-tcp on a port that requires TLS, in every send mode; perf exits
 /// non-zero on any I/O error or lost command.
 #[test]
@@ -259,7 +259,7 @@ fn vm_tls_seed_shapes_against_nvmet() {
     let Some((hostnqn, subnqn, _port)) = nvmet_tls_port() else {
         return;
     };
-    let perf = format!("{}/perf", env("NVPOLL_EXAMPLES_DIR"));
+    let perf = format!("{}/nvpoll-perf", env("NVPOLL_BIN_DIR"));
     let trid = format!("trtype:tcp traddr:127.0.0.1 trsvcid:4421 subnqn:{subnqn}");
     for (qd, jobs) in [("1", "128"), ("128", "8")] {
         let out = Command::new(&perf)
@@ -291,7 +291,7 @@ fn vm_tls_seed_shapes_against_nvmet() {
     }
 }
 
-/// The seed's two shapes with TLS through fio and our fio ioengine (libnvpoll_fio.so, next to the examples'
+/// The seed's two shapes with TLS through fio and our fio ioengine (libnvpoll_fio.so, in the binaries'
 /// folder): 4 KiB random writes at qd1 x 128 jobs and at qd128 x 8 jobs, thread=1, every job's queue pair on
 /// ONE controller of nvmet-tcp on a port that requires TLS, then a crc32c verify job. fio exits non-zero on
 /// any I/O error or verify mismatch.
@@ -300,11 +300,7 @@ fn vm_tls_fio_engine_against_nvmet() {
     let Some((hostnqn, subnqn, _port)) = nvmet_tls_port() else {
         return;
     };
-    let examples = std::path::PathBuf::from(env("NVPOLL_EXAMPLES_DIR"));
-    let so = examples
-        .parent()
-        .expect("the examples' folder has a parent")
-        .join("libnvpoll_fio.so");
+    let so = std::path::PathBuf::from(env("NVPOLL_BIN_DIR")).join("libnvpoll_fio.so");
     assert!(
         so.is_file(),
         "{} is not built (scripts/vm-test.sh builds it)",

@@ -8,7 +8,7 @@ use nvpoll::mem::DmaPool;
 use nvpoll::trid::TransportId;
 use nvpoll_pcie::PcieOptions;
 
-mod common;
+use nvpoll_tools::cli as common;
 
 /// Write "Hello world!" and a pattern to LBA 0 of the first namespace, read it back and compare.
 #[derive(Parser, Debug)]
@@ -25,7 +25,7 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    common::run_main("hello_world", args.verbosity.verbose, || run(args));
+    common::run_main("nvpoll-hello-world", args.verbosity.verbose, || run(args));
 }
 
 fn wait<Q: QueuePair>(qp: &mut Q) -> Result<Completion, String> {

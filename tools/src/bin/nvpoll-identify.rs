@@ -6,7 +6,7 @@ use nvpoll::spec::Vs;
 use nvpoll::trid::TransportId;
 use nvpoll_pcie::PcieOptions;
 
-mod common;
+use nvpoll_tools::cli as common;
 
 /// Print the controller and namespace summary of an NVMe controller.
 #[derive(Parser, Debug)]
@@ -26,7 +26,7 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    common::run_main("identify", args.verbosity.verbose, || run(args));
+    common::run_main("nvpoll-identify", args.verbosity.verbose, || run(args));
 }
 
 fn run(args: Args) -> Result<(), String> {

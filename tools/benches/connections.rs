@@ -4,14 +4,14 @@
 //! connects N I/O queues to the target, 128 per controller as a 128-CPU Linux host's nvme-tcp would, and then
 //! blocks: it costs the machine no CPU while the measurement runs. Our `perf` then measures 4 KiB random
 //! writes on another controller of the same subsystem, at qd1 on one queue and at qd32 on eight, with the
-//! target on one core and perf on another. Targets: ours (the `target` example, one reactor) and, with
+//! target on one core and perf on another. Targets: ours (`nvpoll-target`, one reactor) and, with
 //! SPDK_DIR, SPDK's nvmf_tgt (`--no-huge -s 4096`, one core), each restarted for every cell. Rounds
 //! interleave everything (N, target); the table gives each cell's median IOPS and its ratio to N = 0 on the
 //! same target and shape, the median of the per-round ratios with their spread (min-max).
 //!
 //! `cargo bench --bench connections`. Knobs (environment): NVPOLL_BENCH_TIME (3s per run), NVPOLL_BENCH_WARMUP
-//! (1s), NVPOLL_BENCH_RUNS (3 rounds), NVPOLL_CONN_COUNTS ("0 64 256 1024"), NVPOLL_EXAMPLES_DIR (built `perf`
-//! and `target`; default: `cargo build --release --example perf --example target`), SPDK_DIR (an SPDK v26.05
+//! (1s), NVPOLL_BENCH_RUNS (3 rounds), NVPOLL_CONN_COUNTS ("0 64 256 1024"), NVPOLL_BIN_DIR (built
+//! `nvpoll-perf` and `nvpoll-target`; default: those cargo builds for this bench), SPDK_DIR (an SPDK v26.05
 //! build; never built here). The target runs on the last core, perf on core 0: it needs two cores.
 
 use std::io::{Read, Write};
@@ -226,9 +226,13 @@ fn run() {
         .split_whitespace()
         .map(|c| c.parse().expect("NVPOLL_CONN_COUNTS: numbers"))
         .collect();
-    let dir = match std::env::var_os("NVPOLL_EXAMPLES_DIR") {
+    let dir = match std::env::var_os("NVPOLL_BIN_DIR") {
         Some(d) => PathBuf::from(d),
-        None => build_examples(),
+        // cargo builds the package's binaries for its benches, in the bench profile
+        None => Path::new(env!("CARGO_BIN_EXE_nvpoll-perf"))
+            .parent()
+            .expect("the binaries' folder")
+            .to_path_buf(),
     };
     let spdk = std::env::var_os("SPDK_DIR").map(PathBuf::from);
     let mut targets = vec![Target::Ours];
@@ -318,24 +322,6 @@ fn min_max(v: &[f64]) -> (f64, f64) {
         .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)))
 }
 
-fn build_examples() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let ok = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--release",
-            "--example",
-            "perf",
-            "--example",
-            "target",
-        ])
-        .current_dir(root)
-        .status()
-        .expect("cargo build");
-    assert!(ok.success(), "building perf and target failed");
-    root.join("target/release/examples")
-}
-
 /// A child process that is stopped when dropped (a panic included), so that no target outlives the bench
 /// and answers on its port in the next cell.
 struct Proc(Child);
@@ -365,7 +351,7 @@ fn start_target(t: Target, dir: &Path, spdk: Option<&Path>, work: &Path, core: u
                 ),
             )
             .expect("config");
-            Command::new(dir.join("target"))
+            Command::new(dir.join("nvpoll-target"))
                 .args([
                     "--config",
                     conf.to_str().expect("path"),
@@ -482,7 +468,7 @@ fn start_holder(n: usize) -> Proc {
 }
 
 fn measure(dir: &Path, time: &str, warmup: &str, qd: u32, jobs: u32) -> Option<f64> {
-    let out = Command::new(dir.join("perf"))
+    let out = Command::new(dir.join("nvpoll-perf"))
         .args([
             "--trid",
             &format!("trtype:tcp traddr:127.0.0.1 trsvcid:{PORT} subnqn:{NQN}"),

@@ -1,10 +1,10 @@
 //! nvpoll's NVMe/TCP target as a program: serves the NVM subsystems of a configuration file, or one given by
 //! flags (and the discovery subsystem), until Ctrl-C or SIGTERM, printing one line per connection and a stats
-//! line at the end. With --rpc-socket, a control socket changes it while it runs (examples/rpc.rs).
+//! line at the end. With --rpc-socket, a control socket changes it while it runs (nvpoll-rpc).
 //!
 //! ```text
-//! cargo run --release --example target -- --listen 127.0.0.1:4420 --nqn nqn.2024-01.io.nvpoll:demo --ram 1G --cores 0
-//! cargo run --release --example target -- --config target.json --rpc-socket /var/tmp/nvpoll.sock
+//! cargo run --release --bin nvpoll-target -- --listen 127.0.0.1:4420 --nqn nqn.2024-01.io.nvpoll:demo --ram 1G --cores 0
+//! cargo run --release --bin nvpoll-target -- --config target.json --rpc-socket /var/tmp/nvpoll.sock
 //! nvme discover -t tcp -a 127.0.0.1 -s 4420
 //! nvme connect -t tcp -a 127.0.0.1 -s 4420 -n nqn.2024-01.io.nvpoll:demo
 //! ```
@@ -186,7 +186,7 @@ fn main() -> ExitCode {
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("target: {e}");
+            eprintln!("nvpoll-target: {e}");
             ExitCode::FAILURE
         }
     }
@@ -340,11 +340,11 @@ fn run(args: Args) -> Result<(), String> {
     // Each connection holds a descriptor: take the hard limit, and say so when even that is low.
     match nvpoll_target::raise_descriptor_limit() {
         Ok(Some(n)) if n < FEW_DESCRIPTORS => eprintln!(
-            "target: at most {n} open descriptors (RLIMIT_NOFILE's hard limit), so fewer connections than \
+            "nvpoll-target: at most {n} open descriptors (RLIMIT_NOFILE's hard limit), so fewer connections than \
              that; raise it for more (ulimit -Hn as root, systemd's LimitNOFILE=)"
         ),
         Ok(_) => {}
-        Err(e) => eprintln!("target: could not raise the descriptor limit: {e}"),
+        Err(e) => eprintln!("nvpoll-target: could not raise the descriptor limit: {e}"),
     }
     let mut config = match &args.config {
         Some(path) => config::load(path, &open_pcie).map_err(|e| e.to_string())?,
@@ -448,7 +448,7 @@ fn congestion_notice() {
     if let Ok(cc) = std::fs::read_to_string(path) {
         if cc.trim() == "bbr" {
             println!(
-                "target: the system's TCP congestion control is bbr: on loopback and other microsecond paths it \
+                "nvpoll-target: the system's TCP congestion control is bbr: on loopback and other microsecond paths it \
                  keeps a window of a few segments, and reads ran at half speed or less in our measurements; \
                  --tcp-congestion cubic (or tcp_congestion in the configuration) chooses another for this \
                  target's connections alone"

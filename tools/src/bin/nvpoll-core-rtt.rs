@@ -28,7 +28,7 @@ fn main() {
             d.as_nanos()
         ),
         Err(e) => {
-            eprintln!("core_rtt: {e}");
+            eprintln!("nvpoll-core-rtt: {e}");
             std::process::exit(1);
         }
     }

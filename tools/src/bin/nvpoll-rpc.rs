@@ -1,10 +1,10 @@
-//! The control-socket client of nvpoll's NVMe/TCP target (examples/target.rs with --rpc-socket): calls one
+//! The control-socket client of nvpoll's NVMe/TCP target (nvpoll-target with --rpc-socket): calls one
 //! JSON-RPC method and prints its result.
 //!
 //! ```text
-//! cargo run --example rpc -- -s /var/tmp/nvpoll.sock subsystem_list
-//! cargo run --example rpc -- -s /var/tmp/nvpoll.sock namespace_add nqn=nqn.2024-01.io.nvpoll:a ram=1G
-//! cargo run --example rpc -- -s /var/tmp/nvpoll.sock subsystem_add '{"nqn": "nqn.2024-01.io.nvpoll:b", "allow_any_host": true, "namespaces": [{"ram": "64M"}]}'
+//! cargo run --bin nvpoll-rpc -- -s /var/tmp/nvpoll.sock subsystem_list
+//! cargo run --bin nvpoll-rpc -- -s /var/tmp/nvpoll.sock namespace_add nqn=nqn.2024-01.io.nvpoll:a ram=1G
+//! cargo run --bin nvpoll-rpc -- -s /var/tmp/nvpoll.sock subsystem_add '{"nqn": "nqn.2024-01.io.nvpoll:b", "allow_any_host": true, "namespaces": [{"ram": "64M"}]}'
 //! ```
 
 use std::path::PathBuf;
@@ -83,7 +83,7 @@ fn main() -> ExitCode {
     let params = match params(&args.params) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("rpc: {e}");
+            eprintln!("nvpoll-rpc: {e}");
             return ExitCode::from(2);
         }
     };
@@ -95,11 +95,14 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(Err(e)) => {
-            eprintln!("rpc: {}: {} (code {})", args.method, e.message, e.code);
+            eprintln!(
+                "nvpoll-rpc: {}: {} (code {})",
+                args.method, e.message, e.code
+            );
             ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("rpc: {e}");
+            eprintln!("nvpoll-rpc: {e}");
             ExitCode::from(2)
         }
     }

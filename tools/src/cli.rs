@@ -1,8 +1,6 @@
-//! What the example binaries share: `main`'s frame (the logger, the error line and the exit status), the
+//! What nvpoll's binaries share: `main`'s frame (the logger, the error line and the exit status), the
 //! controller to attach to (`--trid` and the NVMe/TCP host options that follow it), and opening a controller
-//! of either transport with the error messages the binaries print. Included with `mod common;`; each binary
-//! uses the part it needs.
-#![allow(dead_code)] // each example compiles this module on its own and uses only some of it
+//! of either transport with the error messages the binaries print. Each binary uses the part it needs.
 
 use nvpoll::api::Controller;
 use nvpoll::mem::DmaPool;
@@ -13,7 +11,7 @@ use nvpoll_tcp::host::{ConnectOptions, TcpController};
 /// Installs the binaries' logger at the `-v` count `verbose` ([`Verbosity`]), runs `body`, and on an error
 /// prints `NAME: ERROR` on stderr and exits with status 1.
 pub fn run_main(name: &str, verbose: u8, body: impl FnOnce() -> Result<(), String>) {
-    nvpoll_tools::logging::init(verbose);
+    crate::logging::init(verbose);
     if let Err(e) = body() {
         eprintln!("{name}: {e}");
         std::process::exit(1);
@@ -23,6 +21,7 @@ pub fn run_main(name: &str, verbose: u8, body: impl FnOnce() -> Result<(), Strin
 // The binaries' -v flag (flattened last into their arguments). A plain comment, not a doc comment: clap would take
 // a doc comment for the binary's about.
 #[derive(clap::Args, Debug)]
+#[allow(missing_docs)] // see the plain comment above
 pub struct Verbosity {
     /// More log lines from the libraries: -v info, -vv debug, -vvv trace (RUST_LOG, in env_logger's
     /// syntax, overrides this).
@@ -33,18 +32,21 @@ pub struct Verbosity {
 // The controller a binary attaches to (flattened first into its arguments): --trid, then the NVMe/TCP host
 // options ([`HostArgs`]); a plain comment for the same reason.
 #[derive(clap::Args, Debug)]
+#[allow(missing_docs)] // see the plain comment above
 pub struct Target {
     /// Transport ID, e.g. 'trtype:tcp traddr:127.0.0.1 trsvcid:4420 subnqn:NQN' or
     /// 'trtype:pcie traddr:0000:01:00.0' (a controller bound to vfio-pci: see `nvpoll-setup bind`).
     #[arg(long)]
     pub trid: String,
     #[command(flatten)]
+    #[allow(missing_docs)]
     pub host: HostArgs,
 }
 
 // The options of an NVMe/TCP host that connects to one controller (flattened into a binary's arguments, after
 // its --trid, as in [`Target`]); a plain comment for the same reason.
 #[derive(clap::Args, Debug)]
+#[allow(missing_docs)] // see the plain comment above
 pub struct HostArgs {
     /// Host NQN (default: /etc/nvme/hostnqn, or one derived from the machine's UUID).
     #[arg(long)]

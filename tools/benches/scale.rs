@@ -15,7 +15,7 @@
 //!   the curve runs each point once per round, and takes the median of the rounds);
 //! - NVPOLL_SCALE_MAX: the most reactors a side (default half the cores; at least 1);
 //! - NVPOLL_SCALE_SEED_JOBS: the jobs of the qd1 shape (128);
-//! - NVPOLL_EXAMPLES_DIR: a folder with our built `perf` (default: `cargo build --release --example perf`);
+//! - NVPOLL_BIN_DIR: a folder with our built `nvpoll-perf` (default: the one cargo builds for this bench);
 //! - SPDK_DIR: an SPDK build (v26.05) with build/bin/nvmf_tgt and build/bin/spdk_nvme_perf; never built here.
 //!   SPDK's apps run with `--no-huge -s 4096`; its target gets a JSON config (no rpc.py).
 //!
@@ -122,9 +122,10 @@ fn setup() -> Setup {
     let seed_jobs: usize = env_or("NVPOLL_SCALE_SEED_JOBS", "128")
         .parse()
         .expect("NVPOLL_SCALE_SEED_JOBS is a number");
-    let perf = match std::env::var_os("NVPOLL_EXAMPLES_DIR") {
-        Some(d) => PathBuf::from(d).join("perf"),
-        None => build_perf(),
+    let perf = match std::env::var_os("NVPOLL_BIN_DIR") {
+        Some(d) => PathBuf::from(d).join("nvpoll-perf"),
+        // cargo builds the package's binaries for its benches, in the bench profile
+        None => PathBuf::from(env!("CARGO_BIN_EXE_nvpoll-perf")),
     };
     assert!(perf.is_file(), "no perf at {}", perf.display());
     let spdk = std::env::var_os("SPDK_DIR").map(PathBuf::from);
@@ -148,28 +149,6 @@ fn setup() -> Setup {
         seed_jobs,
         work,
     }
-}
-
-/// Builds our perf (release) with the cargo that runs this bench.
-fn build_perf() -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let st = Command::new(&cargo)
-        .args(["build", "--release", "--example", "perf"])
-        .current_dir(root)
-        .status()
-        .expect("running cargo build");
-    assert!(st.success(), "cargo build --release --example perf failed");
-    let meta = Command::new(&cargo)
-        .args(["metadata", "--format-version", "1", "--no-deps"])
-        .current_dir(root)
-        .output()
-        .expect("cargo metadata");
-    let v: serde_json::Value = serde_json::from_slice(&meta.stdout).expect("cargo metadata JSON");
-    let dir = v["target_directory"]
-        .as_str()
-        .expect("target_directory in cargo metadata");
-    Path::new(dir).join("release/examples/perf")
 }
 
 /// "a-b" for n cores from `first`.

@@ -19,7 +19,7 @@ use nvpoll_tcp::multipath::{MultipathController, PathPolicy};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
 use nvpoll_tools::loadgen::{self, LoadGen, Phase, Row, RunSpec};
 
-mod common;
+use nvpoll_tools::cli as common;
 
 /// The access pattern (fio's names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -223,7 +223,7 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    common::run_main("perf", args.verbosity.verbose, || run(args));
+    common::run_main("nvpoll-perf", args.verbosity.verbose, || run(args));
 }
 
 /// The rows to run: every workload x queue depth x send mode.
@@ -296,7 +296,10 @@ where
         let held = loadgen::IdleQueues::hold(reactors, qps, m.jobs % reactors.len())
             .map_err(|e| e.to_string())?;
         if !m.quiet {
-            eprintln!("perf: {} idle I/O queues connected and held", held.len());
+            eprintln!(
+                "nvpoll-perf: {} idle I/O queues connected and held",
+                held.len()
+            );
         }
         Some(held)
     } else {
@@ -344,7 +347,7 @@ where
                                 Ok(()) => {}
                                 Err(e) if m.faults => {
                                     if !std::mem::replace(&mut given_up[i], true) {
-                                        eprintln!("perf: controller {i}: {e}");
+                                        eprintln!("nvpoll-perf: controller {i}: {e}");
                                     }
                                 }
                                 Err(e) => return Err(e),
@@ -377,7 +380,7 @@ where
                         );
                     }
                     for f in &r.failures {
-                        eprintln!("perf: {label} {mode}: {f}");
+                        eprintln!("nvpoll-perf: {label} {mode}: {f}");
                     }
                     by_mode[k].push(r);
                 }
@@ -400,7 +403,7 @@ where
         match c.shutdown() {
             Ok(()) => {}
             // Fault injection may leave the controller mid-recovery: report it, the I/O accounting stands.
-            Err(e) if m.faults => eprintln!("perf: shutdown after fault injection: {e}"),
+            Err(e) if m.faults => eprintln!("nvpoll-perf: shutdown after fault injection: {e}"),
             Err(e) => return Err(format!("shutdown: {e}")),
         }
     }
@@ -520,7 +523,7 @@ fn run(args: Args) -> Result<(), String> {
             &target_key,
         )?;
         eprintln!(
-            "perf: embedded NVMe/TCP target {} on {} (cores {tcores}), RAM namespace of {} MiB, TLS optional",
+            "nvpoll-perf: embedded NVMe/TCP target {} on {} (cores {tcores}), RAM namespace of {} MiB, TLS optional",
             t.nqn,
             t.addr,
             args.ram >> 20
@@ -583,7 +586,7 @@ fn run(args: Args) -> Result<(), String> {
     let quiet = args.quiet || args.json;
     let mut machine = format!("{} cores, initiator cores {cores}", CoreList::all().len());
     if let Some(note) = &machine_note {
-        eprintln!("perf: machine: {note} (measured before the reactors started)");
+        eprintln!("nvpoll-perf: machine: {note} (measured before the reactors started)");
         machine.push_str(&format!("; {note}"));
     }
     let workloads: Vec<loadgen::Workload> = if !args.workloads.is_empty() {
@@ -595,7 +598,7 @@ fn run(args: Args) -> Result<(), String> {
     };
     let names: Vec<&str> = workloads.iter().map(|w| w.name()).collect();
     eprintln!(
-        "perf: {} {} B, {} job(s) on {} reactor(s), warm-up {:?}, {:?} x {} run(s) per row{}",
+        "nvpoll-perf: {} {} B, {} job(s) on {} reactor(s), warm-up {:?}, {:?} x {} run(s) per row{}",
         names.join(" and "),
         args.io_size,
         jobs,
@@ -688,7 +691,7 @@ fn run(args: Args) -> Result<(), String> {
                 let (nqn, n) = (g[0].subnqn.clone(), g.len());
                 let c = MultipathController::connect(g, pool.clone(), policy)
                     .map_err(|e| format!("--multipath {nqn}: {e}"))?;
-                eprintln!("perf: {nqn}: {n} path(s), policy {policy}");
+                eprintln!("nvpoll-perf: {nqn}: {n} path(s), policy {policy}");
                 ctrls.push(c);
             }
             run_matrix(ctrls, &reactors, &pool, &matrix, suffix, target, &mut rows)?;
@@ -826,7 +829,7 @@ mod embedded_target {
             self.handle.stop();
             if let Some(r) = self.reactors.take() {
                 if let Err(e) = r.stop() {
-                    eprintln!("perf: embedded target reactors: {e}");
+                    eprintln!("nvpoll-perf: embedded target reactors: {e}");
                 }
             }
         }
