@@ -17,7 +17,10 @@ pub enum Error {
     Nvme(StatusIn),
     /// The peer (a controller or a target) broke the protocol: a malformed PDU or completion, a termination
     /// request, a completion for a command that was not outstanding. The connection or queue is not usable.
-    #[error("protocol violation by the peer: {0}")]
+    ///
+    /// It reads as its source, which says the peer broke the protocol and how (every transport error of this
+    /// class does), so that the words are said once.
+    #[error("{0}")]
     PeerProtocol(#[source] BoxError),
     /// The connection (or the controller) is gone: closed or reset by the peer, removed, given up after its
     /// loss timeout. The command did not complete; another path or a reconnect may serve it.
@@ -34,7 +37,9 @@ pub enum Error {
         reason: String,
     },
     /// The TLS layer failed: an alert from the peer or sent to it (a wrong or missing PSK, a bad record).
-    #[error("TLS: {0}")]
+    ///
+    /// It reads as its source, which names TLS (every transport error of this class does).
+    #[error("{0}")]
     Tls(#[source] BoxError),
     /// Any other failure of the transport; the command did not complete.
     #[error("transport error: {0}")]
