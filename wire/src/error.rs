@@ -1,9 +1,14 @@
 //! The error type of the NVMe/TCP crate.
 
+use std::sync::Arc;
+
 use nvpoll::spec::{CommandKind, InvalidParameter, Status};
 
 /// Everything that can go wrong in NVMe/TCP, initiator or target.
-#[derive(Debug, thiserror::Error)]
+///
+/// It is `Clone`, so that one failure can be both returned and kept: a failed host queue completes every
+/// command it held, and refuses every later one, with [`Error::QueueFailed`] naming the same cause.
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A socket call failed.
@@ -11,17 +16,29 @@ pub enum Error {
     Io {
         /// What was being done.
         context: String,
-        /// The OS error.
+        /// The OS error (shared, so that the error can be cloned).
         #[source]
-        source: std::io::Error,
+        source: Arc<std::io::Error>,
     },
     /// The peer closed the connection.
     #[error("connection closed by peer")]
     Closed,
-    /// The connection is gone and will not come back for this command: the controller was given up (its
-    /// loss timeout expired).
+    /// The connection is gone for a reason of the host's, not the peer's: the host closed or reset it (the
+    /// controller reconnected, its admin connection went down), or gave the controller up (its loss timeout
+    /// expired). The words say which.
     #[error("{0}")]
     Lost(&'static str),
+    /// A host queue had failed when this command was outstanding or submitted on it: `cause` is what failed
+    /// the queue (the same for every command it held), and classes this error.
+    #[error("queue {qid} failed: {cause}")]
+    QueueFailed {
+        /// The queue (0: the admin queue).
+        qid: u16,
+        /// What failed it: the socket, the peer closing it, a TLS alert, a protocol violation, a timeout, or
+        /// the host closing it.
+        #[source]
+        cause: Arc<Error>,
+    },
     /// The peer sent a malformed PDU.
     #[error("malformed PDU from peer: {0}")]
     Pdu(#[from] crate::pdu::PduError),
@@ -72,7 +89,7 @@ impl Error {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
             context: context.into(),
-            source,
+            source: Arc::new(source),
         }
     }
 }
@@ -172,6 +189,7 @@ impl nvpoll::TransportError for Error {
             Error::InvalidArgument(s) => ErrorClass::InvalidArgument(s.clone()),
             Error::QueueFull => ErrorClass::QueueFull,
             Error::Auth(_) => ErrorClass::Other,
+            Error::QueueFailed { cause, .. } => cause.class(),
         }
     }
 }

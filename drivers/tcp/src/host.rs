@@ -20,8 +20,11 @@ use nvpoll::mem::{DmaBuf, DmaPool};
 use nvpoll::send::SendMode;
 use nvpoll::spec::{self, AnaState, CommandKind, Cqe, IdentifyController, Sqe};
 
-use crate::queue::{DataDir, Done, HostQueue, Orphan, Parked, QueueParams};
+use crate::queue::{DataDir, Done, HostQueue, Orphan, Parked, QueueParams, EXPIRED};
 use crate::Error;
+
+/// Why a controller's commands fail once it is given up: it did not reconnect within `ctrl_loss_tmo`.
+const GIVEN_UP: Error = Error::Lost("controller given up: ctrl-loss-tmo expired");
 
 /// Largest transfer we issue in one command when the controller sets no limit (MDTS 0).
 pub const DEFAULT_MAX_TRANSFER: u32 = 1024 * 1024;
@@ -868,11 +871,7 @@ impl TcpController {
     /// controller is given up.
     pub fn poll_admin(&mut self) -> Result<(), Error> {
         match self.state {
-            CtrlState::Dead => {
-                return Err(Error::Protocol(
-                    "controller lost: ctrl-loss-tmo expired".into(),
-                ))
-            }
+            CtrlState::Dead => return Err(GIVEN_UP),
             CtrlState::Reconnecting { since, next } => {
                 if self.connecting.is_some() || Instant::now() >= next {
                     self.try_reconnect(since);
@@ -882,14 +881,14 @@ impl TcpController {
             CtrlState::Live => {}
         }
         if let Err(e) = self.service_admin() {
-            self.lose(&e.to_string());
+            self.lose(&e);
         }
         Ok(())
     }
 
     fn service_admin(&mut self) -> Result<(), Error> {
         if self.shared.reset_requested.swap(false, Ordering::AcqRel) {
-            return Err(Error::Protocol("an I/O queue lost its connection".into()));
+            return Err(Error::Lost("an I/O queue lost its connection"));
         }
         self.att.admin.poll()?;
         while let Some(d) = self.att.admin.pop_done() {
@@ -959,7 +958,12 @@ impl TcpController {
 
     /// The admin connection is gone (or must go): closing it tears the controller down on the target, and
     /// every queue pair will reconnect after the admin queue does.
-    fn lose(&mut self, _why: &str) {
+    fn lose(&mut self, cause: &Error) {
+        log::debug!(
+            "{}: controller {} lost, reconnecting: {cause}",
+            self.opts.addr,
+            self.att.cntlid
+        );
         self.att.admin.close();
         self.shared.admin_lost.store(true, Ordering::Release);
         let now = Instant::now();
@@ -1196,9 +1200,7 @@ impl TcpController {
             )));
         }
         if self.state != CtrlState::Live {
-            return Err(Error::Protocol(
-                "the controller is reconnecting or lost".into(),
-            ));
+            return Err(Error::Lost("the controller is reconnecting or given up"));
         }
         let qid = self.next_qid;
         let link = QueueLink {
@@ -1222,7 +1224,7 @@ impl TcpController {
                 break r?;
             }
             if let Err(e) = self.service_admin() {
-                self.lose(&e.to_string());
+                self.lose(&e);
                 return Err(e);
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -1472,27 +1474,30 @@ impl TcpQueuePair {
         };
     }
 
-    /// Fails everything waiting for a connection (the controller was given up).
-    fn fail_waiting(&mut self, why: &'static str) {
+    /// Fails everything waiting for a connection with `cause` (the controller was given up).
+    fn fail_waiting(&mut self, cause: Error) {
         let QueueState::Reconnecting(p) = &mut self.state else {
             return;
         };
+        let cause = Arc::new(cause);
         while let Some(o) = p.orphans.pop_front() {
             self.recovery.failed += 1;
             p.done.push_back(Done {
                 tag: o.tag,
                 buf: o.buf,
-                result: Err(Error::Lost(why)),
+                result: Err(Error::QueueFailed {
+                    qid: self.link.qid,
+                    cause: Arc::clone(&cause),
+                }),
             });
         }
     }
 
     /// While disconnected: reconnect once the controller has, then submit the waiting commands again.
     fn try_reconnect(&mut self) -> Result<(), Error> {
-        const GIVEN_UP: &str = "controller lost: ctrl-loss-tmo expired";
         if self.shared.dead.load(Ordering::Acquire) {
             self.fail_waiting(GIVEN_UP);
-            return Err(Error::Lost(GIVEN_UP));
+            return Err(GIVEN_UP);
         }
         let gen = self.shared.generation.load(Ordering::Acquire);
         let result = match &self.connecting {
@@ -1514,9 +1519,9 @@ impl TcpQueuePair {
             Some((b, for_gen)) => match b.poll() {
                 None => return Ok(()),
                 // Connected to an incarnation of the controller that is gone by now: try again.
-                Some(Ok(_)) if *for_gen != gen => Err(Error::Protocol(
-                    "the controller reconnected meanwhile".into(),
-                )),
+                Some(Ok(_)) if *for_gen != gen => {
+                    Err(Error::Lost("the controller reconnected meanwhile"))
+                }
                 Some(r) => r,
             },
         };
@@ -1563,7 +1568,7 @@ impl TcpQueuePair {
         });
         if let Some(cid) = expired {
             q.expire(cid);
-            q.fail("a command timed out and its Abort did not complete it");
+            q.fail(EXPIRED);
             self.lose_connection();
         }
     }
@@ -1597,12 +1602,7 @@ impl QueuePair for TcpQueuePair {
             QueueState::Connected(q) => q,
             QueueState::Reconnecting(parked) => {
                 if self.shared.dead.load(Ordering::Acquire) {
-                    return Err(reject(
-                        nvpoll::Error::ConnectionLost(
-                            "controller lost: ctrl-loss-tmo expired".into(),
-                        ),
-                        req,
-                    ));
+                    return Err(reject(GIVEN_UP, req));
                 }
                 if self.link.opts.recovery == Recovery::FailFast {
                     return Err(reject(
@@ -1656,12 +1656,12 @@ impl QueuePair for TcpQueuePair {
             if self.shared.generation.load(Ordering::Acquire) != self.gen {
                 // The controller reconnected (its old incarnation, and so this connection, is gone on the
                 // target): move to the new one now instead of waiting for the old connection to fail.
-                q.fail("the controller reconnected");
+                q.fail(Error::Lost("the controller reconnected"));
                 self.drop_connection();
             } else if self.shared.admin_lost.load(Ordering::Acquire) {
                 // The controller is lost (its admin connection failed, or keep-alive went unanswered): this
                 // connection goes with it, now.
-                q.fail("the controller's admin connection was lost");
+                q.fail(Error::Lost("the controller's admin connection went down"));
                 self.drop_connection();
             }
         }

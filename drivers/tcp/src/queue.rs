@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvpoll::mem::DmaBuf;
@@ -312,6 +313,10 @@ fn send_gathered(
     Ok(())
 }
 
+/// What a command gets that timed out and whose Abort did not complete it ([`HostQueue::expire`]); the queue
+/// is then failed with it too.
+pub(crate) const EXPIRED: Error = Error::Timeout("command completion (Abort did not complete it)");
+
 /// One host-side NVMe/TCP queue.
 #[derive(Debug)]
 pub struct HostQueue {
@@ -329,7 +334,9 @@ pub struct HostQueue {
     /// Commands this queue completed with an error of its own (failed with the queue, expired, or refused
     /// on resubmission).
     commands_failed: u64,
-    failed: Option<String>,
+    /// What failed the queue, if anything did: every command it held, and every later submit, gets it as
+    /// the cause of an [`Error::QueueFailed`].
+    failed: Option<Arc<Error>>,
     policy: SendPolicy,
     commands: u64,
     /// The coarse clock: the start of the last poll.
@@ -520,9 +527,17 @@ impl HostQueue {
         self.commands
     }
 
-    /// Why the queue failed, if it did.
-    pub fn failure(&self) -> Option<&str> {
+    /// What failed the queue, if anything did (its class says whose fault it was).
+    pub fn failure(&self) -> Option<&Error> {
         self.failed.as_deref()
+    }
+
+    /// The error of a command held by, or submitted to, the failed queue.
+    fn failed_error(&self, cause: &Arc<Error>) -> Error {
+        Error::QueueFailed {
+            qid: self.qid,
+            cause: Arc::clone(cause),
+        }
     }
 
     /// Encodes a command into the send buffer (it leaves at the next [`HostQueue::flush`]). `len` is the data
@@ -535,11 +550,8 @@ impl HostQueue {
         len: u32,
         tag: u64,
     ) -> Result<(), (Error, Option<DmaBuf>)> {
-        if let Some(why) = &self.failed {
-            return Err((
-                Error::Protocol(format!("queue {} failed: {why}", self.qid)),
-                buf,
-            ));
+        if let Some(cause) = &self.failed {
+            return Err((self.failed_error(cause), buf));
         }
         if dir != DataDir::None {
             match &buf {
@@ -626,8 +638,7 @@ impl HostQueue {
                 .as_slice()[..len as usize];
             if let Err(e) = self.conn.send_payload(&[data], digests.data) {
                 // The command is accepted: the failed queue completes it with an error.
-                let msg = e.to_string();
-                self.fail(&msg);
+                self.fail(e);
             }
             return Ok(());
         }
@@ -651,8 +662,7 @@ impl HostQueue {
         match self.conn.flush() {
             Ok(all) => Ok(all),
             Err(e) => {
-                let msg = e.to_string();
-                self.fail(&msg);
+                self.fail(e.clone());
                 Err(e)
             }
         }
@@ -672,14 +682,13 @@ impl HostQueue {
             self.rehome();
         }
         self.now = Instant::now();
-        if let Some(why) = &self.failed {
-            return Err(Error::Protocol(format!("queue {} failed: {why}", self.qid)));
+        if let Some(cause) = &self.failed {
+            return Err(self.failed_error(cause));
         }
         let before = self.lists.done.len();
         let r = self.poll_inner(before, max);
         if let Err(e) = &r {
-            let msg = e.to_string();
-            self.fail(&msg);
+            self.fail(e.clone());
         }
         let n = self.lists.done.len() - before;
         r.map(|_| n)
@@ -921,13 +930,12 @@ impl HostQueue {
         self.lists.done.push_back(Done { tag, buf, result });
     }
 
-    /// Fails the queue: every outstanding command completes with a transport error naming `why`, and later
-    /// submits are refused.
-    pub fn fail(&mut self, why: &str) {
+    /// Fails the queue with `cause` (the first cause stays): every outstanding command completes with
+    /// [`Error::QueueFailed`] naming it, and so classed as it is (a lost connection, a TLS failure, the peer's
+    /// protocol violation, a timeout), and later submits are refused the same way.
+    pub fn fail(&mut self, cause: Error) {
         self.direct = None;
-        if self.failed.is_none() {
-            self.failed = Some(why.to_string());
-        }
+        let cause = Arc::clone(self.failed.get_or_insert_with(|| Arc::new(cause)));
         for cid in 0..self.slots.len() {
             if self.slots[cid].busy && self.keep_orphans {
                 let slot = &mut self.slots[cid];
@@ -942,7 +950,7 @@ impl HostQueue {
                 self.free.push(cid as u16);
                 self.outstanding -= 1;
             } else if self.slots[cid].busy {
-                let e = Error::Protocol(format!("queue {} failed: {why}", self.qid));
+                let e = self.failed_error(&cause);
                 self.commands_failed += 1;
                 self.complete_with(cid as u16, Err(e));
             }
@@ -971,7 +979,7 @@ impl HostQueue {
     /// orphans.
     pub fn park(mut self) -> Parked {
         if self.failed.is_none() {
-            self.fail("queue parked by the host");
+            self.fail(Error::Lost("queue parked by the host"));
         }
         std::mem::take(&mut self.lists)
     }
@@ -1030,12 +1038,7 @@ impl HostQueue {
     pub fn expire(&mut self, cid: u16) {
         if self.slots.get(usize::from(cid)).is_some_and(|s| s.busy) {
             self.commands_failed += 1;
-            self.complete_with(
-                cid,
-                Err(Error::Timeout(
-                    "command completion (Abort did not complete it)",
-                )),
-            );
+            self.complete_with(cid, Err(EXPIRED));
         }
     }
 
@@ -1093,8 +1096,9 @@ impl HostQueue {
                 return d.result.map(|cqe| (cqe, d.buf));
             }
             if Instant::now() >= deadline {
-                self.fail("command timed out during bring-up");
-                return Err(Error::Timeout("admin command completion"));
+                const LATE: Error = Error::Timeout("admin command completion");
+                self.fail(LATE);
+                return Err(LATE);
             }
             std::thread::yield_now();
         }
@@ -1113,6 +1117,6 @@ impl HostQueue {
     /// Closes the connection.
     pub fn close(&mut self) {
         let _ = self.conn.flush();
-        self.fail("queue closed by the host");
+        self.fail(Error::Lost("queue closed by the host"));
     }
 }

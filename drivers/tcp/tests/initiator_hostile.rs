@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use nvpoll::mem::DmaPool;
 use nvpoll::spec::Sqe;
+use nvpoll::{ErrorClass, TransportError};
 use nvpoll_tcp::queue::{DataDir, HostQueue, QueueParams};
 use nvpoll_tcp::Error;
 
@@ -124,6 +125,19 @@ fn queue_with(addr: std::net::SocketAddr, hdgst: bool, ddgst: bool) -> HostQueue
 /// Submits a command (a 4 KiB read unless `write`), runs the queue until it fails, and returns the queue's
 /// error. Asserts that the command completed exactly once, with an error.
 fn expect_failure(addr: std::net::SocketAddr, hdgst: bool, write: bool) -> Error {
+    expect_failures(addr, hdgst, write).poll
+}
+
+/// What a failing queue hands out: the error its poll returned, the error the outstanding command completed
+/// with, and the error a later submit was refused with.
+struct Failures {
+    poll: Error,
+    outstanding: Error,
+    later: Error,
+}
+
+/// As [`expect_failure`], returning all three errors.
+fn expect_failures(addr: std::net::SocketAddr, hdgst: bool, write: bool) -> Failures {
     let pool = DmaPool::builder().class(4096, 16).build().unwrap();
     let mut q = queue(addr, hdgst);
     let mut buf = pool.alloc(4096).unwrap();
@@ -157,25 +171,107 @@ fn expect_failure(addr: std::net::SocketAddr, hdgst: bool, write: bool) -> Error
         .pop_done()
         .expect("the outstanding command is completed when the queue fails");
     assert_eq!(d.tag, 7);
-    assert!(
-        d.result.is_err(),
-        "a failed queue never completes a command successfully"
-    );
     assert!(d.buf.is_some(), "the buffer is handed back");
+    let Err(outstanding) = d.result else {
+        panic!("a failed queue never completes a command successfully");
+    };
     assert!(q.pop_done().is_none(), "exactly one completion");
     assert_eq!(q.outstanding(), 0);
     // Later submits are refused with an error, not queued forever.
     let buf = pool.alloc(4096).unwrap();
-    assert!(q
+    let (later, _) = q
         .submit(
             Sqe::read(1, 0, 7),
             DataDir::FromController,
             Some(buf),
             4096,
-            8
+            8,
         )
-        .is_err());
-    err
+        .expect_err("a failed queue refuses submits");
+    Failures {
+        poll: err,
+        outstanding,
+        later,
+    }
+}
+
+/// Asserts that `msg` says nothing twice: no run of three words appears in it twice (as in "protocol
+/// violation by the peer: protocol violation by peer: ...").
+fn said_once(msg: &str) {
+    let words: Vec<String> = msg
+        .split(|c: char| !c.is_alphanumeric() && c != '-')
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    for w in words.windows(3) {
+        assert!(seen.insert(w), "{msg:?} says {:?} twice", w.join(" "));
+    }
+}
+
+/// Asserts that the errors of a failed queue are classed `class` and read as `outstanding` (the
+/// command's error) and, through the queue API, as `api`; the later submit is refused with the same words.
+fn classed(f: Failures, class: ErrorClass, outstanding: &str, api: &str) {
+    assert_eq!(f.poll.class(), class, "{:?}", f.poll);
+    assert_eq!(f.outstanding.class(), class, "{:?}", f.outstanding);
+    assert_eq!(f.later.class(), class, "{:?}", f.later);
+    assert_eq!(f.outstanding.to_string(), outstanding);
+    assert_eq!(f.later.to_string(), outstanding);
+    let cause = std::error::Error::source(&f.outstanding).expect("the cause is the source");
+    assert_eq!(cause.to_string(), f.poll.to_string());
+    let e = nvpoll::Error::from(f.outstanding);
+    assert_eq!(e.to_string(), api);
+    said_once(&e.to_string());
+}
+
+/// A controller that closes the connection for good with a command outstanding: the command fails as a lost
+/// connection (it may be retried elsewhere), not as the peer's protocol violation, and says so once.
+#[test]
+fn peer_closing_for_good_fails_the_command_as_a_lost_connection() {
+    let addr = peer(false, true, |_| Vec::new());
+    let f = expect_failures(addr, false, false);
+    assert!(matches!(f.poll, Error::Closed), "{:?}", f.poll);
+    classed(
+        f,
+        ErrorClass::ConnectionLost,
+        "queue 1 failed: connection closed by peer",
+        "connection lost: queue 1 failed: connection closed by peer",
+    );
+}
+
+/// A malformed PDU is the peer's protocol violation, for the command outstanding too, said once.
+#[test]
+fn malformed_pdu_fails_the_command_as_the_peers_protocol_violation() {
+    // A CapsuleCmd (type 4) travels only to the controller.
+    let addr = peer(false, false, |_| {
+        let mut b = header(0x04, 0, 72, 0, 72);
+        b.resize(72, 0);
+        b
+    });
+    let f = expect_failures(addr, false, false);
+    let pdu = f.poll.to_string();
+    assert!(pdu.starts_with("malformed PDU from peer: "), "{pdu}");
+    classed(
+        f,
+        ErrorClass::PeerProtocol,
+        &format!("queue 1 failed: {pdu}"),
+        &format!("queue 1 failed: {pdu}"),
+    );
+}
+
+/// A well-formed PDU that breaks the protocol (a completion for no outstanding command) is the peer's too.
+#[test]
+fn protocol_violation_fails_the_command_as_the_peers_and_says_it_once() {
+    let addr = peer(false, false, |cid| capsule_resp(cid ^ 0x100, 0));
+    let f = expect_failures(addr, false, false);
+    let why = f.poll.to_string();
+    assert!(why.starts_with("protocol violation by peer: "), "{why}");
+    classed(
+        f,
+        ErrorClass::PeerProtocol,
+        &format!("queue 1 failed: {why}"),
+        &format!("queue 1 failed: {why}"),
+    );
 }
 
 #[test]

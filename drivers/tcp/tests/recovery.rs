@@ -181,10 +181,20 @@ fn target_gone_for_good_fails_everything_after_ctrl_loss_tmo() {
         "gave up within a bounded time: {:?}",
         t0.elapsed()
     );
-    assert!(
-        ctrl.poll_admin().is_err(),
-        "the controller reports it is lost"
-    );
+    // Each says once, as a lost connection (never as the peer's protocol violation), that the controller
+    // was given up.
+    for c in &done {
+        let e = c.result.as_ref().unwrap_err();
+        assert!(matches!(e, nvpoll::Error::ConnectionLost(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!("connection lost: queue {} failed: {GIVEN_UP}", qp.qid())
+        );
+    }
+    // What perf prints for the controller: "perf: controller 0: {e}".
+    let e = nvpoll::api::Controller::poll_admin(&mut ctrl).expect_err("the controller is lost");
+    assert!(matches!(e, nvpoll::Error::ConnectionLost(_)), "{e:?}");
+    assert_eq!(e.to_string(), format!("connection lost: {GIVEN_UP}"));
     let buf = pool.alloc(4096).unwrap();
     let r = qp.submit(IoRequest {
         op: IoOp::Read,
@@ -194,8 +204,15 @@ fn target_gone_for_good_fails_everything_after_ctrl_loss_tmo() {
         buf: Some(buf),
         tag: 99,
     });
-    assert!(r.is_err(), "a lost controller refuses new commands at once");
+    let e = r
+        .expect_err("a lost controller refuses new commands at once")
+        .error;
+    assert!(matches!(e, nvpoll::Error::ConnectionLost(_)), "{e:?}");
+    assert_eq!(e.to_string(), format!("connection lost: {GIVEN_UP}"));
 }
+
+/// How a given-up controller's errors end.
+const GIVEN_UP: &str = "controller given up: ctrl-loss-tmo expired";
 
 #[test]
 fn fail_fast_fails_outstanding_at_once() {
