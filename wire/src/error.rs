@@ -1,5 +1,6 @@
 //! The error type of the NVMe/TCP crate.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use nvpoll::spec::{CommandKind, InvalidParameter, Status};
@@ -38,6 +39,17 @@ pub enum Error {
         /// the host closing it.
         #[source]
         cause: Arc<Error>,
+    },
+    /// One path of a multipath subsystem could not be attached.
+    #[error("path {addr} of {subnqn}: attach failed: {cause}")]
+    PathAttach {
+        /// The path's address.
+        addr: SocketAddr,
+        /// The subsystem.
+        subnqn: String,
+        /// Why its controller could not be attached; it classes this error.
+        #[source]
+        cause: Box<Error>,
     },
     /// The peer sent a malformed PDU.
     #[error("malformed PDU from peer: {0}")]
@@ -190,6 +202,7 @@ impl nvpoll::TransportError for Error {
             Error::QueueFull => ErrorClass::QueueFull,
             Error::Auth(_) => ErrorClass::Other,
             Error::QueueFailed { cause, .. } => cause.class(),
+            Error::PathAttach { cause, .. } => cause.class(),
         }
     }
 }

@@ -122,8 +122,10 @@ impl MultipathController {
             }
             opts.recovery = Recovery::FailFast;
             let addr = opts.addr;
-            let c = TcpController::connect(opts, pool.clone()).map_err(|e| {
-                Error::Protocol(format!("path {addr} of {subnqn}: attach failed: {e}"))
+            let c = TcpController::connect(opts, pool.clone()).map_err(|e| Error::PathAttach {
+                addr,
+                subnqn: subnqn.clone(),
+                cause: Box::new(e),
             })?;
             if let Some(prev) = ctrls.first() {
                 if prev.namespaces() != c.namespaces() {
