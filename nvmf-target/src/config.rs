@@ -49,40 +49,66 @@ use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 use zeroize::Zeroizing;
 
+use crate::error::{Error, KeyFileFault, NqnFault};
 use crate::options::{TargetConfig, TargetTls, TlsMode};
 use crate::subsystem::{
     Backing, HostAccess, HostKey, Limits, NamespaceConfig, SubsystemConfig, SubsystemLimits,
     DISCOVERY_NQN, MAX_NAMESPACES, MAX_NQN_LEN,
 };
 use nvpoll_tls::{ConfiguredKey, KeyError};
-use nvpoll_wire::Error;
 
 /// Opens the namespace of a local NVMe controller given by its PCI address (`pcie` in a namespace object).
 /// The target cannot open one itself: the program supplies this (examples/target.rs uses nvpoll-pcie), or
-/// [`no_pcie`].
-pub type PcieResolver<'a> = dyn Fn(&str) -> Result<Backing, String> + Send + Sync + 'a;
+/// [`no_pcie`]. Its error is best [`Error::pcie`] (the PCI address and the driver's error).
+pub type PcieResolver<'a> = dyn Fn(&str) -> Result<Backing, Error> + Send + Sync + 'a;
 
 /// A [`PcieResolver`] for programs without a PCIe driver: every `pcie` namespace is refused.
-pub fn no_pcie(bdf: &str) -> Result<Backing, String> {
-    Err(format!(
-        "{bdf}: this program has no PCIe driver to open a controller with"
-    ))
+pub fn no_pcie(bdf: &str) -> Result<Backing, Error> {
+    Err(Error::NoPcieDriver {
+        bdf: bdf.to_string(),
+    })
 }
 
-/// What is wrong with a configuration (or an RPC's params), and where.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// What is wrong with a configuration (or an RPC's params), and where. Where the target's own check refused
+/// the value (a key file, an NQN, a `pcie` namespace the resolver could not open), that error is the
+/// [`source`](std::error::Error::source).
+#[derive(Debug, Clone, thiserror::Error)]
 pub struct ConfigError {
     origin: Option<PathBuf>,
     line: Option<usize>,
     column: Option<usize>,
     field: String,
     message: String,
+    #[source]
+    cause: Option<Arc<Error>>,
 }
+
+/// Equal when they say the same thing at the same place (the causes are not compared: OS errors cannot be).
+impl PartialEq for ConfigError {
+    fn eq(&self, other: &ConfigError) -> bool {
+        (
+            &self.origin,
+            self.line,
+            self.column,
+            &self.field,
+            &self.message,
+        ) == (
+            &other.origin,
+            other.line,
+            other.column,
+            &other.field,
+            &other.message,
+        )
+    }
+}
+
+impl Eq for ConfigError {}
 
 impl ConfigError {
     /// The file, if the error is in one.
@@ -117,6 +143,7 @@ impl ConfigError {
             column: None,
             field: String::new(),
             message: what,
+            cause: None,
         }
     }
 }
@@ -200,27 +227,28 @@ const MAX_KEY_FILE: u64 = 4096;
 /// Reads a host's TLS PSK from `path`: an `NVMeTLSkey-1:...:` interchange key, whitespace around it ignored.
 /// A file that its group or others may access is refused, as SPDK's keyring does. Errors name the path, never
 /// what the file holds.
-pub(super) fn read_key_file(path: &Path) -> Result<ConfiguredKey, String> {
-    let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;
+pub(super) fn read_key_file(path: &Path) -> Result<ConfiguredKey, Error> {
+    let unreadable = |source| Error::KeyFileUnreadable {
+        path: path.to_path_buf(),
+        source,
+    };
+    let refused = |fault| Error::KeyFile {
+        path: path.to_path_buf(),
+        fault,
+    };
+    let meta = std::fs::metadata(path).map_err(unreadable)?;
     if !meta.is_file() {
-        return Err(format!("{shown} is not a regular file"));
+        return Err(refused(KeyFileFault::NotAFile));
     }
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(format!(
-            "{shown} is accessible to group or others (mode {mode:04o}); chmod 600 it"
-        ));
+        return Err(refused(KeyFileFault::OpenToOthers { mode }));
     }
     if meta.len() > MAX_KEY_FILE {
-        return Err(format!(
-            "{shown} is {} bytes: too large for a key file",
-            meta.len()
-        ));
+        return Err(refused(KeyFileFault::TooLarge { bytes: meta.len() }));
     }
-    let bytes = Zeroizing::new(std::fs::read(path).map_err(|e| format!("{shown}: {e}"))?);
-    let text = std::str::from_utf8(&bytes)
-        .map_err(|_| format!("{shown} does not hold a TLS key (it is not text)"))?;
+    let bytes = Zeroizing::new(std::fs::read(path).map_err(unreadable)?);
+    let text = std::str::from_utf8(&bytes).map_err(|_| refused(KeyFileFault::NotText))?;
     ConfiguredKey::parse(text.trim()).map_err(|e| {
         // KeyError's messages may quote fields of the string: say what is wrong in our words instead.
         let why = match e {
@@ -233,18 +261,21 @@ pub(super) fn read_key_file(path: &Path) -> Result<ConfiguredKey, String> {
             KeyError::Terminator => "it does not end with ':' after the key field",
             _ => "it is not in the interchange format",
         };
-        format!("{shown} does not hold a valid NVMeTLSkey-1 interchange key: {why}")
+        refused(KeyFileFault::NotAKey(why))
     })
 }
 
 /// Checks the form of an NQN: `nqn.` then a `yyyy-mm.` date and a name, at most 223 bytes, no whitespace or
 /// control characters (what SPDK asks of the names it is given).
-pub(super) fn check_nqn(nqn: &str) -> Result<(), String> {
+pub(super) fn check_nqn(nqn: &str) -> Result<(), Error> {
+    let bad = |fault| {
+        Err(Error::BadNqn {
+            nqn: nqn.to_string(),
+            fault,
+        })
+    };
     if nqn.len() > MAX_NQN_LEN {
-        return Err(format!(
-            "NQN {nqn:?} is {} bytes; at most {MAX_NQN_LEN}",
-            nqn.len()
-        ));
+        return bad(NqnFault::TooLong(nqn.len()));
     }
     let dated = nqn.strip_prefix("nqn.").and_then(|rest| {
         let b = rest.as_bytes();
@@ -256,12 +287,10 @@ pub(super) fn check_nqn(nqn: &str) -> Result<(), String> {
         ok.then_some(())
     });
     if dated.is_none() {
-        return Err(format!(
-            "NQN {nqn:?} is not of the form nqn.yyyy-mm.reverse.domain:name"
-        ));
+        return bad(NqnFault::NotDated);
     }
     if nqn.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!("NQN {nqn:?} has whitespace or control characters"));
+        return bad(NqnFault::Whitespace);
     }
     Ok(())
 }
@@ -445,6 +474,7 @@ impl fmt::Display for FieldPath {
 struct Problem {
     at: FieldPath,
     message: String,
+    cause: Option<Box<Error>>,
 }
 
 impl Problem {
@@ -452,6 +482,16 @@ impl Problem {
         Problem {
             at,
             message: message.into(),
+            cause: None,
+        }
+    }
+
+    /// The target's own check refused the field: its error says why.
+    fn because(at: FieldPath, e: Error) -> Problem {
+        Problem {
+            at,
+            message: e.to_string(),
+            cause: Some(Box::new(e)),
         }
     }
 
@@ -464,6 +504,7 @@ impl Problem {
             column: None,
             field: self.at.to_string(),
             message: self.message,
+            cause: self.cause.map(|e| Arc::new(*e)),
         }
     }
 
@@ -475,6 +516,7 @@ impl Problem {
             column: None,
             field: self.at.to_string(),
             message: self.message,
+            cause: self.cause.map(|e| Arc::new(*e)),
         }
     }
 }
@@ -494,14 +536,6 @@ impl Ctx<'_> {
             Some(base) if p.is_relative() && !base.as_os_str().is_empty() => base.join(p),
             _ => p.to_path_buf(),
         }
-    }
-}
-
-/// The message of a target error, without the "invalid argument: " of its Display.
-fn message_of(e: Error) -> String {
-    match e {
-        Error::InvalidArgument(s) => s,
-        other => other.to_string(),
     }
 }
 
@@ -548,6 +582,7 @@ fn serde_error(
         column: (line > 0).then_some(column),
         field: at.to_string(),
         message,
+        cause: None,
     }
 }
 
@@ -559,7 +594,7 @@ fn check_limit(at: FieldPath, set: impl FnOnce(&mut Limits)) -> Result<(), Probl
         mdts: 8,
     };
     set(&mut limits);
-    limits.check().map_err(|e| Problem::new(at, message_of(e)))
+    limits.check().map_err(|e| Problem::because(at, e))
 }
 
 fn limits(
@@ -654,7 +689,7 @@ fn subsystem(
     at: &FieldPath,
     ctx: &Ctx<'_>,
 ) -> Result<SubsystemConfig, Problem> {
-    check_nqn(&doc.nqn).map_err(|m| Problem::new(at.key("nqn"), m))?;
+    check_nqn(&doc.nqn).map_err(|e| Problem::because(at.key("nqn"), e))?;
     if doc.nqn == DISCOVERY_NQN {
         return Err(Problem::new(
             at.key("nqn"),
@@ -673,7 +708,7 @@ fn subsystem(
     let mut hosts: Vec<String> = Vec::new();
     for (i, h) in doc.hosts.iter().enumerate() {
         let hat = at.key("hosts").index(i);
-        check_nqn(&h.nqn).map_err(|m| Problem::new(hat.key("nqn"), m))?;
+        check_nqn(&h.nqn).map_err(|e| Problem::because(hat.key("nqn"), e))?;
         if hosts.contains(&h.nqn) {
             return Err(Problem::new(
                 hat.key("nqn"),
@@ -682,8 +717,8 @@ fn subsystem(
         }
         hosts.push(h.nqn.clone());
         if let Some(p) = &h.psk_file {
-            let key =
-                read_key_file(&ctx.resolve(p)).map_err(|m| Problem::new(hat.key("psk_file"), m))?;
+            let key = read_key_file(&ctx.resolve(p))
+                .map_err(|e| Problem::because(hat.key("psk_file"), e))?;
             cfg.host_keys.push(HostKey {
                 hostnqn: h.nqn.clone(),
                 key,
@@ -784,13 +819,13 @@ fn subsystem(
         min: doc.cntlid_min.unwrap_or(defaults.min),
         max: doc.cntlid_max.unwrap_or(defaults.max),
     };
-    if let Err(m) = cfg.cntlids.check() {
+    if let Err(e) = cfg.cntlids.check() {
         let field = if doc.cntlid_min.is_some() {
             "cntlid_min"
         } else {
             "cntlid_max"
         };
-        return Err(Problem::new(at.key(field), m));
+        return Err(Problem::because(at.key(field), e));
     }
     for (i, a) in doc.ana.iter().enumerate() {
         let aat = at.key("ana").index(i);
@@ -805,7 +840,8 @@ fn subsystem(
             ));
         }
         let group = a.group.unwrap_or(1);
-        crate::subsystem::check_ana_group(group).map_err(|m| Problem::new(aat.key("group"), m))?;
+        crate::subsystem::check_ana_group(group)
+            .map_err(|e| Problem::because(aat.key("group"), e))?;
         if cfg
             .ana
             .iter()
@@ -909,7 +945,7 @@ fn namespace(
         (Backing::File(path), doc.block_size.unwrap_or(512))
     } else {
         let bdf = doc.pcie.as_deref().unwrap_or_default();
-        let backing = (ctx.pcie)(bdf).map_err(|m| Problem::new(at.key("pcie"), m))?;
+        let backing = (ctx.pcie)(bdf).map_err(|e| Problem::because(at.key("pcie"), e))?;
         let native = match &backing {
             Backing::Device(d) => d.block_size(),
             _ => 512,
@@ -924,7 +960,7 @@ fn namespace(
     };
     let ana_group = doc.ana_group.unwrap_or(1);
     crate::subsystem::check_ana_group(ana_group)
-        .map_err(|m| Problem::new(at.key("ana_group"), m))?;
+        .map_err(|e| Problem::because(at.key("ana_group"), e))?;
     let uuid = match &doc.uuid {
         None => None,
         Some(s) => Some(parse_uuid(s).ok_or_else(|| {

@@ -61,6 +61,7 @@ pub mod config;
 mod controller;
 mod device;
 mod discovery;
+mod error;
 mod events;
 mod handler;
 mod io;
@@ -74,6 +75,7 @@ mod store;
 mod subsystem;
 
 pub use device::{BlockDevice, QueuePairDevice};
+pub use error::{Error, KeyFileFault, NqnFault, Setting};
 pub use events::{EventHook, TargetEvent};
 pub use options::{ListenerConfig, TargetConfig, TargetTls, TlsMode};
 pub use server::{raise_descriptor_limit, NamespaceInfo, SubsystemInfo, Target, TargetHandle};

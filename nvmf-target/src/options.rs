@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use nvpoll::send::SendMode;
 
+use crate::error::{Error, Setting};
 use crate::events::{EventHook, TargetEvent};
 use crate::subsystem::{self, HostKey, SubsystemConfig};
-use nvpoll_wire::Error;
 
 /// Whether a listener speaks TLS.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -36,14 +36,14 @@ impl TlsMode {
 }
 
 impl std::str::FromStr for TlsMode {
-    type Err = String;
+    type Err = Error;
 
-    fn from_str(s: &str) -> Result<TlsMode, String> {
+    fn from_str(s: &str) -> Result<TlsMode, Error> {
         match s {
             "off" => Ok(TlsMode::Off),
             "optional" => Ok(TlsMode::Optional),
             "required" => Ok(TlsMode::Required),
-            _ => Err(format!("TLS mode {s:?}: must be off, optional or required")),
+            _ => Err(Error::TlsMode(s.to_string())),
         }
     }
 }
@@ -210,23 +210,19 @@ impl TargetConfig {
     }
 
     pub(crate) fn limits(&self) -> Result<Limits, Error> {
-        let bad = |what: String| Err(Error::InvalidArgument(what));
         if self.maxh2cdata < nvpoll_wire::pdu::MIN_MAXH2CDATA
             || self.maxh2cdata % 4 != 0
             || self.maxh2cdata > 16 << 20
         {
-            return bad(format!(
-                "MAXH2CDATA {}: must be a multiple of 4 from 4096 to 16 MiB",
-                self.maxh2cdata
-            ));
+            return Err(Error::out_of_range(Setting::MaxH2cData, self.maxh2cdata));
         }
         if self.incapsule_data < 1024
             || self.incapsule_data % 16 != 0
             || self.incapsule_data > 1 << 20
         {
-            return bad(format!(
-                "in-capsule data {}: must be a multiple of 16 from 1024 to 1 MiB",
-                self.incapsule_data
+            return Err(Error::out_of_range(
+                Setting::InCapsuleData,
+                self.incapsule_data,
             ));
         }
         let defaults = subsystem::Limits {

@@ -39,7 +39,7 @@
 //!
 //! # Example
 //! ```no_run
-//! # fn demo(handle: nvpoll_target::TargetHandle) -> Result<(), nvpoll_wire::Error> {
+//! # fn demo(handle: nvpoll_target::TargetHandle) -> Result<(), nvpoll_target::Error> {
 //! use std::path::Path;
 //! use nvpoll_target::rpc::{self, serde_json::json, RpcClient, ServeOptions};
 //!
@@ -69,10 +69,10 @@ use serde_json::{json, Map, Value};
 pub use serde_json;
 
 use crate::config::{self, Address, Parsed, PcieResolver};
+use crate::error::Error;
 use crate::options::{ListenerConfig, TlsMode};
 use crate::server::{SubsystemInfo, TargetHandle};
 use crate::subsystem::{HostAccess, HostKey};
-use nvpoll_wire::Error;
 
 /// JSON-RPC: the stream is not valid JSON.
 pub const PARSE_ERROR: i64 = -32700;
@@ -132,11 +132,7 @@ impl RpcError {
     }
 
     fn refused(e: Error) -> RpcError {
-        let message = match e {
-            Error::InvalidArgument(s) => s,
-            other => other.to_string(),
-        };
-        RpcError::new(TARGET_REFUSED, message)
+        RpcError::new(TARGET_REFUSED, e.to_string())
     }
 }
 
@@ -271,15 +267,15 @@ fn bind_private(path: &Path) -> Result<(UnixListener, (u64, u64)), Error> {
     let shown = path.display();
     match fs::symlink_metadata(path) {
         Ok(m) if !m.file_type().is_socket() => {
-            return Err(Error::InvalidArgument(format!(
-                "{shown} exists and is not a socket"
-            )))
+            return Err(Error::NotASocket {
+                path: path.to_path_buf(),
+            })
         }
         Ok(_) => match UnixStream::connect(path) {
             Ok(_) => {
-                return Err(Error::InvalidArgument(format!(
-                    "a control socket is already served at {shown}"
-                )))
+                return Err(Error::SocketInUse {
+                    path: path.to_path_buf(),
+                })
             }
             // Left by a server that is gone.
             Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
@@ -956,7 +952,7 @@ impl RpcClient {
         send(&mut self.stream, &request).map_err(|e| Error::io("send the request", e))?;
         let mut answer = self.receive()?;
         if answer.get("id") != Some(&json!(id)) {
-            return Err(Error::Protocol(format!(
+            return Err(Error::RpcAnswer(format!(
                 "an answer for another request: {answer}"
             )));
         }
@@ -972,7 +968,7 @@ impl RpcClient {
         }
         match answer.get_mut("result") {
             Some(r) => Ok(Ok(r.take())),
-            None => Err(Error::Protocol(format!(
+            None => Err(Error::RpcAnswer(format!(
                 "an answer with neither result nor error: {answer}"
             ))),
         }
@@ -989,16 +985,14 @@ impl RpcClient {
                     self.buf.drain(..used);
                     return Ok(v);
                 }
-                Some(Err(e)) if !e.is_eof() => {
-                    return Err(Error::Protocol(format!("the server sent bad JSON: {e}")))
-                }
+                Some(Err(e)) if !e.is_eof() => return Err(Error::RpcJson(e)),
                 _ => {}
             }
             match self.stream.read(&mut chunk) {
-                Ok(0) => return Err(Error::Closed),
+                Ok(0) => return Err(Error::RpcClosed),
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    return Err(Error::Timeout("the control socket's answer"))
+                    return Err(Error::RpcTimeout)
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(Error::io("receive the answer", e)),

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use nvpoll::reactor::{PollStatus, Poller, PollerId, ReactorContext, Reactors, WakeSources};
 use nvpoll::send::SendMode;
 
+use crate::error::Error;
 use crate::events::TargetEvent;
 use crate::options::{ListenerConfig, TargetConfig, TargetTls, TlsMode};
 use crate::session::{Progress, Session};
@@ -21,7 +22,6 @@ use crate::shared::{mode_to_u8, Listener, Registry, TargetCounters, TargetShared
 use crate::subsystem::{
     self, lock, AnaSetting, HostAccess, HostKey, NamespaceConfig, Subsystem, SubsystemConfig,
 };
-use nvpoll_wire::Error;
 
 /// A bound target, not serving yet.
 pub struct Target {
@@ -44,10 +44,7 @@ impl Target {
         let mut subsystems = vec![Arc::new(Subsystem::discovery(limits.defaults))];
         for s in &config.subsystems {
             if subsystems.iter().any(|t| t.nqn == s.nqn) {
-                return Err(Error::InvalidArgument(format!(
-                    "subsystem {} is configured twice",
-                    s.nqn
-                )));
+                return Err(Error::DuplicateSubsystem { nqn: s.nqn.clone() });
             }
             subsystems.push(Arc::new(Subsystem::open(s, limits.defaults)?));
         }
@@ -85,10 +82,9 @@ impl Target {
         let mut sockets: Vec<(Arc<Listener>, TcpListener)> = Vec::new();
         for cfg in std::iter::once(first).chain(config.listeners.iter().copied()) {
             if sockets.iter().any(|(l, _)| l.addr == cfg.address) {
-                return Err(Error::InvalidArgument(format!(
-                    "listener {} is configured twice",
-                    cfg.address
-                )));
+                return Err(Error::DuplicateListener {
+                    address: cfg.address,
+                });
             }
             sockets.push(shared.bind_listener(cfg)?);
         }
@@ -132,7 +128,10 @@ impl Target {
         let wakers = (0..reactors.len())
             .map(|i| reactors.waker(i))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| Error::InvalidArgument(format!("reactor wakers: {e}")))?;
+            .map_err(|source| Error::Reactor {
+                what: "reactor wakers",
+                source,
+            })?;
         // Started once: a target is consumed by `start`.
         let _ = shared.wakers.set(wakers);
         let seen = shared.listeners_gen.load(Ordering::Acquire);
@@ -155,8 +154,9 @@ impl Target {
                 );
                 id.set(Some(pid));
             })
-            .map_err(|e| {
-                Error::InvalidArgument(format!("cannot start the listener on reactor 0: {e}"))
+            .map_err(|source| Error::Reactor {
+                what: "cannot start the listener on reactor 0",
+                source,
             })?;
         Ok(handle)
     }
@@ -332,14 +332,13 @@ impl TargetHandle {
     /// Opens a listener; returns the address it listens on (the real port if `cfg` said 0).
     pub fn add_listener(&self, cfg: ListenerConfig) -> Result<SocketAddr, Error> {
         if self.shared.stopping() {
-            return Err(Error::InvalidArgument("the target is stopping".into()));
+            return Err(Error::Stopping);
         }
         let mut listeners = lock(&self.shared.listeners);
         if cfg.address.port() != 0 && listeners.iter().any(|l| l.addr == cfg.address) {
-            return Err(Error::InvalidArgument(format!(
-                "listener {} exists already",
-                cfg.address
-            )));
+            return Err(Error::ListenerExists {
+                address: cfg.address,
+            });
         }
         let (listener, socket) = self.shared.bind_listener(cfg)?;
         let addr = listener.addr;
@@ -354,7 +353,7 @@ impl TargetHandle {
     pub fn remove_listener(&self, addr: SocketAddr) -> Result<(), Error> {
         let mut listeners = lock(&self.shared.listeners);
         let Some(i) = listeners.iter().position(|l| l.addr == addr) else {
-            return Err(Error::InvalidArgument(format!("no listener on {addr}")));
+            return Err(Error::NoListener { address: addr });
         };
         let l = listeners.remove(i);
         l.removed.store(true, Ordering::Release);
@@ -378,10 +377,9 @@ impl TargetHandle {
         let s = Arc::new(Subsystem::open(cfg, self.shared.limits.defaults)?);
         let mut list = self.shared.registry.write();
         if list.iter().any(|t| t.nqn == cfg.nqn) {
-            return Err(Error::InvalidArgument(format!(
-                "subsystem {} exists already",
-                cfg.nqn
-            )));
+            return Err(Error::SubsystemExists {
+                nqn: cfg.nqn.clone(),
+            });
         }
         list.push(s);
         self.shared.discovery_changed();
@@ -434,9 +432,7 @@ impl TargetHandle {
     ) -> Result<nvpoll::spec::AnaState, Error> {
         let subsys = self.nvm_subsystem(nqn)?;
         if !self.listeners().iter().any(|l| l.address == listener) {
-            return Err(Error::InvalidArgument(format!(
-                "{listener} is not a listener of the target"
-            )));
+            return Err(Error::NoListener { address: listener });
         }
         let before = subsys.set_ana_state(listener, group, state)?;
         self.shared.wake_all();
@@ -458,14 +454,16 @@ impl TargetHandle {
         let s = self.nvm_subsystem(nqn)?;
         let hosts = match s.hosts() {
             HostAccess::AnyHost => {
-                let why = "lets any host in; turn allow-any-host off first to list its hosts";
-                return Err(Error::InvalidArgument(format!("{nqn} {why}")));
+                return Err(Error::AnyHostAllowed {
+                    nqn: nqn.to_string(),
+                })
             }
             HostAccess::Only(mut h) => {
                 if h.iter().any(|x| x == hostnqn) {
-                    return Err(Error::InvalidArgument(format!(
-                        "host {hostnqn} is allowed on {nqn} already"
-                    )));
+                    return Err(Error::HostAllowedAlready {
+                        nqn: nqn.to_string(),
+                        host: hostnqn.to_string(),
+                    });
                 }
                 h.push(hostnqn.to_string());
                 HostAccess::Only(h)
@@ -486,9 +484,10 @@ impl TargetHandle {
                 self.shared.discovery_changed();
                 Ok(())
             }
-            _ => Err(Error::InvalidArgument(format!(
-                "host {hostnqn} is not among the allowed hosts of {nqn}"
-            ))),
+            _ => Err(Error::HostNotAllowed {
+                nqn: nqn.to_string(),
+                host: hostnqn.to_string(),
+            }),
         }
     }
 
@@ -520,9 +519,10 @@ impl TargetHandle {
         if self.nvm_subsystem(nqn)?.remove_key(hostnqn) {
             Ok(())
         } else {
-            Err(Error::InvalidArgument(format!(
-                "host {hostnqn} has no key for {nqn}"
-            )))
+            Err(Error::NoHostKey {
+                nqn: nqn.to_string(),
+                host: hostnqn.to_string(),
+            })
         }
     }
 }
@@ -539,9 +539,10 @@ impl TargetHandle {
         if self.nvm_subsystem(nqn)?.remove_dhchap_key(hostnqn) {
             Ok(())
         } else {
-            Err(Error::InvalidArgument(format!(
-                "host {hostnqn} has no DH-HMAC-CHAP key for {nqn}"
-            )))
+            Err(Error::NoDhchapKey {
+                nqn: nqn.to_string(),
+                host: hostnqn.to_string(),
+            })
         }
     }
 
@@ -554,7 +555,9 @@ impl TargetHandle {
 }
 
 fn no_subsystem(nqn: &str) -> Error {
-    Error::InvalidArgument(format!("no subsystem {nqn}"))
+    Error::NoSubsystem {
+        nqn: nqn.to_string(),
+    }
 }
 
 /// Accepts connections on every listener and hands each to a reactor, round robin.

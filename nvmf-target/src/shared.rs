@@ -10,10 +10,10 @@ use std::time::Instant;
 use nvpoll::reactor::ReactorWaker;
 use nvpoll::send::SendMode;
 
+use crate::error::Error;
 use crate::events::{EventHook, TargetEvent};
 use crate::options::{Limits, ListenerConfig, TlsMode};
 use crate::subsystem::{HostKey, Subsystem, DISCOVERY_NQN};
-use nvpoll_wire::Error;
 
 /// Declares the target's counters once. Each becomes a field of [`TargetCounters`] (the public snapshot) and
 /// an atomic of `TargetStats` (the running totals every reactor adds to); the `session` ones are also counted
@@ -321,8 +321,10 @@ impl TargetShared {
         &self,
         cfg: ListenerConfig,
     ) -> Result<(Arc<Listener>, TcpListener), Error> {
-        let socket = TcpListener::bind(cfg.address)
-            .map_err(|e| Error::io(format!("listen on {}", cfg.address), e))?;
+        let socket = TcpListener::bind(cfg.address).map_err(|source| Error::Bind {
+            address: cfg.address,
+            source,
+        })?;
         if let Some(cc) = &self.tcp_congestion {
             nvpoll_wire::conn::set_congestion(&socket, cc)?;
         }

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::controller::Controller;
+use crate::error::{Error, NqnFault, Setting};
 use crate::store::Store;
 use nvpoll::spec::{AnaGroupDescriptor, AnaLog, AnaState};
 use nvpoll_tls::ConfiguredKey;
-use nvpoll_wire::Error;
 
 /// The NQN of the well-known discovery subsystem, which every target serves.
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
@@ -97,21 +97,21 @@ impl Default for CntlidRange {
 
 impl CntlidRange {
     /// Checks `1 <= min <= max <= MAX_CNTLID`.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Error> {
         if self.min == 0 || self.min > self.max || self.max > MAX_CNTLID {
-            return Err(format!(
-                "controller IDs {}-{}: must lie within 1-{MAX_CNTLID}, lowest first",
-                self.min, self.max
-            ));
+            return Err(Error::BadCntlidRange {
+                min: self.min,
+                max: self.max,
+            });
         }
         Ok(())
     }
 }
 
 /// Checks an ANA group ID.
-pub fn check_ana_group(group: u32) -> Result<(), String> {
+pub fn check_ana_group(group: u32) -> Result<(), Error> {
     if !(1..=ANA_GROUP_MAX).contains(&group) {
-        return Err(format!("ANA group {group}: must be 1 to {ANA_GROUP_MAX}"));
+        return Err(Error::out_of_range(Setting::AnaGroup, group));
     }
     Ok(())
 }
@@ -202,24 +202,14 @@ impl Limits {
     }
 
     pub(crate) fn check(&self) -> Result<(), Error> {
-        let bad = |what: String| Err(Error::InvalidArgument(what));
         if !(1..=10).contains(&self.mdts) {
-            return bad(format!(
-                "MDTS {}: must be 1 (8 KiB) to 10 (4 MiB)",
-                self.mdts
-            ));
+            return Err(Error::out_of_range(Setting::Mdts, self.mdts));
         }
         if !(2..=1024).contains(&self.queue_entries) {
-            return bad(format!(
-                "queue size {}: must be 2 to 1024 entries",
-                self.queue_entries
-            ));
+            return Err(Error::out_of_range(Setting::QueueSize, self.queue_entries));
         }
         if !(1..=1024).contains(&self.max_io_queues) {
-            return bad(format!(
-                "I/O queues {}: must be 1 to 1024",
-                self.max_io_queues
-            ));
+            return Err(Error::out_of_range(Setting::IoQueues, self.max_io_queues));
         }
         Ok(())
     }
@@ -349,43 +339,47 @@ impl Namespace {
         let lbads = match cfg.block_size {
             512 => 9,
             4096 => 12,
-            other => {
-                return Err(Error::InvalidArgument(format!(
-                    "block size {other}: must be 512 or 4096"
-                )))
-            }
+            other => return Err(Error::out_of_range(Setting::BlockSize, other)),
         };
         let store = match &cfg.backing {
             Backing::Ram(bytes) => Store::ram(*bytes),
-            Backing::File(path) => Store::open(path)
-                .map_err(|e| Error::io(format!("open namespace file {}", path.display()), e))?,
+            Backing::File(path) => Store::open(path).map_err(|source| Error::OpenNamespace {
+                path: path.clone(),
+                source,
+            })?,
             Backing::Device(d) => {
                 if d.block_size() != cfg.block_size {
-                    return Err(Error::InvalidArgument(format!(
-                        "namespace {nsid}: {} has {}-byte blocks, not {}",
-                        d.describe(),
-                        d.block_size(),
-                        cfg.block_size
-                    )));
+                    return Err(Error::DeviceBlockSize {
+                        nsid,
+                        device: d.describe(),
+                        device_block_size: d.block_size(),
+                        block_size: cfg.block_size,
+                    });
                 }
                 Store::Device(std::sync::Arc::clone(d))
             }
         };
         let blocks = store.len() / u64::from(cfg.block_size);
         if blocks == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "namespace {nsid} ({}) is smaller than one {}-byte block",
-                store.describe(),
-                cfg.block_size
-            )));
+            return Err(Error::NamespaceTooSmall {
+                nsid,
+                backing: store.describe(),
+                block_size: cfg.block_size,
+            });
         }
-        check_ana_group(cfg.ana_group)
-            .map_err(|m| Error::InvalidArgument(format!("namespace {nsid}: {m}")))?;
+        check_ana_group(cfg.ana_group).map_err(|e| Error::InNamespace {
+            nsid,
+            source: Box::new(e),
+        })?;
         let (nguid, derived_uuid) = namespace_ids(subnqn, nsid);
         let uuid = cfg.uuid.unwrap_or(derived_uuid);
         let resv = match &cfg.backing {
-            Backing::File(path) => crate::resv::Reservations::for_file(path)
-                .map_err(|e| Error::io(format!("reservation state of {}", path.display()), e))?,
+            Backing::File(path) => crate::resv::Reservations::for_file(path).map_err(|source| {
+                Error::ReservationState {
+                    path: path.clone(),
+                    source,
+                }
+            })?,
             _ => crate::resv::Reservations::in_memory(),
         };
         Ok(Namespace {
@@ -576,9 +570,7 @@ impl Subsystem {
     pub fn open(cfg: &SubsystemConfig, defaults: Limits) -> Result<Subsystem, Error> {
         check_nqn(&cfg.nqn)?;
         if cfg.nqn == DISCOVERY_NQN {
-            return Err(Error::InvalidArgument(format!(
-                "{DISCOVERY_NQN} is the discovery subsystem's NQN"
-            )));
+            return Err(Error::DiscoveryNqn);
         }
         check_ascii("serial number", &cfg.serial, 20)?;
         check_ascii("model number", &cfg.model, 40)?;
@@ -589,7 +581,7 @@ impl Subsystem {
         };
         limits
             .check()
-            .map_err(|e| Error::InvalidArgument(format!("subsystem {}: {e}", cfg.nqn)))?;
+            .map_err(|e| Error::in_subsystem(&cfg.nqn, e))?;
         if let HostAccess::Only(hosts) = &cfg.hosts {
             for h in hosts {
                 check_nqn(h)?;
@@ -611,7 +603,7 @@ impl Subsystem {
         s.listeners.clone_from(&cfg.listeners);
         cfg.cntlids
             .check()
-            .map_err(|m| Error::InvalidArgument(format!("subsystem {}: {m}", cfg.nqn)))?;
+            .map_err(|e| Error::in_subsystem(&cfg.nqn, e))?;
         s.cntlids = cfg.cntlids;
         for a in &cfg.ana {
             s.set_ana_state(a.listener, a.group, a.state)?;
@@ -675,9 +667,7 @@ impl Subsystem {
     /// controllers were torn down.
     pub fn set_max_io_queues(&self, n: u16) -> Result<usize, Error> {
         if !(1..=1024).contains(&n) {
-            return Err(Error::InvalidArgument(format!(
-                "I/O queues {n}: must be 1 to 1024"
-            )));
+            return Err(Error::out_of_range(Setting::IoQueues, n));
         }
         self.io_queues.store(n, Ordering::Relaxed);
         let live = lock(&self.controllers);
@@ -716,17 +706,15 @@ impl Subsystem {
         group: u32,
         state: AnaState,
     ) -> Result<AnaState, Error> {
-        check_ana_group(group).map_err(Error::InvalidArgument)?;
+        check_ana_group(group)?;
         if self.kind == Kind::Discovery {
-            return Err(Error::InvalidArgument(
-                "the discovery subsystem has no ANA groups".into(),
-            ));
+            return Err(Error::NotOnDiscovery("ANA groups"));
         }
         if !self.exported_on(listener) {
-            return Err(Error::InvalidArgument(format!(
-                "{} is not exported on listener {listener}",
-                self.nqn
-            )));
+            return Err(Error::NotExported {
+                nqn: self.nqn.clone(),
+                listener,
+            });
         }
         let before = {
             let mut t = lock(&self.ana);
@@ -806,30 +794,23 @@ impl Subsystem {
     /// Attribute Changed).
     pub fn add_namespace(&self, cfg: &NamespaceConfig) -> Result<u32, Error> {
         if self.kind == Kind::Discovery {
-            return Err(Error::InvalidArgument(
-                "the discovery subsystem has no namespaces".into(),
-            ));
+            return Err(Error::NotOnDiscovery("namespaces"));
         }
         let nsid = {
             let t = lock(&self.namespaces);
             match cfg.nsid {
                 Some(id) if id == 0 || id > MAX_NAMESPACES => {
-                    return Err(Error::InvalidArgument(format!(
-                        "namespace ID {id}: must be 1 to {MAX_NAMESPACES}"
-                    )))
+                    return Err(Error::out_of_range(Setting::NamespaceId, id))
                 }
                 Some(id) if t.get(id).is_some() => {
-                    return Err(Error::InvalidArgument(format!(
-                        "namespace {id} of {} exists already",
-                        self.nqn
-                    )))
+                    return Err(Error::NamespaceExists {
+                        nqn: self.nqn.clone(),
+                        nsid: id,
+                    })
                 }
                 Some(id) => id,
-                None => t.lowest_free().ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "{} has {MAX_NAMESPACES} namespaces already",
-                        self.nqn
-                    ))
+                None => t.lowest_free().ok_or_else(|| Error::NamespacesFull {
+                    nqn: self.nqn.clone(),
                 })?,
             }
         };
@@ -838,10 +819,10 @@ impl Subsystem {
         {
             let mut t = lock(&self.namespaces);
             if t.get(nsid).is_some() {
-                return Err(Error::InvalidArgument(format!(
-                    "namespace {nsid} of {} exists already",
-                    self.nqn
-                )));
+                return Err(Error::NamespaceExists {
+                    nqn: self.nqn.clone(),
+                    nsid,
+                });
             }
             *t = Arc::new(t.with(ns));
             self.ns_gen.fetch_add(1, Ordering::AcqRel);
@@ -856,10 +837,10 @@ impl Subsystem {
         {
             let mut t = lock(&self.namespaces);
             if t.get(nsid).is_none() {
-                return Err(Error::InvalidArgument(format!(
-                    "{} has no namespace {nsid}",
-                    self.nqn
-                )));
+                return Err(Error::NoNamespace {
+                    nqn: self.nqn.clone(),
+                    nsid,
+                });
             }
             *t = Arc::new(t.without(nsid));
             self.ns_gen.fetch_add(1, Ordering::AcqRel);
@@ -1060,20 +1041,31 @@ impl Subsystem {
     }
 }
 
+/// The least a subsystem asks of an NQN given in code: it fits the Connect field (the configuration file and the
+/// control socket ask for the dated form too, `config::check_nqn`).
 fn check_nqn(nqn: &str) -> Result<(), Error> {
-    if nqn.is_empty() || nqn.len() > MAX_NQN_LEN || nqn.contains('\0') {
-        return Err(Error::InvalidArgument(format!(
-            "NQN {nqn:?}: must be 1 to {MAX_NQN_LEN} bytes without NUL"
-        )));
-    }
-    Ok(())
+    let fault = if nqn.is_empty() {
+        NqnFault::Empty
+    } else if nqn.len() > MAX_NQN_LEN {
+        NqnFault::TooLong(nqn.len())
+    } else if nqn.contains('\0') {
+        NqnFault::Whitespace
+    } else {
+        return Ok(());
+    };
+    Err(Error::BadNqn {
+        nqn: nqn.to_string(),
+        fault,
+    })
 }
 
-fn check_ascii(what: &str, s: &str, max: usize) -> Result<(), Error> {
+fn check_ascii(what: &'static str, s: &str, max: usize) -> Result<(), Error> {
     if s.len() > max || !s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
-        return Err(Error::InvalidArgument(format!(
-            "{what} {s:?}: must be at most {max} printable ASCII characters"
-        )));
+        return Err(Error::BadText {
+            what,
+            value: s.to_string(),
+            max,
+        });
     }
     Ok(())
 }

@@ -202,7 +202,7 @@ fn parse_listener(s: &str) -> Result<ListenerConfig, String> {
     let mut tls = TlsMode::Off;
     for option in parts {
         match option.split_once('=') {
-            Some(("tls", mode)) => tls = mode.parse()?,
+            Some(("tls", mode)) => tls = mode.parse().map_err(|e| format!("{e}"))?,
             _ => {
                 return Err(format!(
                     "{option:?}: the only option is tls=off|optional|required"
@@ -215,20 +215,21 @@ fn parse_listener(s: &str) -> Result<ListenerConfig, String> {
 
 /// Opens namespace 1 of the NVMe controller at `bdf` (bound to vfio-pci) with nvpoll's PCIe driver: what
 /// --pcie and the configuration file's and the control socket's `pcie` namespaces give.
-fn open_pcie(bdf: &str) -> Result<Backing, String> {
+fn open_pcie(bdf: &str) -> Result<Backing, nvpoll_target::Error> {
+    let failed = |e: Box<dyn std::error::Error + Send + Sync>| nvpoll_target::Error::pcie(bdf, e);
     let addr: nvpoll::trid::PciAddress = bdf
         .parse()
-        .map_err(|e| format!("{bdf:?} is not a PCI address: {e}"))?;
+        .map_err(|e| failed(format!("not a PCI address: {e}").into()))?;
     let pool = nvpoll::mem::DmaPool::builder()
         .class(4096, 256)
         .class(1 << 20, 8)
         .build()
-        .map_err(|e| format!("DMA pool for {addr}: {e}"))?;
+        .map_err(|e| failed(format!("DMA pool: {e}").into()))?;
     let ctrl =
         nvpoll_pcie::PcieController::open(addr, pool.clone(), nvpoll_pcie::PcieOptions::default())
-            .map_err(|e| format!("{addr}: {e}"))?;
+            .map_err(|e| failed(e.into()))?;
     let dev = nvpoll_target::QueuePairDevice::new(ctrl, pool, 1, format!("PCIe {addr}"))
-        .map_err(|e| format!("{addr}: {e}"))?;
+        .map_err(|e| failed(e.into()))?;
     Ok(Backing::Device(Arc::new(dev)))
 }
 
