@@ -136,6 +136,12 @@ impl ConfigError {
         &self.message
     }
 
+    /// The target's error that refused the field, where one did (a key file, an NQN, a number out of range, a
+    /// `pcie` namespace); `None` where the schema or a check of the file itself did.
+    pub fn cause(&self) -> Option<&Error> {
+        self.cause.as_deref()
+    }
+
     fn unread(origin: &Path, what: String) -> ConfigError {
         ConfigError {
             origin: Some(origin.to_path_buf()),

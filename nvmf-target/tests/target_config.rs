@@ -334,6 +334,16 @@ fn a_key_file_others_may_read_is_refused_without_showing_it() {
         "{shown}"
     );
     assert!(!format!("{e:?}").contains(KEY_BODY));
+    assert!(
+        matches!(
+            e.cause(),
+            Some(nvpoll_target::Error::KeyFile {
+                fault: nvpoll_target::KeyFileFault::OpenToOthers { mode: 0o644 },
+                ..
+            })
+        ),
+        "{e:?}"
+    );
     // Made private, the same file is taken; a file that holds something else is refused without quoting it.
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let cfg = config::parse(&text, Path::new("/etc/nvpoll/target.json"), &no_pcie).unwrap();
@@ -438,6 +448,10 @@ fn pcie_namespaces_go_through_the_resolver() {
     assert_eq!(e.field(), "subsystems[0].namespaces[0].pcie");
     assert_eq!(e.line(), Some(4));
     assert!(e.message().contains("0000:00:04.0"), "{e}");
+    assert!(
+        matches!(e.cause(), Some(nvpoll_target::Error::NoPcieDriver { bdf }) if bdf == "0000:00:04.0"),
+        "{e:?}"
+    );
     let asked = std::sync::Mutex::new(Vec::new());
     let resolver = |bdf: &str| {
         asked.lock().unwrap().push(bdf.to_string());
