@@ -34,6 +34,9 @@ stray=$( (git ls-files '*verify.state'; find . -path ./target -prune -o -name '*
 [ -z "$stray" ] || { printf '%s\n' "$stray"; echo "test.sh: fio verify state files in the checkout (above)" >&2; exit 1; }
 step "every binary's --help says what it does"
 scripts/check-help.sh
+step "the docs: every page reached, every link found, every command's binary, flags, bench and script present"
+scripts/check-docs.sh
+scripts/check-doc-commands.sh
 step "a refused Connect says why in perf, identify and hello_world"
 scripts/check-refused-connect.sh
 step "fuzz (briefly)"
