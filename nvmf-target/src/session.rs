@@ -722,6 +722,11 @@ impl Session {
         }
         if let Some(q) = &mut self.queue {
             q.sqhd = ((u32::from(q.sqhd) + 1) % (u32::from(q.sqsize) + 1)) as u16;
+            // The namespaces and the path's ANA states as they are now (an atomic load each when unchanged):
+            // the poll's refresh can have run before this command arrived in the same pass, and a change the
+            // host saw take effect (an RPC answered, an ANA event read) before it sent the command applies to
+            // it. Without this, CI saw a write answered with the ANA state from before the change.
+            q.refresh_namespaces();
         }
         let fctype = (sqe.opcode == fabrics::FABRICS).then_some(sqe.nsid as u8);
         // Data transfer direction: bits 1:0 of the opcode (of the fctype for fabrics commands).
