@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use nvpoll::mem::DmaBuf;
 use nvpoll::send::{SendMode, SendPolicy};
-use nvpoll::spec::{CommandKind, Cqe, SglDescriptor, Sqe, Status};
+use nvpoll::spec::{CommandKind, Cqe, SglDescriptor, Sqe, Status, SQE_SIZE};
 
 use crate::conn::{Conn, DIRECT_SEND_MIN};
 use crate::pdu::{self, Decoded, Pdu};
@@ -64,24 +64,60 @@ pub struct Done {
 }
 
 #[derive(Debug, Default)]
+#[repr(C)]
 struct Slot {
+    // Hot: what a completion and a data PDU of the command read and write.
     busy: bool,
-    dir: Option<DataDir>,
-    tag: u64,
-    buf: Option<DmaBuf>,
-    len: u32,
-    /// Read: bytes of C2HData received. Write: bytes solicited by R2T so far.
-    transferred: u32,
     /// Data went in the capsule (no R2T expected).
     in_capsule: bool,
     /// A C2HData PDU of this command failed its data digest: the command fails whatever its status.
     data_digest_error: bool,
-    /// The command as submitted (with its CID), to resubmit it after a reconnect.
-    sqe: Sqe,
-    /// When it was submitted (the queue's coarse clock: the start of the last poll).
-    since: Option<Instant>,
     /// An Abort was requested for it after it timed out.
     abort_sent: bool,
+    len: u32,
+    /// Read: bytes of C2HData received. Write: bytes solicited by R2T so far.
+    transferred: u32,
+    dir: Option<DataDir>,
+    tag: u64,
+    buf: Option<DmaBuf>,
+    /// When it was submitted (the queue's coarse clock: the start of the last poll).
+    since: Option<Instant>,
+    // Cold: read again only to resubmit the command after a reconnect or to abort it.
+    /// The command as submitted (with its CID).
+    sqe: Sqe,
+}
+
+// The command kept for resubmission comes last, after the fields a completion touches; a slot grows only on
+// purpose.
+const _: () = assert!(std::mem::size_of::<Slot>() <= 152);
+const _: () = assert!(std::mem::offset_of!(Slot, sqe) + SQE_SIZE == std::mem::size_of::<Slot>());
+
+impl Slot {
+    /// The slot of a command just submitted.
+    #[inline]
+    fn new(
+        sqe: Sqe,
+        dir: DataDir,
+        tag: u64,
+        buf: Option<DmaBuf>,
+        len: u32,
+        in_capsule: bool,
+        now: Instant,
+    ) -> Slot {
+        Slot {
+            busy: true,
+            in_capsule,
+            data_digest_error: false,
+            abort_sent: false,
+            len,
+            transferred: 0,
+            dir: Some(dir),
+            tag,
+            buf,
+            since: Some(now),
+            sqe,
+        }
+    }
 }
 
 /// A command taken back from a failed queue, to be submitted again on a new connection.
@@ -318,38 +354,51 @@ fn send_gathered(
 pub(crate) const EXPIRED: Error = Error::Timeout("command completion (Abort did not complete it)");
 
 /// One host-side NVMe/TCP queue.
+///
+/// `repr(C)` keeps the fields in the order written: what every submit and completion touches comes first
+/// (the counts, limits, send policy and free list in the first cache line, asserted below; the failure
+/// every submit checks right after), then the slots,
+/// the clock and the connection, and the cold fields (set-up, failure, reconnect) last.
 #[derive(Debug)]
+#[repr(C)]
 pub struct HostQueue {
-    conn: Conn,
-    qid: u16,
-    neg: Negotiated,
-    decode: pdu::DecodeConfig,
+    // Hot. The first cache line:
+    outstanding: usize,
+    commands: u64,
     incapsule_max: u32,
     max_transfer: u32,
-    slots: Vec<Slot>,
+    policy: SendPolicy,
     free: Vec<u16>,
+    // Then:
+    /// What failed the queue, if anything did: every command it held, and every later submit, gets it as
+    /// the cause of an [`Error::QueueFailed`] (checked by every submit).
+    failed: Option<Arc<Error>>,
+    slots: Vec<Slot>,
+    /// The coarse clock: the start of the last poll.
+    now: Instant,
+    neg: Negotiated,
+    conn: Conn,
     /// Finished commands and orphans.
     lists: Parked,
-    outstanding: usize,
+    /// The C2HData being received into its buffer, if any.
+    direct: Option<DirectRx>,
+    // Cold.
+    qid: u16,
+    decode: pdu::DecodeConfig,
     /// Commands this queue completed with an error of its own (failed with the queue, expired, or refused
     /// on resubmission).
     commands_failed: u64,
-    /// What failed the queue, if anything did: every command it held, and every later submit, gets it as
-    /// the cause of an [`Error::QueueFailed`].
-    failed: Option<Arc<Error>>,
-    policy: SendPolicy,
-    commands: u64,
-    /// The coarse clock: the start of the last poll.
-    now: Instant,
     /// On failure, keep outstanding commands as orphans (for a retry) instead of failing them.
     keep_orphans: bool,
-    /// The C2HData being received into its buffer, if any.
-    direct: Option<DirectRx>,
     /// The headers of the H2CData PDUs [`HostQueue::send_h2c`] gathers (kept for its capacity).
     h2c_headers: Vec<u8>,
     /// The buffers were moved into memory of the thread that polls the queue ([`HostQueue::rehome`]).
     homed: bool,
 }
+
+// What a submit reads and writes before it touches the slots and the connection shares the first cache line.
+const _: () =
+    assert!(std::mem::offset_of!(HostQueue, free) + std::mem::size_of::<Vec<u16>>() <= 64);
 
 impl HostQueue {
     /// Connects the TCP socket and exchanges ICReq/ICResp. Fabrics Connect is the caller's next step.
@@ -542,68 +591,27 @@ impl HostQueue {
 
     /// Encodes a command into the send buffer (it leaves at the next [`HostQueue::flush`]). `len` is the data
     /// length in bytes (the buffer may be larger). On error the buffer is handed back.
+    ///
+    /// The path of one command: [`HostQueue::refusal`] (cold: a failed queue, a bad request), a free command
+    /// ID, the capsule encoded into the send buffer ([`HostQueue::encode_capsule`]), the slot filled, then the
+    /// send policy's kick: now, or at the reactor's end-of-poll flush.
     pub fn submit(
         &mut self,
-        mut sqe: Sqe,
+        sqe: Sqe,
         dir: DataDir,
         buf: Option<DmaBuf>,
         len: u32,
         tag: u64,
     ) -> Result<(), (Error, Option<DmaBuf>)> {
-        if let Some(cause) = &self.failed {
-            return Err((self.failed_error(cause), buf));
-        }
-        if dir != DataDir::None {
-            match &buf {
-                None => {
-                    return Err((
-                        Error::InvalidArgument("a data command needs a buffer".into()),
-                        buf,
-                    ))
-                }
-                Some(b) if b.len() < len as usize => {
-                    let msg = format!(
-                        "buffer of {} bytes is shorter than the transfer ({len})",
-                        b.len()
-                    );
-                    return Err((Error::InvalidArgument(msg), buf));
-                }
-                Some(_) => {}
-            }
-            if len > self.max_transfer {
-                let msg = format!(
-                    "transfer of {len} bytes exceeds the maximum of {}",
-                    self.max_transfer
-                );
-                return Err((Error::InvalidArgument(msg), buf));
-            }
+        if self.failed.is_some() || (dir != DataDir::None && !self.fits(&buf, len)) {
+            return Err((self.refusal(&buf, len), buf));
         }
         let Some(cid) = self.free.pop() else {
             return Err((Error::QueueFull, buf));
         };
-        sqe.cid = cid;
-        sqe.flags = (sqe.flags & !0xc0) | Sqe::PSDT_SGL;
         let in_capsule = dir == DataDir::ToController && len <= self.incapsule_max;
-        let sgl = match dir {
-            DataDir::None => SglDescriptor::transport_data_block(0),
-            DataDir::ToController if in_capsule => SglDescriptor::in_capsule(0, len),
-            _ => SglDescriptor::transport_data_block(len),
-        };
-        sqe.set_sgl(&sgl);
-        let data: &[u8] = match (&buf, in_capsule) {
-            (Some(b), true) => &b.as_slice()[..len as usize],
-            _ => &[],
-        };
-        let digests = self.digests();
         let waiting = self.conn.tx_pending();
-        // Large in-capsule data leaves straight from the buffer, below, once the slot holds it.
-        let direct = data.len() >= DIRECT_SEND_MIN;
-        if direct {
-            pdu::encode_capsule_cmd_header(self.conn.tx_buf(), &sqe, len, digests, self.neg.cpda);
-        } else {
-            pdu::encode_capsule_cmd(self.conn.tx_buf(), &sqe, data, digests, self.neg.cpda);
-        }
-        self.conn.pdu_queued();
+        let (sqe, direct) = self.encode_capsule(sqe, cid, dir, buf.as_ref(), len, in_capsule);
         // Write data beyond the capsule leaves on R2T: the sooner the capsule, the sooner the R2T.
         let solicited = if dir == DataDir::ToController && !in_capsule {
             u64::from(len)
@@ -613,41 +621,94 @@ impl HostQueue {
         let kick = self
             .policy
             .kick_now_solicited(waiting, self.outstanding, solicited);
-        let slot = &mut self.slots[usize::from(cid)];
-        *slot = Slot {
-            busy: true,
-            dir: Some(dir),
-            tag,
-            buf,
-            len,
-            transferred: 0,
-            in_capsule,
-            data_digest_error: false,
-            sqe,
-            since: Some(self.now),
-            abort_sent: false,
-        };
+        self.slots[usize::from(cid)] = Slot::new(sqe, dir, tag, buf, len, in_capsule, self.now);
         self.outstanding += 1;
         self.commands += 1;
         if direct {
-            let slot = &self.slots[usize::from(cid)];
-            let data = &slot
-                .buf
-                .as_ref()
-                .expect("in-capsule data has a buffer")
-                .as_slice()[..len as usize];
-            if let Err(e) = self.conn.send_payload(&[data], digests.data) {
-                // The command is accepted: the failed queue completes it with an error.
-                self.fail(e);
-            }
-            return Ok(());
-        }
-        if kick {
+            self.send_capsule_data(cid, len);
+        } else if kick {
             // The command is accepted either way: a failed write fails the queue, which completes it with
             // an error through the done list.
             let _ = self.flush();
         }
         Ok(())
+    }
+
+    /// A data command's buffer holds the transfer, and the transfer is within the controller's limit.
+    #[inline]
+    fn fits(&self, buf: &Option<DmaBuf>, len: u32) -> bool {
+        buf.as_ref().is_some_and(|b| b.len() >= len as usize) && len <= self.max_transfer
+    }
+
+    /// Why [`HostQueue::submit`] refuses a command: the queue failed, or the request is not one it can send.
+    #[cold]
+    fn refusal(&self, buf: &Option<DmaBuf>, len: u32) -> Error {
+        if let Some(cause) = &self.failed {
+            return self.failed_error(cause);
+        }
+        match buf {
+            None => Error::InvalidArgument("a data command needs a buffer".into()),
+            Some(b) if b.len() < len as usize => Error::InvalidArgument(format!(
+                "buffer of {} bytes is shorter than the transfer ({len})",
+                b.len()
+            )),
+            Some(_) => Error::InvalidArgument(format!(
+                "transfer of {len} bytes exceeds the maximum of {}",
+                self.max_transfer
+            )),
+        }
+    }
+
+    /// Encodes the capsule of command `cid` into the send buffer, its data with it when it goes in the
+    /// capsule, and returns the command as sent and whether its in-capsule data is large enough to leave
+    /// straight from the buffer ([`HostQueue::send_capsule_data`]) instead of being copied.
+    #[inline]
+    fn encode_capsule(
+        &mut self,
+        mut sqe: Sqe,
+        cid: u16,
+        dir: DataDir,
+        buf: Option<&DmaBuf>,
+        len: u32,
+        in_capsule: bool,
+    ) -> (Sqe, bool) {
+        sqe.cid = cid;
+        sqe.flags = (sqe.flags & !0xc0) | Sqe::PSDT_SGL;
+        let sgl = match dir {
+            DataDir::None => SglDescriptor::transport_data_block(0),
+            DataDir::ToController if in_capsule => SglDescriptor::in_capsule(0, len),
+            _ => SglDescriptor::transport_data_block(len),
+        };
+        sqe.set_sgl(&sgl);
+        let data: &[u8] = match (buf, in_capsule) {
+            (Some(b), true) => &b.as_slice()[..len as usize],
+            _ => &[],
+        };
+        let digests = self.digests();
+        let direct = data.len() >= DIRECT_SEND_MIN;
+        if direct {
+            pdu::encode_capsule_cmd_header(self.conn.tx_buf(), &sqe, len, digests, self.neg.cpda);
+        } else {
+            pdu::encode_capsule_cmd(self.conn.tx_buf(), &sqe, data, digests, self.neg.cpda);
+        }
+        self.conn.pdu_queued();
+        (sqe, direct)
+    }
+
+    /// Sends the in-capsule data of command `cid` straight from its buffer, behind its header (large
+    /// in-capsule data is not copied into the send buffer).
+    fn send_capsule_data(&mut self, cid: u16, len: u32) {
+        let digest = self.neg.data_digest;
+        let slot = &self.slots[usize::from(cid)];
+        let data = &slot
+            .buf
+            .as_ref()
+            .expect("in-capsule data has a buffer")
+            .as_slice()[..len as usize];
+        if let Err(e) = self.conn.send_payload(&[data], digest) {
+            // The command is accepted: the failed queue completes it with an error.
+            self.fail(e);
+        }
     }
 
     fn digests(&self) -> pdu::Digests {
