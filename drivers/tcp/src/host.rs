@@ -244,6 +244,9 @@ pub struct TcpController {
     connecting: Option<Background<Attached>>,
     /// A read of the ANA log is outstanding on the admin queue.
     ana_outstanding: bool,
+    /// [`CtrlShared::ana_noted`] when that read was sent: a path status noted since is newer than what the
+    /// read returns, which is then dropped (and read again).
+    ana_noted_at_read: u64,
     /// When the ANA log was last asked for.
     last_ana: Instant,
 }
@@ -546,6 +549,9 @@ struct CtrlShared {
     ana_gen: AtomicU64,
     /// A queue pair saw a path status: read the ANA log again now.
     ana_stale: AtomicBool,
+    /// Path statuses noted so far ([`TcpQueuePair::note_path_status`]): an ANA log read sent before the last
+    /// one may describe the path as it was before that status, and must not undo it.
+    ana_noted: AtomicU64,
 }
 
 /// A path's ANA states as the host knows them: the group of each namespace (from Identify Namespace) and each
@@ -599,6 +605,7 @@ impl CtrlShared {
             ana: Mutex::new(AnaView::default()),
             ana_gen: AtomicU64::new(0),
             ana_stale: AtomicBool::new(false),
+            ana_noted: AtomicU64::new(0),
         }
     }
 
@@ -832,6 +839,7 @@ impl TcpController {
             state: CtrlState::Live,
             connecting: None,
             ana_outstanding: false,
+            ana_noted_at_read: 0,
             last_ana: Instant::now(),
         })
     }
@@ -902,8 +910,13 @@ impl TcpController {
                 HostQueue::check("Get Log Page (ANA)", CommandKind::Admin, &cqe)?;
                 let buf = d.buf.expect("Get Log Page hands its buffer back");
                 let states = parse_ana_states(buf.as_slice())?;
-                self.att.ana.states = states;
-                self.shared.set_ana(self.att.ana.clone());
+                // A path status noted while the read was out is newer than the log, which the target may
+                // have read before the change: keep the status (ana_stale is set again: the log is read
+                // again at this poll's end) rather than put the path back to what it was.
+                if self.shared.ana_noted.load(Ordering::Acquire) == self.ana_noted_at_read {
+                    self.att.ana.states = states;
+                    self.shared.set_ana(self.att.ana.clone());
+                }
             }
             // Abort completions need no action: an aborted command completes on its own queue.
         }
@@ -938,6 +951,7 @@ impl TcpController {
                         ANA_TAG,
                     )
                     .map_err(|(e, _)| e)?;
+                self.ana_noted_at_read = self.shared.ana_noted.load(Ordering::Acquire);
                 self.ana_outstanding = true;
                 self.last_ana = Instant::now();
             }
@@ -1394,6 +1408,7 @@ impl TcpQueuePair {
         };
         {
             let mut a = self.shared.ana.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.ana_noted.fetch_add(1, Ordering::AcqRel);
             if let Some(&(_, group)) = a.groups.iter().find(|(n, _)| *n == nsid) {
                 if a.state_of(nsid) != state {
                     a.set(group, state);
