@@ -155,7 +155,7 @@ impl Sqe {
             nsid,
             cdw10: u32::from(lid) | (numd & 0xffff) << 16,
             cdw11: numd >> 16,
-            cdw12: offset as u32,
+            cdw12: (offset & 0xffff_ffff) as u32,
             cdw13: (offset >> 32) as u32,
             ..Default::default()
         }
@@ -292,7 +292,7 @@ impl Sqe {
         Sqe {
             opcode,
             nsid,
-            cdw10: slba as u32,
+            cdw10: (slba & 0xffff_ffff) as u32,
             cdw11: (slba >> 32) as u32,
             cdw12: nlb_zero_based.into(),
             ..Default::default()
@@ -312,7 +312,7 @@ impl Sqe {
 
     /// The 0-based block count of a read, write or write zeroes (dword 12 bits 15:0).
     pub fn nlb_zero_based(&self) -> u16 {
-        self.cdw12 as u16
+        (self.cdw12 & 0xffff) as u16
     }
 
     /// Puts an SGL descriptor in the data pointer and selects SGLs in PSDT.

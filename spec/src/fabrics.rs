@@ -141,10 +141,10 @@ impl FabricsCommand {
                 value: u64::from(sqe.cdw12) | u64::from(sqe.cdw13) << 32,
             },
             CONNECT => FabricsCommand::Connect(Connect {
-                recfmt: sqe.cdw10 as u16,
+                recfmt: (sqe.cdw10 & 0xffff) as u16,
                 qid: (sqe.cdw10 >> 16) as u16,
-                sqsize: sqe.cdw11 as u16,
-                cattr: (sqe.cdw11 >> 16) as u8,
+                sqsize: (sqe.cdw11 & 0xffff) as u16,
+                cattr: ((sqe.cdw11 >> 16) & 0xff) as u8,
                 kato: sqe.cdw12,
             }),
             PROPERTY_GET => FabricsCommand::PropertyGet {
@@ -183,7 +183,7 @@ impl FabricsCommand {
             } => {
                 sqe.cdw10 = size8.into();
                 sqe.cdw11 = offset;
-                sqe.cdw12 = value as u32;
+                sqe.cdw12 = (value & 0xffff_ffff) as u32;
                 sqe.cdw13 = (value >> 32) as u32;
             }
             FabricsCommand::Connect(c) => {
@@ -260,7 +260,7 @@ impl Cqe {
 
     /// Puts a Property Get's value in dwords 0 and 1.
     pub fn set_property_value(&mut self, value: u64) {
-        self.dw0 = value as u32;
+        self.dw0 = (value & 0xffff_ffff) as u32;
         self.dw1 = (value >> 32) as u32;
     }
 }
@@ -401,7 +401,7 @@ impl ConnectResponse {
         let status = cqe.status();
         if status.is_success() {
             ConnectResponse::Accepted {
-                cntlid: cqe.dw0 as u16,
+                cntlid: (cqe.dw0 & 0xffff) as u16,
                 authreq: (cqe.dw0 >> 16) as u16,
             }
         } else {
@@ -411,7 +411,7 @@ impl ConnectResponse {
                 || (status.is(Status::CONNECT_INVALID_HOST) && cqe.dw0 != 0);
             let invalid = points.then_some(InvalidParameter {
                 in_data: (cqe.dw0 >> 16) & 1 != 0,
-                offset: cqe.dw0 as u16,
+                offset: (cqe.dw0 & 0xffff) as u16,
             });
             ConnectResponse::Rejected { status, invalid }
         }

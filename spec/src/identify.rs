@@ -612,7 +612,10 @@ impl IdentifyNamespace {
 
     /// Number of LBA Formats, 0-based, as NLBAF carries it.
     pub fn nlbaf(&self) -> u8 {
-        self.lbaf.len().clamp(1, MAX_LBA_FORMATS) as u8 - 1
+        // Clamped to 1..=MAX_LBA_FORMATS (64), so it fits in a byte.
+        #[allow(clippy::cast_possible_truncation)]
+        let n = self.lbaf.len().clamp(1, MAX_LBA_FORMATS) as u8;
+        n - 1
     }
 
     /// Index of the format the namespace is formatted with (FLBAS bits 3:0, and bits 6:5 as bits 5:4 of the
@@ -760,13 +763,15 @@ impl NsIdDescriptor {
         let mut b = [0u8; IDENTIFY_SIZE];
         let mut off = 0usize;
         for d in descs {
-            let nid = &d.nid()[..d.nid().len().min(255)];
+            // The length is one byte: a longer identifier is cut to 255 bytes.
+            let nid_len = u8::try_from(d.nid().len()).unwrap_or(u8::MAX);
+            let nid = &d.nid()[..usize::from(nid_len)];
             // Keep room for the 4-byte zero header that ends the list.
             if off + 4 + nid.len() + 4 > IDENTIFY_SIZE {
                 break;
             }
             b[off] = d.nidt();
-            b[off + 1] = nid.len() as u8;
+            b[off + 1] = nid_len;
             b[off + 4..off + 4 + nid.len()].copy_from_slice(nid);
             off += 4 + nid.len();
         }

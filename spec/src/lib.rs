@@ -25,6 +25,8 @@
 //! ```
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+// Wire and parse code, where a silent truncation corrupts a field.
+#![deny(clippy::cast_possible_truncation)]
 
 mod cmd;
 pub mod fabrics;

@@ -388,8 +388,8 @@ impl AsyncEvent {
     pub const fn from_dw0(dw0: u32) -> AsyncEvent {
         AsyncEvent {
             event_type: (dw0 & 0x7) as u8,
-            info: (dw0 >> 8) as u8,
-            log_page: (dw0 >> 16) as u8,
+            info: ((dw0 >> 8) & 0xff) as u8,
+            log_page: ((dw0 >> 16) & 0xff) as u8,
         }
     }
 
@@ -528,25 +528,33 @@ pub const ANA_GROUP_DESCRIPTOR_SIZE: usize = 32;
 pub const ANA_LSP_RGO: u8 = 1;
 
 impl AnaLog {
-    /// Encodes the page.
+    /// Encodes the page. Its counts are 16 bits (descriptors) and 32 bits (NSIDs of a group): descriptors
+    /// past the 65535th, and NSIDs past the 4294967295th of a group, are dropped, so that every count
+    /// matches what follows it.
     pub fn to_bytes(&self) -> Vec<u8> {
+        let ngroups = u16::try_from(self.groups.len()).unwrap_or(u16::MAX);
+        let groups = &self.groups[..usize::from(ngroups)];
+        fn nsids(g: &AnaGroupDescriptor) -> (u32, &[u32]) {
+            let n = u32::try_from(g.nsids.len()).unwrap_or(u32::MAX);
+            (n, &g.nsids[..n as usize])
+        }
         let len = ANA_LOG_HEADER_SIZE
-            + self
-                .groups
+            + groups
                 .iter()
-                .map(|g| ANA_GROUP_DESCRIPTOR_SIZE + 4 * g.nsids.len())
+                .map(|g| ANA_GROUP_DESCRIPTOR_SIZE + 4 * nsids(g).1.len())
                 .sum::<usize>();
         let mut b = vec![0u8; len];
         put_u64(&mut b, 0, self.change_count);
-        put_u16(&mut b, 8, self.groups.len() as u16);
+        put_u16(&mut b, 8, ngroups);
         let mut at = ANA_LOG_HEADER_SIZE;
-        for g in &self.groups {
+        for g in groups {
+            let (n, ids) = nsids(g);
             put_u32(&mut b, at, g.grpid);
-            put_u32(&mut b, at + 4, g.nsids.len() as u32);
+            put_u32(&mut b, at + 4, n);
             put_u64(&mut b, at + 8, g.change_count);
             put_u8(&mut b, at + 16, g.state.code());
             at += ANA_GROUP_DESCRIPTOR_SIZE;
-            for &id in &g.nsids {
+            for &id in ids {
                 put_u32(&mut b, at, id);
                 at += 4;
             }
@@ -757,5 +765,28 @@ mod tests {
             assert_eq!(st.name().parse::<AnaState>(), Ok(st));
         }
         assert!("optimised".parse::<AnaState>().is_err());
+    }
+
+    #[test]
+    fn ana_log_with_more_groups_than_its_count_holds_keeps_count_and_body_agreed() {
+        // The descriptor count is 16 bits: 65536 groups used to encode a count of 0 before 2 MiB of
+        // descriptors. The encoder now keeps the first 65535, and the page parses back to them.
+        let groups: Vec<AnaGroupDescriptor> = (1..=0x1_0000u32)
+            .map(|grpid| AnaGroupDescriptor {
+                grpid,
+                change_count: 0,
+                state: AnaState::Optimized,
+                nsids: Vec::new(),
+            })
+            .collect();
+        let log = AnaLog {
+            change_count: 1,
+            groups,
+        };
+        let b = log.to_bytes();
+        assert_eq!(u16_at(&b, 8), u16::MAX);
+        assert_eq!(b.len(), 16 + 32 * 0xffff);
+        let back = AnaLog::parse(&b).unwrap();
+        assert_eq!(back.groups, log.groups[..0xffff]);
     }
 }

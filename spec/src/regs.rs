@@ -80,6 +80,8 @@ macro_rules! reg_fields {
         impl $reg {
             $(
                 #[doc = $doc]
+                // Masked to $width bits, which the assertion after this impl checks that $t holds.
+                #[allow(clippy::cast_possible_truncation)]
                 pub const fn $get(self) -> $t {
                     ((self.0 >> $lo) & (((1 as $int) << $width) - 1)) as $t
                 }
@@ -91,6 +93,9 @@ macro_rules! reg_fields {
                 }
             )*
         }
+        $(
+            const _: () = assert!($width <= <$t>::BITS && $lo + $width <= <$int>::BITS);
+        )*
     };
 }
 
