@@ -145,14 +145,19 @@ impl ClientHs {
             group: None,
             hello_retry: false,
         };
-        let ch = hs.client_hello(None);
+        // The identity is the only part of the first ClientHello without a fixed bound.
+        let ch = hs.client_hello(None).map_err(|_| {
+            TlsError::InvalidUse("PSK identity too long for the ClientHello's extensions")
+        })?;
         hs.transcript.add(&ch);
         core.write_handshake_as(&ch, 0x0301, out)?;
         Ok(hs)
     }
 
     /// A ClientHello with the current key shares, and its binder computed over the truncated message.
-    fn client_hello(&self, cookie: Option<&[u8]>) -> Vec<u8> {
+    /// Fails with [`PREFIX_OVERFLOW`] if the identity (and the cookie) make the extensions longer than
+    /// their 16-bit length holds.
+    fn client_hello(&self, cookie: Option<&[u8]>) -> Result<Vec<u8>, TlsError> {
         let cfg = &self.cfg;
         let hash_len = self.suite.hash().output_len();
         let mut m = Vec::with_capacity(512);
@@ -161,29 +166,38 @@ impl ClientHs {
             b.extend_from_slice(&self.random);
             b.push(0); // legacy_session_id: empty (no middlebox compatibility mode)
             put_prefixed(b, 2, |b| {
-                b.extend_from_slice(&self.suite.code().to_be_bytes())
-            });
+                b.extend_from_slice(&self.suite.code().to_be_bytes());
+                Ok(())
+            })?;
             b.extend_from_slice(&[1, 0]); // legacy_compression_methods: null
             put_prefixed(b, 2, |b| {
                 put_ext(b, ext::SUPPORTED_VERSIONS, |b| {
-                    put_prefixed(b, 1, |b| b.extend_from_slice(&TLS13.to_be_bytes()))
-                });
+                    put_prefixed(b, 1, |b| {
+                        b.extend_from_slice(&TLS13.to_be_bytes());
+                        Ok(())
+                    })
+                })?;
                 if !cfg.groups.is_empty() {
                     put_ext(b, ext::SUPPORTED_GROUPS, |b| {
                         put_prefixed(b, 2, |b| {
                             for g in &cfg.groups {
                                 b.extend_from_slice(&g.code().to_be_bytes());
                             }
+                            Ok(())
                         })
-                    });
+                    })?;
                     put_ext(b, ext::KEY_SHARE, |b| {
                         put_prefixed(b, 2, |b| {
                             for s in &self.shares {
                                 b.extend_from_slice(&s.group.code().to_be_bytes());
-                                put_prefixed(b, 2, |b| b.extend_from_slice(&s.public));
+                                put_prefixed(b, 2, |b| {
+                                    b.extend_from_slice(&s.public);
+                                    Ok(())
+                                })?;
                             }
+                            Ok(())
                         })
-                    });
+                    })?;
                 }
                 put_ext(b, ext::PSK_KEY_EXCHANGE_MODES, |b| {
                     put_prefixed(b, 1, |b| {
@@ -193,31 +207,42 @@ impl ClientHs {
                         if cfg.allow_psk_ke {
                             b.push(PSK_KE);
                         }
+                        Ok(())
                     })
-                });
+                })?;
                 if let Some(c) = cookie {
                     put_ext(b, ext::COOKIE, |b| {
-                        put_prefixed(b, 2, |b| b.extend_from_slice(c))
-                    });
+                        put_prefixed(b, 2, |b| {
+                            b.extend_from_slice(c);
+                            Ok(())
+                        })
+                    })?;
                 }
                 // pre_shared_key must be last.
                 put_ext(b, ext::PRE_SHARED_KEY, |b| {
                     put_prefixed(b, 2, |b| {
-                        put_prefixed(b, 2, |b| b.extend_from_slice(&cfg.identity));
+                        put_prefixed(b, 2, |b| {
+                            b.extend_from_slice(&cfg.identity);
+                            Ok(())
+                        })?;
                         b.extend_from_slice(&0u32.to_be_bytes()); // external PSK: age 0
-                    });
+                        Ok(())
+                    })?;
                     put_prefixed(b, 2, |b| {
-                        put_prefixed(b, 1, |b| b.resize(b.len() + hash_len, 0))
-                    });
-                });
-            });
-        });
+                        put_prefixed(b, 1, |b| {
+                            b.resize(b.len() + hash_len, 0);
+                            Ok(())
+                        })
+                    })
+                })
+            })
+        })?;
         let truncated = m.len() - (2 + 1 + hash_len);
         let binder = self
             .early
             .ext_binder(&self.transcript.current_with(&m[..truncated]));
         m[truncated + 3..].copy_from_slice(&binder);
-        m
+        Ok(m)
     }
 
     pub(crate) fn handle(
@@ -310,7 +335,10 @@ impl ClientHs {
             if let Some(g) = group {
                 self.shares = vec![KeyPair::generate(g)?];
             }
-            let ch2 = self.client_hello(cookie.as_deref());
+            // The first ClientHello fit: the server's cookie (or a larger key share) made this one overflow.
+            let ch2 = self.client_hello(cookie.as_deref()).map_err(|_| {
+                TlsError::IllegalParameter("HelloRetryRequest makes the ClientHello too long")
+            })?;
             self.transcript.add(&ch2);
             core.write_handshake(&ch2, out)?;
             self.hello_retry = true;
@@ -375,8 +403,9 @@ impl ClientHs {
         let server_ap = master.traffic(b"s ap traffic", &th);
         let mut fin = Vec::with_capacity(4 + hash.output_len());
         put_handshake(&mut fin, ht::FINISHED, |b| {
-            b.extend_from_slice(&verify_data(hash, &client_hs, &th))
-        });
+            b.extend_from_slice(&verify_data(hash, &client_hs, &th));
+            Ok(())
+        })?;
         core.write_handshake(&fin, out)?;
         core.write = Some(Traffic::new(self.suite, client_ap));
         core.read = Some(Traffic::new(self.suite, server_ap));

@@ -83,6 +83,8 @@
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+// Wire and parse code, where a silent truncation corrupts a field.
+#![deny(clippy::cast_possible_truncation)]
 
 mod client;
 mod common;

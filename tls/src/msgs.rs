@@ -150,27 +150,48 @@ fn u16_list(body: &[u8], what: &'static str) -> Result<Vec<u16>, TlsError> {
         .collect())
 }
 
-/// Appends `value` with a big-endian length prefix of `width` bytes, filled in by `f`.
-pub(crate) fn put_prefixed(out: &mut Vec<u8>, width: usize, f: impl FnOnce(&mut Vec<u8>)) {
+/// What [`put_prefixed`] fails with: what `f` wrote does not fit the length prefix.
+pub(crate) const PREFIX_OVERFLOW: TlsError =
+    TlsError::InvalidUse("a field is longer than its length prefix holds");
+
+/// Appends `value` with a big-endian length prefix of `width` (1 to 4) bytes, filled in by `f`. Fails with
+/// [`PREFIX_OVERFLOW`] (what `f` wrote stays in `out`) if the length does not fit in `width` bytes.
+pub(crate) fn put_prefixed(
+    out: &mut Vec<u8>,
+    width: usize,
+    f: impl FnOnce(&mut Vec<u8>) -> Result<(), TlsError>,
+) -> Result<(), TlsError> {
     let at = out.len();
     out.extend_from_slice(&[0; 4][..width]);
-    f(out);
+    f(out)?;
     let len = out.len() - at - width;
-    debug_assert!(len < 1 << (8 * width));
-    let be = (len as u32).to_be_bytes();
+    let be = u32::try_from(len)
+        .ok()
+        .filter(|&l| u64::from(l) < 1 << (8 * width))
+        .ok_or(PREFIX_OVERFLOW)?
+        .to_be_bytes();
     out[at..at + width].copy_from_slice(&be[4 - width..]);
+    Ok(())
 }
 
 /// Appends a handshake message: `type || u24 length || body`.
-pub(crate) fn put_handshake(out: &mut Vec<u8>, typ: u8, f: impl FnOnce(&mut Vec<u8>)) {
+pub(crate) fn put_handshake(
+    out: &mut Vec<u8>,
+    typ: u8,
+    f: impl FnOnce(&mut Vec<u8>) -> Result<(), TlsError>,
+) -> Result<(), TlsError> {
     out.push(typ);
-    put_prefixed(out, 3, f);
+    put_prefixed(out, 3, f)
 }
 
 /// Appends an extension: `type || u16 length || data`.
-pub(crate) fn put_ext(out: &mut Vec<u8>, typ: u16, f: impl FnOnce(&mut Vec<u8>)) {
+pub(crate) fn put_ext(
+    out: &mut Vec<u8>,
+    typ: u16,
+    f: impl FnOnce(&mut Vec<u8>) -> Result<(), TlsError>,
+) -> Result<(), TlsError> {
     out.extend_from_slice(&typ.to_be_bytes());
-    put_prefixed(out, 2, f);
+    put_prefixed(out, 2, f)
 }
 
 /// Splits the first complete handshake message off `buf`: (type, whole message length), or None if
@@ -452,7 +473,7 @@ mod tests {
     #[test]
     fn prefixed_lengths() {
         let mut v = Vec::new();
-        put_handshake(&mut v, 8, |b| put_prefixed(b, 2, |_| {}));
+        put_handshake(&mut v, 8, |b| put_prefixed(b, 2, |_| Ok(()))).unwrap();
         assert_eq!(v, [8, 0, 0, 2, 0, 0]);
         check_encrypted_extensions(&v).unwrap();
     }
@@ -461,16 +482,23 @@ mod tests {
     fn encrypted_extensions_strict() {
         let mut v = Vec::new();
         put_handshake(&mut v, 8, |b| {
-            put_prefixed(b, 2, |b| put_ext(b, 0x1234, |b| b.push(1)))
-        });
+            put_prefixed(b, 2, |b| {
+                put_ext(b, 0x1234, |b| {
+                    b.push(1);
+                    Ok(())
+                })
+            })
+        })
+        .unwrap();
         assert_eq!(
             check_encrypted_extensions(&v),
             Err(TlsError::UnsupportedExtension(0x1234))
         );
         let mut v = Vec::new();
         put_handshake(&mut v, 8, |b| {
-            put_prefixed(b, 2, |b| put_ext(b, ext::KEY_SHARE, |_| {}))
-        });
+            put_prefixed(b, 2, |b| put_ext(b, ext::KEY_SHARE, |_| Ok(())))
+        })
+        .unwrap();
         assert!(matches!(
             check_encrypted_extensions(&v),
             Err(TlsError::IllegalParameter(_))
@@ -478,10 +506,11 @@ mod tests {
         let mut v = Vec::new();
         put_handshake(&mut v, 8, |b| {
             put_prefixed(b, 2, |b| {
-                put_ext(b, ext::SUPPORTED_GROUPS, |_| {});
-                put_ext(b, ext::SUPPORTED_GROUPS, |_| {});
+                put_ext(b, ext::SUPPORTED_GROUPS, |_| Ok(()))?;
+                put_ext(b, ext::SUPPORTED_GROUPS, |_| Ok(()))
             })
-        });
+        })
+        .unwrap();
         assert!(matches!(
             check_encrypted_extensions(&v),
             Err(TlsError::IllegalParameter("duplicate extension"))

@@ -92,7 +92,10 @@ pub(crate) fn write_plain(typ: u8, legacy_version: u16, body: &[u8], out: &mut V
     for chunk in body.chunks(MAX_PLAINTEXT) {
         out.push(typ);
         out.extend_from_slice(&legacy_version.to_be_bytes());
-        out.extend_from_slice(&(chunk.len() as u16).to_be_bytes());
+        // A chunk is at most MAX_PLAINTEXT (16384) bytes.
+        #[allow(clippy::cast_possible_truncation)]
+        let len = chunk.len() as u16;
+        out.extend_from_slice(&len.to_be_bytes());
         out.extend_from_slice(chunk);
     }
 }
@@ -174,7 +177,7 @@ impl Traffic {
         let len = sealed_record_len(body.len());
         let nonce = self.nonce()?;
         self.seq += 1;
-        let hdr = protected_header(body.len());
+        let hdr = protected_header(body.len())?;
         out[..HEADER_LEN].copy_from_slice(&hdr);
         let (ct, extra) = out[HEADER_LEN..len].split_at_mut(body.len());
         self.key
@@ -199,7 +202,7 @@ impl Traffic {
         let rec_len = sealed_record_len(len);
         let nonce = self.nonce()?;
         self.seq += 1;
-        let hdr = protected_header(len);
+        let hdr = protected_header(len)?;
         out[..HEADER_LEN].copy_from_slice(&hdr);
         let mut at = HEADER_LEN;
         while at < HEADER_LEN + len {
@@ -277,12 +280,17 @@ pub(crate) const fn sealed_record_len(plain_len: usize) -> usize {
     plain_len + RECORD_OVERHEAD
 }
 
-fn protected_header(plain_len: usize) -> [u8; HEADER_LEN] {
-    let len = ((plain_len + 1 + TAG_LEN) as u16).to_be_bytes();
-    [ct::APPLICATION_DATA, 3, 3, len[0], len[1]]
+/// Fails with record_overflow if the record is longer than its 16-bit length field holds.
+fn protected_header(plain_len: usize) -> Result<[u8; HEADER_LEN], TlsError> {
+    let len = u16::try_from(plain_len + 1 + TAG_LEN)
+        .map_err(|_| TlsError::RecordOverflow)?
+        .to_be_bytes();
+    Ok([ct::APPLICATION_DATA, 3, 3, len[0], len[1]])
 }
 
 #[cfg(test)]
+// Test data is made by wrapping counters into bytes on purpose.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
 

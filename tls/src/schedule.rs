@@ -122,9 +122,15 @@ fn expand(prk: &hkdf::Prk, info: &[&[u8]], len: usize) -> Secret {
 /// `u16be len || u8 len("tls13 " + label) || "tls13 " + label || u8 len(ctx) || ctx`.
 pub(crate) fn expand_label_prk(prk: &hkdf::Prk, label: &[u8], ctx: &[u8], len: usize) -> Secret {
     debug_assert!(label.len() + 6 <= 255 && ctx.len() <= 255 && len <= 0xffff);
-    let out_len = (len as u16).to_be_bytes();
-    let label_len = [(6 + label.len()) as u8];
-    let ctx_len = [ctx.len() as u8];
+    // len is at most 255 * HashLen (expand fails beyond), and labels are short constants. A context over
+    // 255 bytes (the RFC's context<0..255>) keeps its length mod 256, as it always has: keys derived
+    // from such an identity stay what they were.
+    #[allow(clippy::cast_possible_truncation)]
+    let (out_len, label_len, ctx_len) = (
+        (len as u16).to_be_bytes(),
+        [(6 + label.len()) as u8],
+        [ctx.len() as u8],
+    );
     expand(
         prk,
         &[&out_len, &label_len, b"tls13 ", label, &ctx_len, ctx],
@@ -151,6 +157,8 @@ pub(crate) fn expand_label(
 /// The pre-standard variant some libnvme versions use: info is
 /// `u16le len || "tls13 " + label || ctx`, with no length bytes for the label or the context.
 pub(crate) fn expand_label_compat(prk: &hkdf::Prk, label: &[u8], ctx: &[u8], len: usize) -> Secret {
+    // len is at most 255 * HashLen: expand fails beyond.
+    #[allow(clippy::cast_possible_truncation)]
     let out_len = (len as u16).to_le_bytes();
     expand(prk, &[&out_len, b"tls13 ", label, ctx], len)
 }
@@ -202,7 +210,10 @@ impl Transcript {
     pub(crate) fn restart_for_hrr(&self) -> Transcript {
         let ch1_hash = self.current();
         let mut t = Transcript::new(self.hash);
-        t.add(&[254, 0, 0, self.hash.output_len() as u8]);
+        // A hash output is 32, 48 or 64 bytes.
+        #[allow(clippy::cast_possible_truncation)]
+        let len = self.hash.output_len() as u8;
+        t.add(&[254, 0, 0, len]);
         t.add(&ch1_hash);
         t
     }

@@ -285,17 +285,24 @@ impl ServerHs {
             }
             None => None,
         };
+        // The identities list is at most 0xffff bytes of at least 7 per identity, so this never fails.
+        let index = u16::try_from(index)
+            .map_err(|_| TlsError::Decode("more PSK identities than a u16 counts"))?;
         put_server_hello(&mut sh, &random, ch.session_id, suite, |b| {
             if let Some(kp) = &kp {
                 put_ext(b, ext::KEY_SHARE, |b| {
                     b.extend_from_slice(&kp.group.code().to_be_bytes());
-                    put_prefixed(b, 2, |b| b.extend_from_slice(&kp.public));
-                });
+                    put_prefixed(b, 2, |b| {
+                        b.extend_from_slice(&kp.public);
+                        Ok(())
+                    })
+                })?;
             }
             put_ext(b, ext::PRE_SHARED_KEY, |b| {
-                b.extend_from_slice(&(index as u16).to_be_bytes())
-            });
-        });
+                b.extend_from_slice(&index.to_be_bytes());
+                Ok(())
+            })
+        })?;
         drop(kp);
         transcript.add(&sh);
         core.write_handshake(&sh, out)?;
@@ -314,13 +321,14 @@ impl ServerHs {
 
         let mut flight = Vec::with_capacity(64);
         put_handshake(&mut flight, ht::ENCRYPTED_EXTENSIONS, |b| {
-            put_prefixed(b, 2, |_| {})
-        });
+            put_prefixed(b, 2, |_| Ok(()))
+        })?;
         transcript.add(&flight);
         let fin_at = flight.len();
         put_handshake(&mut flight, ht::FINISHED, |b| {
-            b.extend_from_slice(&verify_data(hash, &server_hs, &transcript.current()))
-        });
+            b.extend_from_slice(&verify_data(hash, &server_hs, &transcript.current()));
+            Ok(())
+        })?;
         transcript.add(&flight[fin_at..]);
         core.write_handshake(&flight, out)?;
 
@@ -352,9 +360,10 @@ impl ServerHs {
         // A HelloRetryRequest is a ServerHello with the fixed random, naming the group it wants.
         put_server_hello(&mut hrr, &HRR_RANDOM, ch.session_id, suite, |b| {
             put_ext(b, ext::KEY_SHARE, |b| {
-                b.extend_from_slice(&group.code().to_be_bytes())
-            });
-        });
+                b.extend_from_slice(&group.code().to_be_bytes());
+                Ok(())
+            })
+        })?;
         transcript.add(&hrr);
         core.write_handshake(&hrr, out)?;
         if !ch.session_id.is_empty() {
@@ -400,19 +409,23 @@ fn put_server_hello(
     random: &[u8; 32],
     session_id: &[u8],
     suite: CipherSuite,
-    extensions: impl FnOnce(&mut Vec<u8>),
-) {
+    extensions: impl FnOnce(&mut Vec<u8>) -> Result<(), TlsError>,
+) -> Result<(), TlsError> {
     put_handshake(out, ht::SERVER_HELLO, |b| {
         b.extend_from_slice(&TLS12.to_be_bytes());
         b.extend_from_slice(random);
-        put_prefixed(b, 1, |b| b.extend_from_slice(session_id));
+        put_prefixed(b, 1, |b| {
+            b.extend_from_slice(session_id);
+            Ok(())
+        })?;
         b.extend_from_slice(&suite.code().to_be_bytes());
         b.push(0);
         put_prefixed(b, 2, |b| {
             put_ext(b, ext::SUPPORTED_VERSIONS, |b| {
-                b.extend_from_slice(&TLS13.to_be_bytes())
-            });
-            extensions(b);
-        });
-    });
+                b.extend_from_slice(&TLS13.to_be_bytes());
+                Ok(())
+            })?;
+            extensions(b)
+        })
+    })
 }

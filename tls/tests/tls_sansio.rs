@@ -363,6 +363,17 @@ fn psk_ke_needs_both_sides() {
 }
 
 #[test]
+fn identity_too_long_for_the_client_hello_is_refused() {
+    // 65529 bytes passes the identity's own 16-bit bound, but not the extensions block around it: the
+    // ClientHello used to go out with its extension lengths cut to 16 bits.
+    let c = ClientConfig::new(vec![b'a'; 65529], psk(HashAlg::Sha256));
+    assert!(matches!(Handshake::client(c), Err(TlsError::InvalidUse(_))));
+    // One that fits still makes a ClientHello.
+    let c = ClientConfig::new(vec![b'a'; 60000], psk(HashAlg::Sha256));
+    assert!(Handshake::client(c).is_ok());
+}
+
+#[test]
 fn tampered_handshake_record_is_bad_record_mac() {
     let p = psk(HashAlg::Sha256);
     let (mut c, ch) = Handshake::client(ClientConfig::new(ID, p.clone())).unwrap();
