@@ -837,6 +837,8 @@ fn ensure_len(v: &mut Vec<u8>, len: usize) {
 }
 
 #[cfg(test)]
+// Test data is made by wrapping counters into bytes on purpose.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use std::net::TcpListener;

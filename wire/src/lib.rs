@@ -8,6 +8,8 @@
 //! - [`Error`]: what can go wrong on the wire, for both sides.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+// Wire and parse code, where a silent truncation corrupts a field.
+#![deny(clippy::cast_possible_truncation)]
 
 pub mod conn;
 pub mod dhchap;

@@ -122,6 +122,8 @@ wire_enum! {
 
 impl PduType {
     /// The header length (`hlen`) the spec fixes for this type, without the header digest.
+    // The lengths are constants of at most 128 (IC_LEN), so they fit in a byte.
+    #[allow(clippy::cast_possible_truncation)]
     pub const fn hlen(self) -> u8 {
         match self {
             PduType::IcReq | PduType::IcResp => IC_LEN as u8,
@@ -1110,7 +1112,8 @@ fn put_header(
     pda: u8,
     fill: impl FnOnce(&mut [u8]),
 ) -> usize {
-    let hlen = usize::from(ty.hlen());
+    let hlen8 = ty.hlen();
+    let hlen = usize::from(hlen8);
     let hdgst = digests.header && ty.has_header_digest();
     let hend = hlen + if hdgst { DIGEST_LEN } else { 0 };
     let ddgst = digests.data && ty.has_data_digest() && data_len > 0;
@@ -1128,8 +1131,12 @@ fn put_header(
     let h = &mut out[start..];
     h[0] = ty as u8;
     h[1] = flags;
-    h[2] = hlen as u8;
-    h[3] = pdo as u8; // at most 128 (76 rounded up to 128-byte alignment)
+    h[2] = hlen8;
+    // At most 128: a header with data ends by byte 76, rounded up to at most 128-byte alignment
+    // (aligned_pdo refuses a pda above MAX_PDA).
+    #[allow(clippy::cast_possible_truncation)]
+    let pdo8 = pdo as u8;
+    h[3] = pdo8;
     h[4..8].copy_from_slice(&plen.to_le_bytes());
     fill(h);
     if hdgst {
@@ -1175,7 +1182,10 @@ fn put_term_req(out: &mut Vec<u8>, ty: PduType, t: &TermReq<'_>) -> usize {
     let data = &t.data[..t.data.len().min(MAX_TERM_DATA)];
     let start = out.len();
     put_header(out, ty, 0, 0, Digests::NONE, 0, |h| {
-        h[4..8].copy_from_slice(&((24 + data.len()) as u32).to_le_bytes());
+        // data is cut to MAX_TERM_DATA (128) bytes above.
+        #[allow(clippy::cast_possible_truncation)]
+        let plen = (24 + data.len()) as u32;
+        h[4..8].copy_from_slice(&plen.to_le_bytes());
         h[8..10].copy_from_slice(&t.fes.to_le_bytes());
         h[10..14].copy_from_slice(&t.fei.to_le_bytes());
     });

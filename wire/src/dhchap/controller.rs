@@ -486,9 +486,12 @@ impl ControllerAuth {
                 }))
             }
             State::Verified { hash, r2 } => {
+                // A hash output is 32, 48 or 64 bytes.
+                #[allow(clippy::cast_possible_truncation)]
+                let hl = hash.output_len() as u8;
                 let msg = Message::Success1 {
                     tid: self.tid,
-                    hl: hash.output_len() as u8,
+                    hl,
                     rval: r2.as_ref().map(|r| r.to_vec()),
                 };
                 self.state = if r2.is_some() {

@@ -806,6 +806,28 @@ impl fmt::Debug for Message {
 const NEGOTIATE: u8 = 0x00;
 const CHALLENGE: u8 = 0x01;
 const REPLY: u8 = 0x02;
+
+/// The one-byte length field of a hash value: see [`Message::encode`] for why it fits.
+#[allow(clippy::cast_possible_truncation)]
+fn hash_len(v: &[u8]) -> u8 {
+    debug_assert!(
+        v.len() <= usize::from(u8::MAX),
+        "hash value of {} bytes",
+        v.len()
+    );
+    v.len() as u8
+}
+
+/// The two-byte length field of a DH value: see [`Message::encode`] for why it fits.
+#[allow(clippy::cast_possible_truncation)]
+fn dh_len(v: &[u8]) -> u16 {
+    debug_assert!(
+        v.len() <= usize::from(u16::MAX),
+        "DH value of {} bytes",
+        v.len()
+    );
+    v.len() as u16
+}
 const SUCCESS1: u8 = 0x03;
 const SUCCESS2: u8 = 0x04;
 const FAILURE2: u8 = 0xf0;
@@ -838,7 +860,9 @@ impl Message {
         }
     }
 
-    /// The wire form.
+    /// The wire form. Hash values (cval, rval) must be at most 255 bytes and DH values at most 65535, as
+    /// every message this side builds has (hash outputs of 32 to 64 bytes, DH values of at most 1024) and
+    /// every parsed one has (its length fields are that wide).
     pub fn encode(&self) -> Vec<u8> {
         let head = |ty: u8, id: u8, tid: u16| {
             let mut v = vec![ty, id, 0, 0];
@@ -859,10 +883,12 @@ impl Message {
                 if *dhchap {
                     let mut d = [0u8; DESCRIPTOR];
                     d[0] = AUTHID_DHCHAP;
-                    let h = hashes.len().min(30);
-                    let g = groups.len().min(30);
-                    d[2] = h as u8;
-                    d[3] = g as u8;
+                    // At most 30 of each fit the descriptor; the rest are dropped.
+                    let h = u8::try_from(hashes.len()).unwrap_or(u8::MAX).min(30);
+                    let g = u8::try_from(groups.len()).unwrap_or(u8::MAX).min(30);
+                    d[2] = h;
+                    d[3] = g;
+                    let (h, g) = (usize::from(h), usize::from(g));
                     d[4..4 + h].copy_from_slice(&hashes[..h]);
                     d[34..34 + g].copy_from_slice(&groups[..g]);
                     v.extend_from_slice(&d);
@@ -878,8 +904,8 @@ impl Message {
                 dhv,
             } => {
                 let mut v = head(TYPE_DHCHAP, CHALLENGE, *tid);
-                v.extend_from_slice(&[cval.len() as u8, 0, *hash, *group]);
-                v.extend_from_slice(&(dhv.len() as u16).to_le_bytes());
+                v.extend_from_slice(&[hash_len(cval), 0, *hash, *group]);
+                v.extend_from_slice(&dh_len(dhv).to_le_bytes());
                 v.extend_from_slice(&seq.to_le_bytes());
                 v.extend_from_slice(cval);
                 v.extend_from_slice(dhv);
@@ -894,8 +920,8 @@ impl Message {
                 dhv,
             } => {
                 let mut v = head(TYPE_DHCHAP, REPLY, *tid);
-                v.extend_from_slice(&[rval.len() as u8, 0, u8::from(*cvalid), 0]);
-                v.extend_from_slice(&(dhv.len() as u16).to_le_bytes());
+                v.extend_from_slice(&[hash_len(rval), 0, u8::from(*cvalid), 0]);
+                v.extend_from_slice(&dh_len(dhv).to_le_bytes());
                 v.extend_from_slice(&seq.to_le_bytes());
                 v.extend_from_slice(rval);
                 v.extend_from_slice(cval);
