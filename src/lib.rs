@@ -17,7 +17,6 @@
 //! that reactor N owns. The transport builds the command and either sends it at once or queues it for the
 //! reactor's end-of-poll flush. The reactor's poller calls [`api::QueuePair::process_completions`], which hands
 //! each finished request back, with its buffer, to the application's callback.
-#![deny(missing_docs)]
 // Unsafe code lives in `mem` only (pinned DMA memory), which allows it for itself.
 #![deny(unsafe_code)]
 

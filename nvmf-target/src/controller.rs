@@ -61,7 +61,7 @@ const CHANGED_NS_MAX: usize = 1024;
 
 impl Controller {
     /// A controller that allows I/O queues 1 to `max_io_queues`.
-    pub fn new(
+    pub(crate) fn new(
         cntlid: u16,
         hostnqn: String,
         hostid: [u8; 16],
@@ -90,7 +90,7 @@ impl Controller {
     }
 
     /// Logs a reservation notice of `kind` on namespace `nsid`, unless the host masked that kind.
-    pub fn reservation_notice(&self, nsid: u32, kind: u8) {
+    pub(crate) fn reservation_notice(&self, nsid: u32, kind: u8) {
         if self.resv_mask.load(Ordering::Relaxed) & (1 << kind) != 0 {
             return;
         }
@@ -107,7 +107,7 @@ impl Controller {
 
     /// The Reservation Notification log page (64 bytes): the oldest notice, which it removes (all zeroes when
     /// there is none).
-    pub fn take_reservation_log(&self) -> [u8; 64] {
+    pub(crate) fn take_reservation_log(&self) -> [u8; 64] {
         let mut log = self.resv_log.lock().unwrap_or_else(|e| e.into_inner());
         let mut page = [0u8; 64];
         if let Some((count, kind, nsid)) = log.entries.pop_front() {
@@ -120,42 +120,42 @@ impl Controller {
     }
 
     /// Whether a Reservation Log Page Available notice waits.
-    pub fn resv_notice_pending(&self) -> bool {
+    pub(crate) fn resv_notice_pending(&self) -> bool {
         self.resv_notice.load(Ordering::Acquire)
     }
 
     /// Takes the waiting reservation notice.
-    pub fn take_resv_notice(&self) -> bool {
+    pub(crate) fn take_resv_notice(&self) -> bool {
         self.resv_notice.swap(false, Ordering::AcqRel)
     }
 
     /// The Reservation Notification Mask.
-    pub fn resv_mask(&self) -> u32 {
+    pub(crate) fn resv_mask(&self) -> u32 {
         self.resv_mask.load(Ordering::Relaxed)
     }
 
     /// Sets the Reservation Notification Mask (bits 1 to 3).
-    pub fn set_resv_mask(&self, mask: u32) {
+    pub(crate) fn set_resv_mask(&self, mask: u32) {
         self.resv_mask.store(mask & 0xe, Ordering::Relaxed);
     }
 
     /// An ANA state of its path changed: a notice waits for an AER.
-    pub fn ana_changed(&self) {
+    pub(crate) fn ana_changed(&self) {
         self.ana_notice.store(true, Ordering::Release);
     }
 
     /// Whether an ANA change notice waits (cheap: the admin queue reads it on every poll).
-    pub fn ana_notice_pending(&self) -> bool {
+    pub(crate) fn ana_notice_pending(&self) -> bool {
         self.ana_notice.load(Ordering::Acquire)
     }
 
     /// Takes the waiting ANA change notice.
-    pub fn take_ana_notice(&self) -> bool {
+    pub(crate) fn take_ana_notice(&self) -> bool {
         self.ana_notice.swap(false, Ordering::AcqRel)
     }
 
     /// Namespace `nsid` was added or removed: the list grows and a notice waits for an AER.
-    pub fn namespace_changed(&self, nsid: u32) {
+    pub(crate) fn namespace_changed(&self, nsid: u32) {
         {
             let mut list = self.changed_ns.lock().unwrap_or_else(|e| e.into_inner());
             if list.first() != Some(&u32::MAX) && !list.contains(&nsid) {
@@ -171,17 +171,17 @@ impl Controller {
     }
 
     /// Whether a Namespace Attribute Changed notice waits (cheap: the admin queue reads it on every poll).
-    pub fn ns_notice_pending(&self) -> bool {
+    pub(crate) fn ns_notice_pending(&self) -> bool {
         self.ns_notice.load(Ordering::Acquire)
     }
 
     /// Takes the waiting notice (an AER is about to carry it).
-    pub fn take_ns_notice(&self) -> bool {
+    pub(crate) fn take_ns_notice(&self) -> bool {
         self.ns_notice.swap(false, Ordering::AcqRel)
     }
 
     /// The Changed Namespace List log page; `clear` (RAE 0) empties it.
-    pub fn changed_ns_log(&self, clear: bool) -> Vec<u32> {
+    pub(crate) fn changed_ns_log(&self, clear: bool) -> Vec<u32> {
         let mut list = self.changed_ns.lock().unwrap_or_else(|e| e.into_inner());
         if clear {
             std::mem::take(&mut *list)
@@ -191,7 +191,7 @@ impl Controller {
     }
 
     #[cfg(test)]
-    pub fn new_for_test(cntlid: u16) -> Self {
+    pub(crate) fn new_for_test(cntlid: u16) -> Self {
         Controller::new(
             cntlid,
             "nqn.test.host".into(),
@@ -204,12 +204,12 @@ impl Controller {
     }
 
     /// Keep Alive Timeout in milliseconds (0: off).
-    pub fn kato_ms(&self) -> u32 {
+    pub(crate) fn kato_ms(&self) -> u32 {
         self.kato_ms.load(Ordering::Relaxed)
     }
 
     /// Sets the Keep Alive Timeout (Set Features Keep Alive Timer).
-    pub fn set_kato_ms(&self, ms: u32) {
+    pub(crate) fn set_kato_ms(&self, ms: u32) {
         self.kato_ms.store(ms, Ordering::Relaxed);
     }
 
@@ -217,48 +217,48 @@ impl Controller {
     ///
     /// Called once per poll that received something, by each queue; it writes the shared line only when the
     /// value moved by a millisecond or more, so queues on different reactors rarely contend for it.
-    pub fn touch(&self, now_ms: u64) {
+    pub(crate) fn touch(&self, now_ms: u64) {
         if self.last_activity_ms.load(Ordering::Relaxed) < now_ms {
             self.last_activity_ms.store(now_ms, Ordering::Relaxed);
         }
     }
 
     /// Whether the keep-alive timer expired at `now_ms`.
-    pub fn keep_alive_expired(&self, now_ms: u64) -> bool {
+    pub(crate) fn keep_alive_expired(&self, now_ms: u64) -> bool {
         let kato = u64::from(self.kato_ms());
         kato != 0 && now_ms.saturating_sub(self.last_activity_ms.load(Ordering::Relaxed)) > kato
     }
 
     /// When (in the target's milliseconds) the keep-alive timer expires unless a command comes first; `None`
     /// with keep-alive off.
-    pub fn keep_alive_deadline_ms(&self) -> Option<u64> {
+    pub(crate) fn keep_alive_deadline_ms(&self) -> Option<u64> {
         let kato = u64::from(self.kato_ms());
         (kato != 0).then(|| self.last_activity_ms.load(Ordering::Relaxed) + kato + 1)
     }
 
     /// CSTS.RDY.
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
 
     /// Sets CSTS.RDY (the admin queue's CC state machine does).
-    pub fn set_ready(&self, ready: bool) {
+    pub(crate) fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Release);
     }
 
     /// Whether the controller was torn down.
-    pub fn is_dead(&self) -> bool {
+    pub(crate) fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)
     }
 
     /// Tears the controller down: its I/O queues close on their next poll.
-    pub fn kill(&self) {
+    pub(crate) fn kill(&self) {
         self.dead.store(true, Ordering::Release);
         self.ready.store(false, Ordering::Release);
     }
 
     /// Claims I/O queue `qid`; `false` if it is out of range or already connected.
-    pub fn claim_io_queue(&self, qid: u16) -> bool {
+    pub(crate) fn claim_io_queue(&self, qid: u16) -> bool {
         let mut q = self.io_queues.lock().unwrap_or_else(|e| e.into_inner());
         match q.get_mut(usize::from(qid).wrapping_sub(1)) {
             Some(used) if !*used => {
@@ -270,7 +270,7 @@ impl Controller {
     }
 
     /// The number of I/O queues the controller allows.
-    pub fn max_io_queues(&self) -> usize {
+    pub(crate) fn max_io_queues(&self) -> usize {
         self.io_queues
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -278,7 +278,7 @@ impl Controller {
     }
 
     /// Releases I/O queue `qid` (its connection closed).
-    pub fn release_io_queue(&self, qid: u16) {
+    pub(crate) fn release_io_queue(&self, qid: u16) {
         let mut q = self.io_queues.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(used) = q.get_mut(usize::from(qid).wrapping_sub(1)) {
             *used = false;

@@ -77,7 +77,7 @@ pub(crate) enum Reply {
 
 impl Reply {
     /// Completes with `status` and zero result dwords.
-    pub fn status(status: Status) -> Reply {
+    pub(crate) fn status(status: Status) -> Reply {
         Reply::Complete {
             status,
             dw0: 0,
@@ -86,7 +86,7 @@ impl Reply {
     }
 
     /// Completes successfully with result dword 0.
-    pub fn ok(dw0: u32) -> Reply {
+    pub(crate) fn ok(dw0: u32) -> Reply {
         Reply::Complete {
             status: Status::SUCCESS,
             dw0,
@@ -127,7 +127,7 @@ pub(crate) struct Queue {
 }
 
 impl Queue {
-    pub fn new(
+    pub(crate) fn new(
         qid: u16,
         sqsize: u16,
         cattr: u8,
@@ -170,38 +170,38 @@ impl Queue {
 
     /// Whether commands other than authentication may run.
     #[inline]
-    pub fn authenticated(&self) -> bool {
+    pub(crate) fn authenticated(&self) -> bool {
         self.auth.as_ref().is_none_or(|a| a.authenticated())
     }
 
     /// The status a command on `ns` gets on this queue's path because of its ANA group's state; `None` when
     /// it may run.
     #[inline]
-    pub fn ana_refusal(&self, ns: &Namespace) -> Option<Status> {
+    pub(crate) fn ana_refusal(&self, ns: &Namespace) -> Option<Status> {
         self.ana.refusal(ns.anagrpid)
     }
 
     /// The status a command of this queue's host gets on `ns` because of a reservation (`write`: the write
     /// command group); `None` when it may run. One atomic load while no reservation is held.
     #[inline]
-    pub fn resv_refusal(&self, ns: &Namespace, write: bool) -> Option<Status> {
+    pub(crate) fn resv_refusal(&self, ns: &Namespace, write: bool) -> Option<Status> {
         ns.resv.access(&self.ctrl.hostid, write)
     }
 
     /// The active namespace `nsid` (no lock: the queue's copy of the table).
-    pub fn namespace(&self, nsid: u32) -> Option<&NsRef> {
+    pub(crate) fn namespace(&self, nsid: u32) -> Option<&NsRef> {
         let index = nsid.checked_sub(1)? as usize;
         self.ns.get(index)?.as_ref()
     }
 
     /// Every active namespace, by ascending ID.
-    pub fn namespaces(&self) -> impl Iterator<Item = &NsRef> {
+    pub(crate) fn namespaces(&self) -> impl Iterator<Item = &NsRef> {
         self.ns.iter().flatten()
     }
 
     /// Takes the subsystem's namespace table if it changed (one atomic load when it did not).
     /// Also takes the path's ANA states if they changed.
-    pub fn refresh_namespaces(&mut self) {
+    pub(crate) fn refresh_namespaces(&mut self) {
         if self.subsys.ns_gen() != self.ns_gen {
             let (table, gen) = self.subsys.ns_table();
             (self.ns, self.ns_gen) = (queue_refs(&table), gen);
@@ -212,12 +212,12 @@ impl Queue {
     }
 
     /// The largest transfer of one command.
-    pub fn max_transfer(&self) -> u32 {
+    pub(crate) fn max_transfer(&self) -> u32 {
         self.subsys.limits.max_transfer()
     }
 
     /// Most commands outstanding at once.
-    pub fn depth(&self) -> usize {
+    pub(crate) fn depth(&self) -> usize {
         usize::from(self.sqsize) + 1
     }
 }

@@ -52,7 +52,6 @@
 //! reactors.stop()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-#![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod admin;

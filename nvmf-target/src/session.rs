@@ -198,7 +198,7 @@ const SETUP_RX_BUFFER: usize = 8192;
 
 impl Session {
     /// Wraps an accepted connection.
-    pub fn new(
+    pub(crate) fn new(
         stream: TcpStream,
         target: Arc<TargetShared>,
         listener: Arc<Listener>,
@@ -252,12 +252,12 @@ impl Session {
     }
 
     /// The peer's address.
-    pub fn peer(&self) -> SocketAddr {
+    pub(crate) fn peer(&self) -> SocketAddr {
         self.peer
     }
 
     /// Records that the session panicked; it is about to be dropped.
-    pub fn note_internal_error(&mut self) {
+    pub(crate) fn note_internal_error(&mut self) {
         self.target
             .stats
             .internal_errors
@@ -270,31 +270,31 @@ impl Session {
 
     /// Whether the session has finished Fabrics Connect and is not closing: from then on it is polled on every
     /// iteration of its reactor (before, the target's setup poller looks at it when it has something to do).
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         self.phase == Phase::Ready && self.closing.is_none()
     }
 
     /// Reads and handles whatever the host sent, and checks the timers. Never blocks.
-    pub fn poll(&mut self) -> Progress {
+    pub(crate) fn poll(&mut self) -> Progress {
         self.poll_with(true)
     }
 
     /// What [`Session::poll`] does but the read: the timers, notices, finished flushes and authentication
     /// jobs, and what is already in the receive buffer. For a session whose socket has nothing to read (its
     /// reactor's readiness set said so): no system call.
-    pub fn tick(&mut self) -> Progress {
+    pub(crate) fn tick(&mut self) -> Progress {
         self.poll_with(false)
     }
 
     /// Whether the session has work of its own that no readable socket announces: a close in progress,
     /// flushes or authentication jobs on other threads, or bytes its socket has not taken yet. Such a session
     /// is polled on every iteration; one without is polled when its socket is readable and periodically.
-    pub fn needs_poll(&self) -> bool {
+    pub(crate) fn needs_poll(&self) -> bool {
         self.closing.is_some() || self.flushing > 0 || self.auth_jobs > 0 || self.conn.wants_flush()
     }
 
     /// The connection's socket (for a readiness set).
-    pub fn socket(&self) -> std::os::fd::BorrowedFd<'_> {
+    pub(crate) fn socket(&self) -> std::os::fd::BorrowedFd<'_> {
         self.conn.socket()
     }
 
@@ -435,13 +435,13 @@ impl Session {
     /// subsystem, a torn-down controller, a namespace notice) wake the reactors through
     /// [`TargetShared::wake_all`]. Returns `false` while a flush runs on the flusher thread, which does not
     /// wake anyone: the session is then polled.
-    pub fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
+    pub(crate) fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
         self.wake_sources_with(w, true)
     }
 
     /// [`Session::wake_sources`] without the socket's readability, for a group that watches the socket in an
     /// epoll set of its own; `false` also while it has bytes to send (the group polls it).
-    pub fn wake_timers<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
+    pub(crate) fn wake_timers<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
         self.wake_sources_with(w, false)
     }
 
@@ -477,7 +477,7 @@ impl Session {
     }
 
     /// Writes out what the handlers queued (the end-of-iteration flush).
-    pub fn flush(&mut self) {
+    pub(crate) fn flush(&mut self) {
         if self.closing.is_none() {
             if let Err(e) = self.conn.flush() {
                 self.close(None, format!("send failed: {e}"));

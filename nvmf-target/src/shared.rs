@@ -288,17 +288,17 @@ pub(crate) fn mode_from_u8(v: u8) -> SendMode {
 
 impl TargetShared {
     /// The send mode sessions apply now.
-    pub fn send_mode(&self) -> SendMode {
+    pub(crate) fn send_mode(&self) -> SendMode {
         mode_from_u8(self.send_mode.load(Ordering::Relaxed))
     }
 
     /// The subsystem named `nqn` (the discovery subsystem included), if it is in service.
-    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+    pub(crate) fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
         self.registry.subsystem(nqn)
     }
 
     /// Every subsystem in service, the discovery subsystem first.
-    pub fn subsystems(&self) -> Vec<Arc<Subsystem>> {
+    pub(crate) fn subsystems(&self) -> Vec<Arc<Subsystem>> {
         self.registry.all()
     }
 
@@ -344,17 +344,17 @@ impl TargetShared {
     }
 
     /// Milliseconds since the target started (the clock of keep-alive timeouts).
-    pub fn now_ms(&self) -> u64 {
+    pub(crate) fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
 
     /// Whether the target was asked to stop.
-    pub fn stopping(&self) -> bool {
+    pub(crate) fn stopping(&self) -> bool {
         self.stop.load(Ordering::Acquire)
     }
 
     /// Tells the event callback, if there is one.
-    pub fn emit(&self, e: &TargetEvent<'_>) {
+    pub(crate) fn emit(&self, e: &TargetEvent<'_>) {
         if let Some(f) = &self.events {
             f(e);
         }

@@ -109,7 +109,7 @@ impl CntlidRange {
 }
 
 /// Checks an ANA group ID.
-pub fn check_ana_group(group: u32) -> Result<(), Error> {
+pub(crate) fn check_ana_group(group: u32) -> Result<(), Error> {
     if !(1..=ANA_GROUP_MAX).contains(&group) {
         return Err(Error::out_of_range(Setting::AnaGroup, group));
     }
@@ -197,7 +197,7 @@ pub(crate) struct Limits {
 
 impl Limits {
     /// The largest transfer of one command in bytes (MDTS in 4 KiB pages).
-    pub fn max_transfer(&self) -> u32 {
+    pub(crate) fn max_transfer(&self) -> u32 {
         4096 << self.mdts
     }
 
@@ -396,7 +396,7 @@ impl Namespace {
     }
 
     /// Byte offset and length of `nlb` blocks from `slba`, if they lie inside the namespace.
-    pub fn byte_range(&self, slba: u64, nlb: u64) -> Option<(u64, u64)> {
+    pub(crate) fn byte_range(&self, slba: u64, nlb: u64) -> Option<(u64, u64)> {
         let end = slba.checked_add(nlb)?;
         (end <= self.blocks).then(|| (slba << self.lbads, nlb << self.lbads))
     }
@@ -442,19 +442,19 @@ pub(crate) struct NsTable {
 
 impl NsTable {
     /// The active namespace `nsid`.
-    pub fn get(&self, nsid: u32) -> Option<&Arc<Namespace>> {
+    pub(crate) fn get(&self, nsid: u32) -> Option<&Arc<Namespace>> {
         let index = nsid.checked_sub(1)? as usize;
         self.slots.get(index)?.as_ref()
     }
 
     /// Every active namespace, by ascending ID.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Namespace>> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<Namespace>> {
         self.slots.iter().flatten()
     }
 
     /// The number of active namespaces.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.iter().count()
     }
 
@@ -543,7 +543,7 @@ pub(crate) struct AnaView {
 
 impl AnaView {
     /// The status a command on a namespace of `group` gets on this path; `None` when it may run.
-    pub fn refusal(&self, group: u32) -> Option<nvpoll::spec::Status> {
+    pub(crate) fn refusal(&self, group: u32) -> Option<nvpoll::spec::Status> {
         self.states
             .get(group as usize)
             .copied()
@@ -567,7 +567,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Subsystem {
-    pub fn open(cfg: &SubsystemConfig, defaults: Limits) -> Result<Subsystem, Error> {
+    pub(crate) fn open(cfg: &SubsystemConfig, defaults: Limits) -> Result<Subsystem, Error> {
         check_nqn(&cfg.nqn)?;
         if cfg.nqn == DISCOVERY_NQN {
             return Err(Error::DiscoveryNqn);
@@ -618,7 +618,7 @@ impl Subsystem {
         Ok(s)
     }
 
-    pub fn discovery(defaults: Limits) -> Subsystem {
+    pub(crate) fn discovery(defaults: Limits) -> Subsystem {
         let serial = format!("nvpoll{:08x}", crc32c::crc32c(DISCOVERY_NQN.as_bytes()));
         Subsystem::new(
             Kind::Discovery,
@@ -658,14 +658,14 @@ impl Subsystem {
     }
 
     /// I/O queues a new controller is granted.
-    pub fn max_io_queues(&self) -> u16 {
+    pub(crate) fn max_io_queues(&self) -> u16 {
         self.io_queues.load(Ordering::Relaxed)
     }
 
     /// Grants new controllers `n` I/O queues (1 to 1024) and tears down the live controllers, whose hosts
     /// reconnect and get the new count (as nvmet does when its attr_qid_max changes). Returns how many
     /// controllers were torn down.
-    pub fn set_max_io_queues(&self, n: u16) -> Result<usize, Error> {
+    pub(crate) fn set_max_io_queues(&self, n: u16) -> Result<usize, Error> {
         if !(1..=1024).contains(&n) {
             return Err(Error::out_of_range(Setting::IoQueues, n));
         }
@@ -678,17 +678,17 @@ impl Subsystem {
     }
 
     /// Every ANA state set (the rest are optimized).
-    pub fn ana_settings(&self) -> Vec<AnaSetting> {
+    pub(crate) fn ana_settings(&self) -> Vec<AnaSetting> {
         lock(&self.ana).set.clone()
     }
 
     /// The ANA change count (cheap: queues read it once per poll).
-    pub fn ana_gen(&self) -> u64 {
+    pub(crate) fn ana_gen(&self) -> u64 {
         self.ana_gen.load(Ordering::Acquire)
     }
 
     /// What the path through `listener` sees now, and the change count it belongs to.
-    pub fn ana_view(&self, listener: SocketAddr) -> (AnaView, u64) {
+    pub(crate) fn ana_view(&self, listener: SocketAddr) -> (AnaView, u64) {
         let t = lock(&self.ana);
         let mut states = [AnaState::Optimized; ANA_GROUP_MAX as usize + 1];
         for a in t.set.iter().filter(|a| a.listener == listener) {
@@ -700,7 +700,7 @@ impl Subsystem {
     /// Sets the state of `group` on `listener`. Every controller that came through that listener hears of it
     /// (an ANA change notice) and its queues see it on their next poll: commands to the group's namespaces
     /// then run or fail with the state's status. Returns the state before.
-    pub fn set_ana_state(
+    pub(crate) fn set_ana_state(
         &self,
         listener: SocketAddr,
         group: u32,
@@ -745,7 +745,7 @@ impl Subsystem {
 
     /// The ANA log page as a controller on `listener` reads it: a descriptor for every group that has a
     /// namespace or a state set, with its namespaces unless `groups_only` (RGO).
-    pub fn ana_log(&self, listener: SocketAddr, groups_only: bool) -> AnaLog {
+    pub(crate) fn ana_log(&self, listener: SocketAddr, groups_only: bool) -> AnaLog {
         let (table, _) = self.ns_table();
         let t = lock(&self.ana);
         let mut groups: Vec<u32> = table.iter().map(|n| n.anagrpid).collect();
@@ -780,19 +780,19 @@ impl Subsystem {
     }
 
     /// The namespaces as they are now, and the generation they belong to.
-    pub fn ns_table(&self) -> (Arc<NsTable>, u64) {
+    pub(crate) fn ns_table(&self) -> (Arc<NsTable>, u64) {
         let t = lock(&self.namespaces);
         (Arc::clone(&t), self.ns_gen.load(Ordering::Acquire))
     }
 
     /// The generation of the namespace table (cheap: queues read it once per poll).
-    pub fn ns_gen(&self) -> u64 {
+    pub(crate) fn ns_gen(&self) -> u64 {
         self.ns_gen.load(Ordering::Acquire)
     }
 
     /// Opens a namespace and makes it active; returns its ID. Every controller hears of it (Namespace
     /// Attribute Changed).
-    pub fn add_namespace(&self, cfg: &NamespaceConfig) -> Result<u32, Error> {
+    pub(crate) fn add_namespace(&self, cfg: &NamespaceConfig) -> Result<u32, Error> {
         if self.kind == Kind::Discovery {
             return Err(Error::NotOnDiscovery("namespaces"));
         }
@@ -833,7 +833,7 @@ impl Subsystem {
 
     /// Deactivates namespace `nsid`. Commands already running on it (data still arriving, a flush) finish
     /// with it; new ones get Invalid Namespace. Every controller hears of it.
-    pub fn remove_namespace(&self, nsid: u32) -> Result<(), Error> {
+    pub(crate) fn remove_namespace(&self, nsid: u32) -> Result<(), Error> {
         {
             let mut t = lock(&self.namespaces);
             if t.get(nsid).is_none() {
@@ -866,12 +866,12 @@ impl Subsystem {
     }
 
     /// Which hosts may connect.
-    pub fn hosts(&self) -> HostAccess {
+    pub(crate) fn hosts(&self) -> HostAccess {
         self.hosts.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Whether `hostnqn` may connect.
-    pub fn allows(&self, hostnqn: &str) -> bool {
+    pub(crate) fn allows(&self, hostnqn: &str) -> bool {
         self.hosts
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -879,7 +879,7 @@ impl Subsystem {
     }
 
     /// Replaces who may connect (hosts already connected stay).
-    pub fn set_hosts(&self, hosts: HostAccess) -> Result<(), Error> {
+    pub(crate) fn set_hosts(&self, hosts: HostAccess) -> Result<(), Error> {
         if let HostAccess::Only(list) = &hosts {
             for h in list {
                 check_nqn(h)?;
@@ -890,13 +890,13 @@ impl Subsystem {
     }
 
     /// The hosts that have a TLS PSK for this subsystem.
-    pub fn key_hosts(&self) -> Vec<String> {
+    pub(crate) fn key_hosts(&self) -> Vec<String> {
         let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
         keys.iter().map(|k| k.hostnqn.clone()).collect()
     }
 
     /// The PSKs configured for `hostnqn`.
-    pub fn keys_of(&self, hostnqn: &str) -> Vec<ConfiguredKey> {
+    pub(crate) fn keys_of(&self, hostnqn: &str) -> Vec<ConfiguredKey> {
         let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
         keys.iter()
             .filter(|k| k.hostnqn == hostnqn)
@@ -905,7 +905,7 @@ impl Subsystem {
     }
 
     /// Sets (or replaces) `hostnqn`'s PSK.
-    pub fn set_key(&self, key: HostKey) -> Result<(), Error> {
+    pub(crate) fn set_key(&self, key: HostKey) -> Result<(), Error> {
         check_nqn(&key.hostnqn)?;
         let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
         keys.retain(|k| k.hostnqn != key.hostnqn);
@@ -914,7 +914,7 @@ impl Subsystem {
     }
 
     /// Removes `hostnqn`'s PSK; `false` if it had none. Connections already made stay.
-    pub fn remove_key(&self, hostnqn: &str) -> bool {
+    pub(crate) fn remove_key(&self, hostnqn: &str) -> bool {
         let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
         let before = keys.len();
         keys.retain(|k| k.hostnqn != hostnqn);
@@ -923,7 +923,10 @@ impl Subsystem {
 
     /// What `hostnqn` must prove in band, if it has DH-HMAC-CHAP keys here (read at each transaction, so a
     /// new key applies to the next authentication).
-    pub fn dhchap_policy(&self, hostnqn: &str) -> Option<nvpoll_wire::dhchap::controller::Policy> {
+    pub(crate) fn dhchap_policy(
+        &self,
+        hostnqn: &str,
+    ) -> Option<nvpoll_wire::dhchap::controller::Policy> {
         let keys = self.dhchap_keys.read().unwrap_or_else(|e| e.into_inner());
         let k = keys.iter().find(|k| k.hostnqn == hostnqn)?;
         let p = self.dhchap.read().unwrap_or_else(|e| e.into_inner());
@@ -938,7 +941,7 @@ impl Subsystem {
 
     /// Sets (or replaces) a host's DH-HMAC-CHAP keys; live queues keep their authentication, and the host's
     /// next transaction (a re-authentication or a new queue) uses the new keys.
-    pub fn set_dhchap_key(&self, key: DhchapKey) -> Result<(), Error> {
+    pub(crate) fn set_dhchap_key(&self, key: DhchapKey) -> Result<(), Error> {
         check_nqn(&key.hostnqn)?;
         let mut keys = self.dhchap_keys.write().unwrap_or_else(|e| e.into_inner());
         keys.retain(|k| k.hostnqn != key.hostnqn);
@@ -947,7 +950,7 @@ impl Subsystem {
     }
 
     /// Removes a host's DH-HMAC-CHAP keys (its new queues no longer authenticate); `false` if it had none.
-    pub fn remove_dhchap_key(&self, hostnqn: &str) -> bool {
+    pub(crate) fn remove_dhchap_key(&self, hostnqn: &str) -> bool {
         let mut keys = self.dhchap_keys.write().unwrap_or_else(|e| e.into_inner());
         let before = keys.len();
         keys.retain(|k| k.hostnqn != hostnqn);
@@ -956,7 +959,7 @@ impl Subsystem {
 
     /// Keeps the TLS PSK a secure channel concatenation of `hostnqn` generated; returns its identity. A host
     /// keeps its [`GENERATED_PER_HOST`] newest (queues of an older transaction may still reconnect with theirs).
-    pub fn add_generated_key(
+    pub(crate) fn add_generated_key(
         &self,
         hostnqn: &str,
         hash: nvpoll_wire::dhchap::Hash,
@@ -978,7 +981,7 @@ impl Subsystem {
     }
 
     /// The TLS PSK of a generated identity.
-    pub fn generated_psk(&self, identity: &[u8]) -> Option<nvpoll_tls::Psk> {
+    pub(crate) fn generated_psk(&self, identity: &[u8]) -> Option<nvpoll_tls::Psk> {
         let g = self.generated.lock().unwrap_or_else(|e| e.into_inner());
         g.iter()
             .find(|(id, _, _)| id.as_bytes() == identity)
@@ -986,23 +989,23 @@ impl Subsystem {
     }
 
     /// Sets the hashes and groups allowed (for the next transactions).
-    pub fn set_dhchap_allowed(&self, p: DhchapPolicy) {
+    pub(crate) fn set_dhchap_allowed(&self, p: DhchapPolicy) {
         *self.dhchap.write().unwrap_or_else(|e| e.into_inner()) = p;
     }
 
     /// Whether hosts may reach it on the listener at `addr`.
-    pub fn exported_on(&self, addr: SocketAddr) -> bool {
+    pub(crate) fn exported_on(&self, addr: SocketAddr) -> bool {
         self.listeners.as_ref().is_none_or(|l| l.contains(&addr))
     }
 
     /// Whether it was removed from the target.
-    pub fn is_removed(&self) -> bool {
+    pub(crate) fn is_removed(&self) -> bool {
         self.removed.load(Ordering::Acquire)
     }
 
     /// Takes it out of service: every controller is torn down (their queues complete what they hold with an
     /// abort status and close).
-    pub fn remove(&self) {
+    pub(crate) fn remove(&self) {
         self.removed.store(true, Ordering::Release);
         for c in lock(&self.controllers).live.values() {
             c.kill();
@@ -1010,12 +1013,15 @@ impl Subsystem {
     }
 
     /// The number of live controllers.
-    pub fn controller_count(&self) -> usize {
+    pub(crate) fn controller_count(&self) -> usize {
         lock(&self.controllers).live.len()
     }
 
     /// Registers a new controller under a fresh controller ID; `None` if all IDs are taken.
-    pub fn add_controller(&self, make: impl FnOnce(u16) -> Controller) -> Option<Arc<Controller>> {
+    pub(crate) fn add_controller(
+        &self,
+        make: impl FnOnce(u16) -> Controller,
+    ) -> Option<Arc<Controller>> {
         let mut c = lock(&self.controllers);
         let CntlidRange { min, max } = self.cntlids;
         for _ in min..=max {
@@ -1031,12 +1037,12 @@ impl Subsystem {
     }
 
     /// The live controller `cntlid`.
-    pub fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
+    pub(crate) fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
         lock(&self.controllers).live.get(&cntlid).cloned()
     }
 
     /// Forgets controller `cntlid` (its ID may be handed out again).
-    pub fn remove_controller(&self, cntlid: u16) {
+    pub(crate) fn remove_controller(&self, cntlid: u16) {
         lock(&self.controllers).live.remove(&cntlid);
     }
 }

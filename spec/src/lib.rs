@@ -23,7 +23,6 @@
 //! assert!(IdentifyController::parse(&[0u8; 100]).is_err());
 //! assert_eq!(Status::INVALID_FIELD.to_string(), "Invalid Field in Command (sct 0x0 sc 0x02)");
 //! ```
-#![deny(missing_docs)]
 #![forbid(unsafe_code)]
 // Wire and parse code, where a silent truncation corrupts a field.
 #![deny(clippy::cast_possible_truncation)]

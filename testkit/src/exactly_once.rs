@@ -23,6 +23,7 @@ use crate::target::{Polled, RawHost, Resp, HOSTNQN, NQN, NS1_BYTES};
 pub struct Rng(pub u64);
 
 impl Rng {
+    /// The next value of the sequence.
     pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
@@ -30,6 +31,7 @@ impl Rng {
         self.0
     }
 
+    /// A value in 0..n.
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n
     }
@@ -49,10 +51,15 @@ impl Rng {
 /// What a round counted.
 #[derive(Clone, Debug, Default)]
 pub struct Tally {
+    /// Rounds run.
     pub rounds: u64,
+    /// Commands sent.
     pub commands: u64,
+    /// Completions received (each command must get exactly one).
     pub answers: u64,
+    /// R2Ts received.
     pub r2ts: u64,
+    /// H2CData PDUs sent.
     pub h2c_pdus: u64,
     /// Queues the target ended (termination request or close).
     pub ended: u64,

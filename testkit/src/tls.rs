@@ -14,7 +14,9 @@ use nvpoll_tls::{ClientConfig, Handshake, ServerConfig, Session, TlsError};
 /// Bound for any one step of a test (spawn to listen, handshake, a reply).
 pub const STEP: Duration = Duration::from_secs(15);
 
+/// The GnuTLS priority string tlshd uses for NVMe/TCP (TLS 1.3, PSK, AES-GCM).
 pub const TLSHD_PRIORITY: &str = "NORMAL:-VERS-ALL:+VERS-TLS1.3:%NO_TICKETS:-CIPHER-ALL:+AES-128-GCM:+AES-256-GCM:+DHE-PSK:+ECDHE-PSK";
+/// The priority string for gnutls-serv as an NVMe/TCP-style PSK server.
 pub const GNUTLS_SERV_PRIORITY: &str = "NORMAL:-VERS-ALL:+VERS-TLS1.3:%NO_TICKETS:-CIPHER-ALL:+AES-128-GCM:+AES-256-GCM:+PSK:+DHE-PSK:+ECDHE-PSK";
 
 /// Whether `bin` is on PATH; if not, prints why the test is skipped. Under CI (`CI` set, as `.ci/run`
@@ -48,6 +50,7 @@ pub fn spawn_listening(mut make: impl FnMut(u16) -> Command) -> (Peer, u16) {
     panic!("the peer never listened (five ports tried); its last output:\n{last}");
 }
 
+/// A TCP port on 127.0.0.1 that nothing listens on now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -56,6 +59,7 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `b` in lowercase hex.
 pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -73,11 +77,13 @@ pub fn scratch(name: &str) -> PathBuf {
 
 /// A peer process; its stdout and stderr go to a file. Killed (by its PID) and reaped on drop.
 pub struct Peer {
+    /// The process.
     pub child: Child,
     log: PathBuf,
 }
 
 impl Peer {
+    /// Starts `cmd` with its output captured (and a stdin pipe if asked).
     pub fn spawn(cmd: &mut Command, stdin: bool) -> Peer {
         let log = scratch("peer.log");
         let f = File::create(&log).unwrap();
@@ -90,6 +96,7 @@ impl Peer {
         Peer { child, log }
     }
 
+    /// What the peer printed so far (stdout and stderr).
     pub fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -183,12 +190,16 @@ impl Drop for Peer {
 /// Why a blocking handshake or read ended.
 #[derive(Debug)]
 pub enum Failure {
+    /// Our TLS refused or failed.
     Tls(TlsError),
+    /// The peer closed the connection.
     Eof,
+    /// A socket call failed.
     Io(std::io::Error),
 }
 
 impl Failure {
+    /// The TLS error, if that is what it was.
     pub fn tls(&self) -> Option<&TlsError> {
         match self {
             Failure::Tls(e) => Some(e),
@@ -249,6 +260,7 @@ pub fn drive(
     }
 }
 
+/// Runs our client handshake over `stream` to the end: the session and the bytes received after it.
 pub fn client_handshake(
     stream: &mut TcpStream,
     cfg: ClientConfig,
@@ -257,6 +269,7 @@ pub fn client_handshake(
     drive(stream, hs, first)
 }
 
+/// Runs our server handshake over `stream` to the end: the session and the bytes received after it.
 pub fn server_handshake(
     stream: &mut TcpStream,
     cfg: ServerConfig,
@@ -264,12 +277,14 @@ pub fn server_handshake(
     drive(stream, Handshake::server(cfg), Vec::new())
 }
 
+/// Connects to 127.0.0.1:`port` with TCP_NODELAY.
 pub fn connect(port: u16) -> TcpStream {
     let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_nodelay(true).unwrap();
     s
 }
 
+/// Seals `data` into records and writes them.
 pub fn send(stream: &mut TcpStream, s: &mut Session, data: &[&[u8]]) {
     let mut out = Vec::new();
     s.seal(data, &mut out).unwrap();

@@ -81,7 +81,6 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-#![deny(missing_docs)]
 #![forbid(unsafe_code)]
 // Wire and parse code, where a silent truncation corrupts a field.
 #![deny(clippy::cast_possible_truncation)]

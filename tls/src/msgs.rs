@@ -8,28 +8,28 @@ use super::error::TlsError;
 
 /// Handshake message types.
 pub(crate) mod ht {
-    pub const CLIENT_HELLO: u8 = 1;
-    pub const SERVER_HELLO: u8 = 2;
-    pub const NEW_SESSION_TICKET: u8 = 4;
-    pub const ENCRYPTED_EXTENSIONS: u8 = 8;
-    pub const FINISHED: u8 = 20;
-    pub const KEY_UPDATE: u8 = 24;
+    pub(crate) const CLIENT_HELLO: u8 = 1;
+    pub(crate) const SERVER_HELLO: u8 = 2;
+    pub(crate) const NEW_SESSION_TICKET: u8 = 4;
+    pub(crate) const ENCRYPTED_EXTENSIONS: u8 = 8;
+    pub(crate) const FINISHED: u8 = 20;
+    pub(crate) const KEY_UPDATE: u8 = 24;
 }
 
 /// Extension types.
 pub(crate) mod ext {
-    pub const SERVER_NAME: u16 = 0;
-    pub const SUPPORTED_GROUPS: u16 = 10;
-    pub const PRE_SHARED_KEY: u16 = 41;
-    pub const EARLY_DATA: u16 = 42;
-    pub const SUPPORTED_VERSIONS: u16 = 43;
-    pub const COOKIE: u16 = 44;
-    pub const PSK_KEY_EXCHANGE_MODES: u16 = 45;
-    pub const KEY_SHARE: u16 = 51;
+    pub(crate) const SERVER_NAME: u16 = 0;
+    pub(crate) const SUPPORTED_GROUPS: u16 = 10;
+    pub(crate) const PRE_SHARED_KEY: u16 = 41;
+    pub(crate) const EARLY_DATA: u16 = 42;
+    pub(crate) const SUPPORTED_VERSIONS: u16 = 43;
+    pub(crate) const COOKIE: u16 = 44;
+    pub(crate) const PSK_KEY_EXCHANGE_MODES: u16 = 45;
+    pub(crate) const KEY_SHARE: u16 = 51;
 
     /// Extensions this implementation knows; a known one in the wrong message is illegal_parameter,
     /// an unknown one from a server is unsupported_extension.
-    pub fn known(t: u16) -> bool {
+    pub(crate) fn known(t: u16) -> bool {
         matches!(
             t,
             SERVER_NAME

@@ -12,9 +12,9 @@ use super::error::TlsError;
 use super::schedule::{expand_label, HashAlg, Secret};
 
 /// Header length.
-pub const HEADER_LEN: usize = 5;
+pub(crate) const HEADER_LEN: usize = 5;
 /// AEAD tag length (both suites).
-pub const TAG_LEN: usize = 16;
+pub(crate) const TAG_LEN: usize = 16;
 /// Most plaintext one record may carry.
 pub const MAX_PLAINTEXT: usize = 16384;
 /// Most ciphertext (the length field) one protected record may carry.
@@ -24,10 +24,10 @@ pub const RECORD_OVERHEAD: usize = HEADER_LEN + 1 + TAG_LEN;
 
 /// Record content types.
 pub(crate) mod ct {
-    pub const CHANGE_CIPHER_SPEC: u8 = 20;
-    pub const ALERT: u8 = 21;
-    pub const HANDSHAKE: u8 = 22;
-    pub const APPLICATION_DATA: u8 = 23;
+    pub(crate) const CHANGE_CIPHER_SPEC: u8 = 20;
+    pub(crate) const ALERT: u8 = 21;
+    pub(crate) const HANDSHAKE: u8 = 22;
+    pub(crate) const APPLICATION_DATA: u8 = 23;
 }
 
 /// A TLS 1.3 cipher suite.

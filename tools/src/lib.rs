@@ -4,7 +4,6 @@
 //! opening ([`cli`]), the logger ([`logging`]) and the machine checks ([`machine`]). They live here rather than
 //! in the core crate or a driver, so an embedder of `nvpoll` or a transport compiles neither clap, histograms,
 //! JSON nor a logger. The loopback, idle, scaling and connection benchmarks are this crate's benches.
-#![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 pub mod cli;

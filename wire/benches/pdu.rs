@@ -101,5 +101,9 @@ fn bench_encode(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_decode, bench_encode);
-criterion_main!(benches);
+// criterion_group! makes an undocumented `pub fn`: kept in a module of its own, it is not public.
+mod group {
+    use super::*;
+    criterion_group!(benches, bench_decode, bench_encode);
+}
+criterion_main!(group::benches);

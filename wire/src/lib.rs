@@ -6,7 +6,6 @@
 //!   path (inline, or gathered and coalesced at the reactor's flush);
 //! - [`dhchap`]: NVMe in-band authentication (DH-HMAC-CHAP), the host's and the controller's side;
 //! - [`Error`]: what can go wrong on the wire, for both sides.
-#![deny(missing_docs)]
 #![forbid(unsafe_code)]
 // Wire and parse code, where a silent truncation corrupts a field.
 #![deny(clippy::cast_possible_truncation)]

@@ -84,5 +84,9 @@ fn bench_prp(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_io, bench_prp);
-criterion_main!(benches);
+// criterion_group! makes an undocumented `pub fn`: kept in a module of its own, it is not public.
+mod group {
+    use super::*;
+    criterion_group!(benches, bench_io, bench_prp);
+}
+criterion_main!(group::benches);

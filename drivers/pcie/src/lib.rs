@@ -34,7 +34,6 @@
 //!
 //! All `unsafe` code is in [`vfio`] (ioctls, BAR mmap) and [`mmio`] (volatile accesses to registers and to
 //! memory shared with the device).
-#![deny(missing_docs)]
 #![deny(unsafe_code)]
 
 mod ctrl;

@@ -364,24 +364,24 @@ pub(crate) struct HostMemory {
 #[cfg(any(test, feature = "fake"))]
 impl HostMemory {
     /// An empty view: nothing is mapped.
-    pub fn new() -> HostMemory {
+    pub(crate) fn new() -> HostMemory {
         HostMemory::default()
     }
 
     /// Maps every region of `pool` (at the IOVA the pool reports); keeps the pool alive until removed.
-    pub fn add(&mut self, pool: &DmaPool) {
+    pub(crate) fn add(&mut self, pool: &DmaPool) {
         for r in pool.regions() {
             self.regions.push((r, pool.clone()));
         }
     }
 
     /// How many regions are mapped.
-    pub fn regions(&self) -> usize {
+    pub(crate) fn regions(&self) -> usize {
         self.regions.len()
     }
 
     /// Unmaps the regions of `pool`. Returns how many were mapped.
-    pub fn remove(&mut self, pool: &DmaPool) -> usize {
+    pub(crate) fn remove(&mut self, pool: &DmaPool) -> usize {
         let gone = pool.regions();
         let before = self.regions.len();
         self.regions.retain(|(r, _)| !gone.contains(r));
@@ -389,7 +389,7 @@ impl HostMemory {
     }
 
     /// Whether `iova..iova + len` lies in one mapped region.
-    pub fn contains(&self, iova: u64, len: usize) -> bool {
+    pub(crate) fn contains(&self, iova: u64, len: usize) -> bool {
         self.translate(iova, len).is_some()
     }
 
@@ -405,7 +405,7 @@ impl HostMemory {
 
     /// Device read: copies `out.len()` bytes at `iova` into `out`. Returns `false` (copying nothing) when the
     /// range is not mapped.
-    pub fn read(&self, iova: u64, out: &mut [u8]) -> bool {
+    pub(crate) fn read(&self, iova: u64, out: &mut [u8]) -> bool {
         let Some(p) = self.translate(iova, out.len()) else {
             return false;
         };
@@ -416,7 +416,7 @@ impl HostMemory {
     }
 
     /// Device write: copies `data` to `iova`. Returns `false` (copying nothing) when the range is not mapped.
-    pub fn write(&self, iova: u64, data: &[u8]) -> bool {
+    pub(crate) fn write(&self, iova: u64, data: &[u8]) -> bool {
         let Some(p) = self.translate(iova, data.len()) else {
             return false;
         };

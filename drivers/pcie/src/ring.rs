@@ -220,7 +220,7 @@ pub(crate) struct QueueLayout {
 
 impl QueueLayout {
     /// The layout for `depth` outstanding commands of at most `max_transfer` bytes each.
-    pub fn new(depth: u16, max_transfer: u32, list_offset: usize) -> QueueLayout {
+    pub(crate) fn new(depth: u16, max_transfer: u32, list_offset: usize) -> QueueLayout {
         // The worst case starts 4 bytes before a page boundary.
         let entries = prp::list_entries(PAGE_SIZE - 4, max_transfer, list_offset as u64);
         let list_bytes = (list_offset + entries * 8)
@@ -235,7 +235,10 @@ impl QueueLayout {
     }
 
     /// Adds the size classes this queue needs to a pool builder.
-    pub fn pool_classes(&self, b: nvpoll::mem::DmaPoolBuilder) -> nvpoll::mem::DmaPoolBuilder {
+    pub(crate) fn pool_classes(
+        &self,
+        b: nvpoll::mem::DmaPoolBuilder,
+    ) -> nvpoll::mem::DmaPoolBuilder {
         let pow2 = |n: usize| n.next_power_of_two().max(4096);
         b.class(pow2(usize::from(self.entries) * SQE_SIZE), 1)
             .class(pow2(usize::from(self.entries) * CQE_SIZE), 1)
@@ -246,7 +249,7 @@ impl QueueLayout {
 impl<D: Device> Queue<D> {
     /// Allocates the queue's memory from `pool` (already mapped for DMA). The caller creates the queue on
     /// the controller (or programs AQA/ASQ/ACQ for the admin queue).
-    pub fn new(
+    pub(crate) fn new(
         dev: Arc<D>,
         pool: &DmaPool,
         qid: u16,
@@ -298,49 +301,49 @@ impl<D: Device> Queue<D> {
         })
     }
 
-    pub fn qid(&self) -> u16 {
+    pub(crate) fn qid(&self) -> u16 {
         self.qid
     }
 
     /// Creates the CQ of this I/O queue with interrupts on MSI-X vector `vector` (at the next
     /// [`Queue::create_io_queues`]).
-    pub fn set_irq(&mut self, vector: Option<u16>) {
+    pub(crate) fn set_irq(&mut self, vector: Option<u16>) {
         self.irq = vector;
     }
 
     /// Whether the device has posted a completion at the CQ head that nobody reaped yet.
-    pub fn cq_pending(&self) -> bool {
+    pub(crate) fn cq_pending(&self) -> bool {
         self.cq
             .read_cqe(usize::from(self.cq_head), self.phase)
             .is_some()
     }
 
     /// Describes data with SGLs from now on (an I/O queue of a controller that supports them).
-    pub fn set_sgl(&mut self, mode: SglMode) {
+    pub(crate) fn set_sgl(&mut self, mode: SglMode) {
         self.sgl = mode;
     }
 
-    pub fn sq_iova(&self) -> u64 {
+    pub(crate) fn sq_iova(&self) -> u64 {
         self.sq.iova()
     }
 
-    pub fn cq_iova(&self) -> u64 {
+    pub(crate) fn cq_iova(&self) -> u64 {
         self.cq.iova()
     }
 
-    pub fn entries(&self) -> u16 {
+    pub(crate) fn entries(&self) -> u16 {
         self.entries
     }
 
-    pub fn outstanding(&self) -> usize {
+    pub(crate) fn outstanding(&self) -> usize {
         self.outstanding
     }
 
-    pub fn depth(&self) -> usize {
+    pub(crate) fn depth(&self) -> usize {
         self.trackers.len()
     }
 
-    pub fn failure(&self) -> Option<&Failure> {
+    pub(crate) fn failure(&self) -> Option<&Failure> {
         self.failed.as_ref()
     }
 
@@ -348,7 +351,7 @@ impl<D: Device> Queue<D> {
     /// PRPs in the data pointer; with `len` 0 the data pointer is left as the caller set it (queue creation
     /// puts the queue's address there). On error the buffer is handed back.
     #[inline]
-    pub fn submit(
+    pub(crate) fn submit(
         &mut self,
         sqe: Sqe,
         buf: Option<DmaBuf>,
@@ -360,7 +363,7 @@ impl<D: Device> Queue<D> {
 
     /// Posts a command taken back after a reset (or held while waiting for one). On error the buffer is
     /// handed back.
-    pub fn submit_held(&mut self, h: Held) -> Result<(), (Error, Option<DmaBuf>)> {
+    pub(crate) fn submit_held(&mut self, h: Held) -> Result<(), (Error, Option<DmaBuf>)> {
         self.post(h.sqe, h.buf, h.len, h.tag, h.posted)
     }
 
@@ -446,13 +449,13 @@ impl<D: Device> Queue<D> {
 
     /// Commands posted and not yet announced by a doorbell.
     #[inline]
-    pub fn unrung(&self) -> usize {
+    pub(crate) fn unrung(&self) -> usize {
         usize::from((self.sq_tail + self.entries - self.sq_rung) % self.entries)
     }
 
     /// Rings the submission queue doorbell if the tail moved since the last ring.
     #[inline]
-    pub fn flush(&mut self) {
+    pub(crate) fn flush(&mut self) {
         if self.sq_tail != self.sq_rung {
             wmb();
             self.dev.write32(self.sq_db, u32::from(self.sq_tail));
@@ -476,7 +479,7 @@ impl<D: Device> Queue<D> {
 
     /// Reaps up to `max` completions into the done list and rings the completion doorbell once if any.
     #[inline]
-    pub fn reap(&mut self, max: usize) -> usize {
+    pub(crate) fn reap(&mut self, max: usize) -> usize {
         self.stats.polls += 1;
         let mut n = 0;
         while n < max {
@@ -524,7 +527,7 @@ impl<D: Device> Queue<D> {
     /// Whether the commands outstanding have made no progress for longer than the timeout. Reads the clock
     /// only once every [`STALL_POLLS`] empty polls.
     #[inline]
-    pub fn stalled(&mut self) -> bool {
+    pub(crate) fn stalled(&mut self) -> bool {
         if self.outstanding == 0 {
             self.stall_polls = 0;
             self.stall_since = None;
@@ -546,7 +549,7 @@ impl<D: Device> Queue<D> {
     }
 
     /// Fails the queue: every outstanding command completes with `why`, and later submits are refused.
-    pub fn fail(&mut self, why: Failure) {
+    pub(crate) fn fail(&mut self, why: Failure) {
         for (cid, t) in self.trackers.iter_mut().enumerate() {
             if t.busy {
                 t.busy = false;
@@ -566,7 +569,7 @@ impl<D: Device> Queue<D> {
 
     /// Makes the queue usable again after a controller reset: empty rings, tail and head at 0, phase 1.
     /// Outstanding commands must have been failed first.
-    pub fn reinit(&mut self) {
+    pub(crate) fn reinit(&mut self) {
         debug_assert_eq!(self.outstanding, 0);
         self.sq.zero();
         self.cq.zero();
@@ -580,22 +583,22 @@ impl<D: Device> Queue<D> {
     }
 
     /// Whether finished commands wait to be handed out.
-    pub fn has_done(&self) -> bool {
+    pub(crate) fn has_done(&self) -> bool {
         !self.done.is_empty()
     }
 
-    pub fn pop_done(&mut self) -> Option<Done> {
+    pub(crate) fn pop_done(&mut self) -> Option<Done> {
         self.done.pop_front()
     }
 
     /// Removes the finished command with `tag`, if it is done.
-    pub fn take_done(&mut self, tag: u64) -> Option<Done> {
+    pub(crate) fn take_done(&mut self, tag: u64) -> Option<Done> {
         let i = self.done.iter().position(|d| d.tag == tag)?;
         self.done.remove(i)
     }
 
     /// Takes every data buffer still held by a tracker (the device may still write them).
-    pub fn take_buffers(&mut self) -> Vec<DmaBuf> {
+    pub(crate) fn take_buffers(&mut self) -> Vec<DmaBuf> {
         self.trackers
             .iter_mut()
             .filter_map(|t| t.buf.take())
@@ -604,7 +607,7 @@ impl<D: Device> Queue<D> {
 
     /// Why the controller stopped answering: removed (all-ones registers, and the function no longer
     /// answers), fatal status, or plain timeout (also when the registers are briefly out of reach).
-    pub fn diagnose(&self) -> Failure {
+    pub(crate) fn diagnose(&self) -> Failure {
         let csts = self.dev.read32(reg::CSTS as usize);
         if csts == u32::MAX {
             if self.dev.is_present() {
@@ -622,7 +625,7 @@ impl<D: Device> Queue<D> {
     /// After a controller reset has completed: reaps what the device completed before it from the old
     /// completion queue, without ringing the doorbell of a queue the device no longer has. Returns how many
     /// commands it completed.
-    pub fn drain_stale(&mut self) -> usize {
+    pub(crate) fn drain_stale(&mut self) -> usize {
         let mut n = 0;
         while n < usize::from(self.entries) && self.failed.is_none() {
             let Some(cqe) = self.next_cqe() else {
@@ -637,7 +640,7 @@ impl<D: Device> Queue<D> {
 
     /// Takes every outstanding command back, in submission order, and frees its tracker. Only once the
     /// device can no longer touch them (after a reset).
-    pub fn take_outstanding(&mut self) -> Vec<Held> {
+    pub(crate) fn take_outstanding(&mut self) -> Vec<Held> {
         let mut taken = Vec::with_capacity(self.outstanding);
         for (cid, t) in self.trackers.iter_mut().enumerate() {
             if t.busy {
@@ -661,19 +664,19 @@ impl<D: Device> Queue<D> {
     }
 
     /// Adds a finished command to the done list (one the queue pair completed itself).
-    pub fn push_done(&mut self, d: Done) {
+    pub(crate) fn push_done(&mut self, d: Done) {
         self.done.push_back(d);
     }
 
     /// Finished commands not yet taken.
-    pub fn done_len(&self) -> usize {
+    pub(crate) fn done_len(&self) -> usize {
         self.done.len()
     }
 
     /// Runs one command to completion (the admin queue: bring-up, queue creation) and returns its completion,
     /// whatever the status. Gives up after `timeout`, and early when the controller reports a fatal status
     /// or is gone; the queue has failed then.
-    pub fn run(
+    pub(crate) fn run(
         &mut self,
         sqe: Sqe,
         buf: Option<DmaBuf>,
@@ -741,7 +744,7 @@ impl<D: Device> Queue<D> {
     }
 
     /// [`Queue::run`], with a non-success status as an [`Error::Command`] naming `what`.
-    pub fn run_checked(
+    pub(crate) fn run_checked(
         &mut self,
         sqe: Sqe,
         buf: Option<DmaBuf>,

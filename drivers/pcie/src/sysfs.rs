@@ -582,10 +582,10 @@ mod tests {
         use std::path::{Path, PathBuf};
         use std::sync::atomic::{AtomicU32, Ordering};
 
-        pub struct Dir(PathBuf);
+        pub(super) struct Dir(PathBuf);
 
         impl Dir {
-            pub fn new() -> Dir {
+            pub(super) fn new() -> Dir {
                 static N: AtomicU32 = AtomicU32::new(0);
                 let p = std::env::temp_dir().join(format!(
                     "nvpoll-pcie-sysfs-{}-{}",
@@ -596,7 +596,7 @@ mod tests {
                 Dir(p)
             }
 
-            pub fn path(&self) -> &Path {
+            pub(super) fn path(&self) -> &Path {
                 &self.0
             }
         }

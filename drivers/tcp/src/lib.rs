@@ -2,7 +2,6 @@
 //! ANA ([`multipath`]), on the wire layer `nvpoll-wire` (PDUs, the connection, DH-HMAC-CHAP) and
 //! `nvpoll-tls`, which it re-exports for its users. The target, crate `nvpoll-target`, sits on the same
 //! wire layer, not on this crate.
-#![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 pub mod host;

@@ -592,8 +592,8 @@ impl HostQueue {
     /// Encodes a command into the send buffer (it leaves at the next [`HostQueue::flush`]). `len` is the data
     /// length in bytes (the buffer may be larger). On error the buffer is handed back.
     ///
-    /// The path of one command: [`HostQueue::refusal`] (cold: a failed queue, a bad request), a free command
-    /// ID, the capsule encoded into the send buffer ([`HostQueue::encode_capsule`]), the slot filled, then the
+    /// The path of one command: `refusal` (cold: a failed queue, a bad request), a free command
+    /// ID, the capsule encoded into the send buffer (`encode_capsule`), the slot filled, then the
     /// send policy's kick: now, or at the reactor's end-of-poll flush.
     pub fn submit(
         &mut self,

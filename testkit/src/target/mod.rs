@@ -25,8 +25,11 @@ pub const NS2_BYTES: u64 = 32 << 20;
 
 /// A target on one reactor, stopped when dropped. Its events are kept as text lines.
 pub struct TestTarget {
+    /// Where the target listens.
     pub addr: SocketAddr,
+    /// The target, to change or count it while it runs.
     pub handle: TargetHandle,
+    /// Every event line the target logged, in order.
     pub events: Arc<Mutex<Vec<String>>>,
     reactors: Option<Reactors>,
 }
@@ -77,6 +80,7 @@ impl TestTarget {
         }
     }
 
+    /// The target's counters now.
     pub fn counters(&self) -> TargetCounters {
         self.handle.counters()
     }
@@ -118,6 +122,7 @@ impl TestTarget {
         }
     }
 
+    /// The event lines that contain `needle`.
     pub fn events_matching(&self, needle: &str) -> Vec<String> {
         self.events
             .lock()
@@ -171,7 +176,9 @@ pub fn fill_pattern(buf: &mut [u8], seed: u64) {
 
 /// A host scripted PDU by PDU over a blocking socket with a read timeout.
 pub struct RawHost {
+    /// The connection.
     pub s: TcpStream,
+    /// The digests negotiated (ICReq/ICResp).
     pub digests: Digests,
     rx: Vec<u8>,
     next_cid: u16,
@@ -180,6 +187,7 @@ pub struct RawHost {
 /// What [`RawHost::poll_recv`] got.
 #[derive(Debug)]
 pub enum Polled {
+    /// A PDU.
     Pdu(Resp),
     /// The target closed the connection.
     Closed,
@@ -190,14 +198,30 @@ pub enum Polled {
 /// A response PDU, decoded (data copied out).
 #[derive(Debug)]
 pub enum Resp {
+    /// The ICResp.
     IcResp(pdu::IcResp),
-    TermReq { fes: u16, fei: u32 },
+    /// A termination request: its fatal error status and information.
+    TermReq {
+        /// Fatal error status.
+        fes: u16,
+        /// Fatal error information.
+        fei: u32,
+    },
+    /// A completion (CapsuleResp).
     Cqe(Cqe),
-    C2H { hdr: pdu::C2HDataHdr, data: Vec<u8> },
+    /// A C2HData PDU and its data.
+    C2H {
+        /// Its header.
+        hdr: pdu::C2HDataHdr,
+        /// Its data.
+        data: Vec<u8>,
+    },
+    /// An R2T.
     R2T(pdu::R2T),
 }
 
 impl RawHost {
+    /// Connects a TCP socket to `addr` (no ICReq yet).
     pub fn connect(addr: SocketAddr) -> RawHost {
         let s = TcpStream::connect(addr).expect("TCP connect");
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -210,6 +234,7 @@ impl RawHost {
         }
     }
 
+    /// Writes `bytes` as they are.
     pub fn send(&mut self, bytes: &[u8]) {
         self.s.write_all(bytes).expect("send");
     }
@@ -344,6 +369,7 @@ impl RawHost {
         open
     }
 
+    /// A fresh command ID.
     pub fn cid(&mut self) -> u16 {
         self.next_cid = self.next_cid.wrapping_add(1);
         self.next_cid

@@ -12,7 +12,7 @@ use nvpoll_tcp::tls::ConfiguredKey;
 use nvpoll_tools::loadgen::{self, RunSpec, Workload};
 
 /// How long and how often each measured run goes.
-pub struct Knobs {
+pub(crate) struct Knobs {
     /// NVPOLL_BENCH_TIME: the measured part of a run.
     pub time: Duration,
     /// NVPOLL_BENCH_WARMUP: before it.
@@ -24,7 +24,7 @@ pub struct Knobs {
 impl Knobs {
     /// One measured run: `jobs` jobs of `workload` in `io_size`-byte I/O at `qd` each, sending in `send_mode`,
     /// measured for the knobs' time after their warm-up; no reads mixed in, no verify, 30 s to drain.
-    pub fn spec(
+    pub(crate) fn spec(
         &self,
         workload: Workload,
         io_size: u64,
@@ -48,7 +48,7 @@ impl Knobs {
 }
 
 /// Reads the knobs from the environment, with these defaults.
-pub fn knobs(time: &str, warmup: &str, runs: usize) -> Knobs {
+pub(crate) fn knobs(time: &str, warmup: &str, runs: usize) -> Knobs {
     let duration = |key: &str, default: &str| {
         let v = std::env::var(key).unwrap_or_else(|_| default.to_string());
         loadgen::parse_duration(&v).unwrap_or_else(|e| panic!("{key}: {e}"))
@@ -67,7 +67,7 @@ pub fn knobs(time: &str, warmup: &str, runs: usize) -> Knobs {
 }
 
 /// The initiator's core (the first) and the target's (the last), each also as a one-core list.
-pub fn cores() -> (usize, usize, CoreList, CoreList) {
+pub(crate) fn cores() -> (usize, usize, CoreList, CoreList) {
     let all = CoreList::all();
     let (icore, tcore) = match all.cores() {
         [only] => (*only, *only),
@@ -79,7 +79,7 @@ pub fn cores() -> (usize, usize, CoreList, CoreList) {
 
 /// A target on 127.0.0.1 (a free port) serving subsystem `nqn` with one 256 MiB RAM namespace of 4 KiB blocks;
 /// with `tls`, (HOSTNQN, KEY), TLS is optional and that host may also connect with that key.
-pub fn ram_target(nqn: &str, tls: Option<(&str, &ConfiguredKey)>) -> TargetConfig {
+pub(crate) fn ram_target(nqn: &str, tls: Option<(&str, &ConfiguredKey)>) -> TargetConfig {
     let listen: SocketAddr = "127.0.0.1:0".parse().expect("address literal");
     let mut config = TargetConfig::new(listen)
         .subsystem(SubsystemConfig::new(nqn).namespace(Backing::Ram(256 << 20), 4096));
@@ -94,12 +94,12 @@ pub fn ram_target(nqn: &str, tls: Option<(&str, &ConfiguredKey)>) -> TargetConfi
 }
 
 /// Starts reactors on `cores`, and our target with `config` on them.
-pub fn start_target(config: TargetConfig, cores: &CoreList) -> (Reactors, TargetHandle) {
+pub(crate) fn start_target(config: TargetConfig, cores: &CoreList) -> (Reactors, TargetHandle) {
     start_target_idle(config, cores, IdlePolicy::Poll)
 }
 
 /// As [`start_target`], with reactors of the given idle policy.
-pub fn start_target_idle(
+pub(crate) fn start_target_idle(
     config: TargetConfig,
     cores: &CoreList,
     idle: IdlePolicy,

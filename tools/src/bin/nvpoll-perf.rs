@@ -760,9 +760,9 @@ mod embedded_target {
     use super::*;
     use nvpoll_target::{Backing, SubsystemConfig, Target, TargetConfig, TargetHandle, TargetTls};
 
-    pub const NQN: &str = "nqn.2024-01.io.nvpoll:perf";
+    pub(crate) const NQN: &str = "nqn.2024-01.io.nvpoll:perf";
 
-    pub struct Embedded {
+    pub(crate) struct Embedded {
         pub addr: SocketAddr,
         pub nqn: String,
         handle: TargetHandle,
@@ -771,7 +771,7 @@ mod embedded_target {
 
     /// Starts the target with TLS optional: `host`'s NQN may connect in the clear or with `key`, and must
     /// authenticate with its DH-HMAC-CHAP keys if it has some.
-    pub fn start(
+    pub(crate) fn start(
         cores: &CoreList,
         idle: IdlePolicy,
         ram: u64,
@@ -819,7 +819,7 @@ mod embedded_target {
 
     impl Embedded {
         /// Makes the target answer with the same send mode as the initiator's run.
-        pub fn set_send_mode(&self, mode: SendMode) {
+        pub(crate) fn set_send_mode(&self, mode: SendMode) {
             self.handle.set_send_mode(mode);
         }
     }

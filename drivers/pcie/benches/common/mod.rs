@@ -11,7 +11,7 @@ use nvpoll_pcie::{PcieController, PcieOptions, PcieQueuePair};
 
 /// A null-mode stand-in (no data kept) attached with a pool of the given `(size, count)` buffer classes, huge
 /// pages off, and an I/O queue pair of `depth` entries; the pool is the one the controller maps.
-pub fn null_controller(
+pub(crate) fn null_controller(
     classes: &[(usize, usize)],
     depth: u16,
 ) -> (
