@@ -333,18 +333,39 @@ pub struct Namespace {
     pub blocks: u64,
 }
 
+/// Why an Identify Namespace page gives no namespace.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NamespaceError {
+    /// The page does not parse.
+    #[error("Identify Namespace {nsid}: {source}")]
+    Parse {
+        /// The namespace asked for.
+        nsid: u32,
+        /// What is wrong with the page.
+        #[source]
+        source: crate::spec::ParseError,
+    },
+    /// The current LBA format is not one of those the page lists, or has no valid data size.
+    #[error("namespace {nsid} reports an invalid LBA format")]
+    InvalidLbaFormat {
+        /// The namespace.
+        nsid: u32,
+    },
+}
+
 impl Namespace {
     /// The namespace an Identify Namespace page describes: `Ok(None)` for an inactive one (NSZE 0), an error
     /// naming what is wrong for a page that does not parse or whose current LBA format is invalid.
-    pub fn from_identify(nsid: u32, page: &[u8]) -> Result<Option<Namespace>, String> {
+    pub fn from_identify(nsid: u32, page: &[u8]) -> Result<Option<Namespace>, NamespaceError> {
         let ns = crate::spec::IdentifyNamespace::parse(page)
-            .map_err(|e| format!("Identify Namespace {nsid}: {e}"))?;
+            .map_err(|source| NamespaceError::Parse { nsid, source })?;
         if ns.nsze == 0 {
             return Ok(None);
         }
         let block_size = ns
             .block_size()
-            .ok_or_else(|| format!("namespace {nsid} reports an invalid LBA format"))?;
+            .ok_or(NamespaceError::InvalidLbaFormat { nsid })?;
         Ok(Some(Namespace {
             nsid,
             block_size,

@@ -2,9 +2,24 @@
 
 use std::time::Duration;
 
+/// A size or duration that does not parse; the message quotes what was given.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UnitError {
+    /// Not a number with an optional K, M, G or T suffix.
+    #[error("{0:?} is not a size like 1G, 512M, 4k or 4096")]
+    NotASize(String),
+    /// Zero, or more than a u64 holds.
+    #[error("{0:?} is zero or too large")]
+    SizeOutOfRange(String),
+    /// Not a number with an optional unit (us, ms, s, m), or more than a day.
+    #[error("'{0}' is not a duration (e.g. 10s, 500ms, 1m)")]
+    NotADuration(String),
+}
+
 /// Parses a size such as `512`, `4k`, `128K`, `1m`, `1G`, `1TiB` (powers of 1024); zero and overflow are
 /// errors.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, UnitError> {
     let t = s.trim();
     let t = t
         .strip_suffix("iB")
@@ -20,16 +35,16 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let n: u64 = digits
         .trim()
         .parse()
-        .map_err(|_| format!("{s:?} is not a size like 1G, 512M, 4k or 4096"))?;
+        .map_err(|_| UnitError::NotASize(s.to_string()))?;
     n.checked_shl(shift)
         .filter(|v| v >> shift == n && *v > 0)
-        .ok_or_else(|| format!("{s:?} is zero or too large"))
+        .ok_or_else(|| UnitError::SizeOutOfRange(s.to_string()))
 }
 
 /// Parses a duration such as `10s`, `500ms`, `2m`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
     let t = s.trim();
-    let bad = || format!("'{s}' is not a duration (e.g. 10s, 500ms, 1m)");
+    let bad = || UnitError::NotADuration(s.to_string());
     let (num, unit) = t.split_at(t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len()));
     let v: f64 = num.parse().map_err(|_| bad())?;
     let secs = match unit {
@@ -56,7 +71,11 @@ mod tests {
         assert_eq!(parse_size("64KiB"), Ok(64 << 10));
         assert_eq!(parse_size("4k"), Ok(4096));
         assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("0").is_err());
+        assert_eq!(parse_size("0"), Err(UnitError::SizeOutOfRange("0".into())));
+        assert_eq!(
+            parse_size("1X").unwrap_err().to_string(),
+            "\"1X\" is not a size like 1G, 512M, 4k or 4096"
+        );
         assert!(parse_size("1X").is_err());
         assert!(parse_size("99999999T").is_err());
     }

@@ -43,6 +43,7 @@ pub use identify::{
     decode_ns_list, encode_ns_list, IdentifyController, IdentifyNamespace, LbaFormat,
     NsIdDescriptor, RawPage, IDENTIFY_SIZE, MAX_LBA_FORMATS, NS_LIST_LEN,
 };
+pub use log::UnknownAnaState;
 pub use log::{
     AnaGroupDescriptor, AnaLog, AnaState, AsyncEvent, DiscoveryLog, DiscoveryLogEntry,
     DiscoveryLogHeader, SmartLog, ANA_GROUP_DESCRIPTOR_SIZE, ANA_LOG_HEADER_SIZE, ANA_LSP_RGO,

@@ -482,19 +482,31 @@ impl std::fmt::Display for AnaState {
     }
 }
 
-impl std::str::FromStr for AnaState {
-    type Err = String;
+/// A name that is none of the ANA states ([`AnaState`]'s `FromStr`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownAnaState(pub String);
 
-    fn from_str(s: &str) -> Result<AnaState, String> {
+impl std::fmt::Display for UnknownAnaState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ANA state '{}': must be one of {}",
+            self.0,
+            AnaState::ALL.map(AnaState::name).join(", ")
+        )
+    }
+}
+
+impl std::error::Error for UnknownAnaState {}
+
+impl std::str::FromStr for AnaState {
+    type Err = UnknownAnaState;
+
+    fn from_str(s: &str) -> Result<AnaState, UnknownAnaState> {
         AnaState::ALL
             .into_iter()
             .find(|a| a.name() == s)
-            .ok_or_else(|| {
-                format!(
-                    "ANA state '{s}': must be one of {}",
-                    AnaState::ALL.map(AnaState::name).join(", ")
-                )
-            })
+            .ok_or_else(|| UnknownAnaState(s.to_string()))
     }
 }
 

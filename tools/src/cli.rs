@@ -82,13 +82,47 @@ pub struct HostArgs {
     pub concat: bool,
 }
 
+/// What a binary's argument or step failed on: the flag or step, and the library's error as the source.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct CliError {
+    /// The flag (`--trid`) or the step (`DMA pool`, `connecting to ADDR`).
+    pub what: String,
+    /// Why.
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl CliError {
+    /// `what` failed with `source`.
+    pub fn new(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> CliError {
+        CliError {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+}
+
+/// The binaries report errors as text ([`run_main`] prints it).
+impl From<CliError> for String {
+    fn from(e: CliError) -> String {
+        e.to_string()
+    }
+}
+
 /// A DH-HMAC-CHAP secret given on the command line: the `DHHC-1:...` string itself, or a file that holds it.
-pub fn dhchap_secret_arg(flag: &str, v: &str) -> Result<String, String> {
+pub fn dhchap_secret_arg(flag: &str, v: &str) -> Result<String, CliError> {
     if v.trim_start().starts_with("DHHC-1:") {
         return Ok(v.trim().to_string());
     }
     let text = std::fs::read_to_string(v).map_err(|e| {
-        format!("{flag}: neither a DHHC-1:...: secret nor a readable file ({v}: {e})")
+        CliError::new(
+            format!("{flag}: neither a DHHC-1:...: secret nor a readable file ({v})"),
+            e,
+        )
     })?;
     Ok(text.trim().to_string())
 }
@@ -110,7 +144,7 @@ pub struct DhchapArgs<'a> {
 
 /// Adds DH-HMAC-CHAP to `opts` from --dhchap-secret, --dhchap-ctrl-secret, --dhchap-hashes and
 /// --dhchap-dhgroups.
-pub fn with_dhchap(opts: ConnectOptions, a: DhchapArgs<'_>) -> Result<ConnectOptions, String> {
+pub fn with_dhchap(opts: ConnectOptions, a: DhchapArgs<'_>) -> Result<ConnectOptions, CliError> {
     use nvpoll_tcp::dhchap::{DhGroup, Hash};
     let Some(secret) = a.secret else {
         return Ok(opts);
@@ -122,7 +156,7 @@ pub fn with_dhchap(opts: ConnectOptions, a: DhchapArgs<'_>) -> Result<ConnectOpt
         .transpose()?;
     let mut opts = opts
         .with_dhchap(&secret, ctrl.as_deref())
-        .map_err(|e| format!("--dhchap-secret: {e}"))?;
+        .map_err(|e| CliError::new("--dhchap-secret", e))?;
     let auth = opts.dhchap.as_mut().expect("set just now");
     auth.concat = a.concat;
     if let Some(list) = a.hashes {
@@ -130,14 +164,14 @@ pub fn with_dhchap(opts: ConnectOptions, a: DhchapArgs<'_>) -> Result<ConnectOpt
             .split(',')
             .map(Hash::from_name)
             .collect::<Result<_, _>>()
-            .map_err(|e| format!("--dhchap-hashes: {e}"))?;
+            .map_err(|e| CliError::new("--dhchap-hashes", e))?;
     }
     if let Some(list) = a.groups {
         auth.groups = list
             .split(',')
             .map(DhGroup::from_name)
             .collect::<Result<_, _>>()
-            .map_err(|e| format!("--dhchap-dhgroups: {e}"))?;
+            .map_err(|e| CliError::new("--dhchap-dhgroups", e))?;
     }
     Ok(opts)
 }
@@ -145,9 +179,9 @@ pub fn with_dhchap(opts: ConnectOptions, a: DhchapArgs<'_>) -> Result<ConnectOpt
 impl HostArgs {
     /// The connect options for the NVMe/TCP transport ID `trid`: its address and NQNs, the host NQN and, with
     /// --psk, the TLS key and identity.
-    pub fn connect_options(&self, trid: &TransportId) -> Result<ConnectOptions, String> {
+    pub fn connect_options(&self, trid: &TransportId) -> Result<ConnectOptions, CliError> {
         let opts = ConnectOptions::from_trid(trid, self.hostnqn.as_deref())
-            .map_err(|e| format!("--trid: {e}"))?;
+            .map_err(|e| CliError::new("--trid", e))?;
         let opts = with_dhchap(
             opts,
             DhchapArgs {
@@ -161,23 +195,23 @@ impl HostArgs {
         match &self.psk {
             Some(k) => opts
                 .with_psk_args(k, self.psk_identity.as_deref(), self.psk_identity_version)
-                .map_err(|e| format!("--psk: {e}")),
+                .map_err(|e| CliError::new("--psk", e)),
             None => Ok(opts),
         }
     }
 }
 
 /// Parses `--trid`'s value.
-pub fn parse_trid(trid: &str) -> Result<TransportId, String> {
-    trid.parse().map_err(|e| format!("--trid: {e}"))
+pub fn parse_trid(trid: &str) -> Result<TransportId, CliError> {
+    trid.parse().map_err(|e| CliError::new("--trid", e))
 }
 
 /// A DMA pool of `count` 4 KiB buffers.
-pub fn dma_pool(count: usize) -> Result<DmaPool, String> {
+pub fn dma_pool(count: usize) -> Result<DmaPool, CliError> {
     DmaPool::builder()
         .class(4096, count)
         .build()
-        .map_err(|e| format!("DMA pool: {e}"))
+        .map_err(|e| CliError::new("DMA pool", e))
 }
 
 /// Opens the PCIe controller at `bdf` (bound to vfio-pci) with `opts`, its DMA memory from `pool`.
@@ -185,17 +219,19 @@ pub fn open_pcie(
     bdf: PciAddress,
     pool: &DmaPool,
     opts: PcieOptions,
-) -> Result<PcieController, String> {
-    PcieController::open(bdf, pool.clone(), opts).map_err(|e| format!("opening {bdf}: {e}"))
+) -> Result<PcieController, CliError> {
+    PcieController::open(bdf, pool.clone(), opts)
+        .map_err(|e| CliError::new(format!("opening {bdf}"), e))
 }
 
 /// Connects to the NVMe/TCP controller `opts` names, its DMA memory from `pool`.
-pub fn connect_tcp(opts: ConnectOptions, pool: &DmaPool) -> Result<TcpController, String> {
+pub fn connect_tcp(opts: ConnectOptions, pool: &DmaPool) -> Result<TcpController, CliError> {
     let addr = opts.addr;
-    TcpController::connect(opts, pool.clone()).map_err(|e| format!("connecting to {addr}: {e}"))
+    TcpController::connect(opts, pool.clone())
+        .map_err(|e| CliError::new(format!("connecting to {addr}"), e))
 }
 
 /// Shuts `ctrl` down.
-pub fn shutdown<C: Controller>(ctrl: C) -> Result<(), String> {
-    ctrl.shutdown().map_err(|e| format!("shutdown: {e}"))
+pub fn shutdown<C: Controller>(ctrl: C) -> Result<(), CliError> {
+    ctrl.shutdown().map_err(|e| CliError::new("shutdown", e))
 }

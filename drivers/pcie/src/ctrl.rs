@@ -432,7 +432,9 @@ impl<D: Device> PcieController<D> {
         let mut out = Vec::new();
         for nsid in spec::decode_ns_list(&list) {
             let page = self.identify_page(cns::NAMESPACE, nsid)?;
-            if let Some(ns) = Namespace::from_identify(nsid, &page).map_err(Error::Protocol)? {
+            if let Some(ns) =
+                Namespace::from_identify(nsid, &page).map_err(|e| Error::Protocol(e.to_string()))?
+            {
                 out.push(ns);
             }
         }

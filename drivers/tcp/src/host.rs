@@ -807,8 +807,8 @@ fn scan_namespaces(
     let mut out = Vec::with_capacity(nsids.len());
     for nsid in nsids {
         let page = identify(admin, pool, spec::cns::NAMESPACE, nsid, t)?;
-        if let Some(ns) =
-            Namespace::from_identify(nsid, page.as_slice()).map_err(Error::Protocol)?
+        if let Some(ns) = Namespace::from_identify(nsid, page.as_slice())
+            .map_err(|e| Error::Protocol(e.to_string()))?
         {
             let group = spec::IdentifyNamespace::parse(page.as_slice()).map_or(0, |id| id.anagrpid);
             out.push((ns, group));

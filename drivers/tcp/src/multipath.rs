@@ -68,16 +68,19 @@ impl std::fmt::Display for PathPolicy {
     }
 }
 
-impl std::str::FromStr for PathPolicy {
-    type Err = String;
+/// A name that is neither path policy ([`PathPolicy`]'s `FromStr`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("path policy '{0}': must be round-robin or queue-depth")]
+pub struct UnknownPathPolicy(pub String);
 
-    fn from_str(s: &str) -> Result<PathPolicy, String> {
+impl std::str::FromStr for PathPolicy {
+    type Err = UnknownPathPolicy;
+
+    fn from_str(s: &str) -> Result<PathPolicy, UnknownPathPolicy> {
         match s {
             "round-robin" => Ok(PathPolicy::RoundRobin),
             "queue-depth" => Ok(PathPolicy::QueueDepth),
-            other => Err(format!(
-                "path policy '{other}': must be round-robin or queue-depth"
-            )),
+            other => Err(UnknownPathPolicy(other.to_string())),
         }
     }
 }

@@ -48,13 +48,13 @@ fn run(args: Args) -> Result<(), String> {
         let pool = common::dma_pool(64)?;
         let mut ctrl = common::open_pcie(*bdf, &pool, PcieOptions::default())?;
         write_read(&mut ctrl, &pool, args.lba)?;
-        return common::shutdown(ctrl);
+        return common::shutdown(ctrl).map_err(String::from);
     }
     let opts = args.target.host.connect_options(&trid)?;
     let pool = common::dma_pool(64)?;
     let mut ctrl = common::connect_tcp(opts, &pool)?;
     write_read(&mut ctrl, &pool, args.lba)?;
-    common::shutdown(ctrl)
+    common::shutdown(ctrl).map_err(String::from)
 }
 
 /// Writes the message and a pattern at `lba` of the first namespace, reads it back and compares.

@@ -55,7 +55,7 @@ fn run(args: Args) -> Result<(), String> {
         format!("io queues : {} granted", ctrl.io_queues_allowed()),
     ];
     print_summary(&trid, &ctrl, ctrl.vs(), ctrl.cntlid(), &transport);
-    common::shutdown(ctrl)
+    common::shutdown(ctrl).map_err(String::from)
 }
 
 /// The PCIe branch: open the controller through VFIO and print what it identified as.
@@ -79,7 +79,7 @@ fn identify_pcie(trid: &TransportId, bdf: nvpoll::trid::PciAddress) -> Result<()
         ),
     ];
     print_summary(trid, &ctrl, ctrl.vs(), id.cntlid, &transport);
-    common::shutdown(ctrl)
+    common::shutdown(ctrl).map_err(String::from)
 }
 
 /// Prints the summary of `ctrl`, reached at `trid`: what every controller identifies as (with its VS register

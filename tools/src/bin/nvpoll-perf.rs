@@ -678,7 +678,10 @@ fn run(args: Args) -> Result<(), String> {
         let target = embedded_target.as_ref().map(|(t, _)| t);
         let suffix = if tls { " tls" } else { "" };
         if args.multipath {
-            let policy: PathPolicy = args.path_policy.parse()?;
+            let policy: PathPolicy = args
+                .path_policy
+                .parse()
+                .map_err(|e: nvpoll_tcp::multipath::UnknownPathPolicy| e.to_string())?;
             let mut groups: Vec<Vec<ConnectOptions>> = Vec::new();
             for o in opts {
                 match groups.iter_mut().find(|g| g[0].subnqn == o.subnqn) {
