@@ -19,8 +19,8 @@ use nvpoll::reactor::{PollStatus, Poller, ReactorContext, Reactors, WakeSources}
 use nvpoll::send::SendMode;
 use nvpoll::Error;
 
-/// The access pattern of a run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The access pattern of a run (also perf's `--workload`, each variant's doc its help).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Workload {
     /// Random reads.
     Randread,
@@ -30,9 +30,9 @@ pub enum Workload {
     Read,
     /// Sequential writes.
     Write,
-    /// Random reads and writes, `rwmix` percent reads.
+    /// Random reads and writes, --rwmix percent reads.
     Randrw,
-    /// Random deallocates (Dataset Management), `io_size` each.
+    /// Random deallocates (Dataset Management), --io-size each.
     Randtrim,
     /// Sequential deallocates.
     Trim,

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use nvpoll::api::Controller;
 use nvpoll::mem::DmaPool;
 use nvpoll::reactor::{CoreList, IdlePolicy, Reactors};
@@ -22,33 +22,6 @@ use nvpoll_tools::loadgen::{self, LoadGen, Phase, Row, RunSpec};
 use nvpoll_tools::cli as common;
 
 /// The access pattern (fio's names).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Workload {
-    Randread,
-    Randwrite,
-    Read,
-    Write,
-    Randrw,
-    /// Random deallocates (Dataset Management), --io-size each.
-    Randtrim,
-    /// Sequential deallocates.
-    Trim,
-}
-
-impl From<Workload> for loadgen::Workload {
-    fn from(w: Workload) -> Self {
-        match w {
-            Workload::Randread => loadgen::Workload::Randread,
-            Workload::Randwrite => loadgen::Workload::Randwrite,
-            Workload::Read => loadgen::Workload::Read,
-            Workload::Write => loadgen::Workload::Write,
-            Workload::Randrw => loadgen::Workload::Randrw,
-            Workload::Randtrim => loadgen::Workload::Randtrim,
-            Workload::Trim => loadgen::Workload::Trim,
-        }
-    }
-}
-
 /// I/O load generator for NVMe over TCP and PCIe (VFIO).
 ///
 /// Without --trid it starts the embedded NVMe/TCP target on 127.0.0.1 (RAM namespace) and runs the default
@@ -75,7 +48,7 @@ struct Args {
     /// randwrite with --trid. randtrim and trim deallocate --io-size at a time (Dataset Management) and move
     /// no data; the controller must have Dataset Management, and --verify cannot check them.
     #[arg(long = "workload", value_enum)]
-    workloads: Vec<Workload>,
+    workloads: Vec<loadgen::Workload>,
     /// Percentage of reads for randrw.
     #[arg(long, default_value_t = 70, value_parser = clap::value_parser!(u8).range(0..=100))]
     rwmix: u8,
@@ -450,15 +423,11 @@ fn run(args: Args) -> Result<(), String> {
     let embedded = args.trids.is_empty();
     let jobs = args.jobs.unwrap_or(2 * cores.len());
     if args.verify {
-        if let Some(w) = args
-            .workloads
-            .iter()
-            .find(|&&w| loadgen::Workload::from(w).trims())
-        {
+        if let Some(w) = args.workloads.iter().find(|w| w.trims()) {
             return Err(format!(
                 "--verify checks what was written, and --workload {} leaves blocks whose content the \
                  controller decides (its DLFEAT): run it without --verify",
-                loadgen::Workload::from(*w).name()
+                w.name()
             ));
         }
     }
@@ -590,7 +559,7 @@ fn run(args: Args) -> Result<(), String> {
         machine.push_str(&format!("; {note}"));
     }
     let workloads: Vec<loadgen::Workload> = if !args.workloads.is_empty() {
-        args.workloads.iter().map(|&w| w.into()).collect()
+        args.workloads.clone()
     } else if embedded {
         vec![loadgen::Workload::Randwrite, loadgen::Workload::Randread]
     } else {
