@@ -117,17 +117,7 @@ pub fn check_request(
         );
         return Err(Error::InvalidArgument(msg));
     }
-    if req
-        .lba
-        .checked_add(u64::from(req.blocks))
-        .is_none_or(|end| end > ns.blocks)
-    {
-        let msg = format!(
-            "blocks {}+{} are beyond the namespace's {}",
-            req.lba, req.blocks, ns.blocks
-        );
-        return Err(Error::InvalidArgument(msg));
-    }
+    within_namespace(req, ns)?;
     let nlb = (req.blocks - 1) as u16;
     let bytes = u64::from(req.blocks) * u64::from(ns.block_size);
     let (sqe, len) = match req.op {
@@ -149,6 +139,21 @@ pub fn check_request(
     Ok(Checked { sqe, len })
 }
 
+/// The request's blocks lie within the namespace.
+fn within_namespace(req: &IoRequest, ns: &Namespace) -> Result<(), Error> {
+    if req
+        .lba
+        .checked_add(u64::from(req.blocks))
+        .is_none_or(|end| end > ns.blocks)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "blocks {}+{} are beyond the namespace's {}",
+            req.lba, req.blocks, ns.blocks
+        )));
+    }
+    Ok(())
+}
+
 /// [`check_request`] for a deallocate: one range of 1 to `u32::MAX` blocks within the namespace, written into
 /// the request's buffer.
 #[cold]
@@ -159,17 +164,7 @@ fn deallocate_request(req: &mut IoRequest, ns: &Namespace) -> Result<Checked, Er
             "a deallocate needs at least one block".into(),
         ));
     }
-    if req
-        .lba
-        .checked_add(u64::from(req.blocks))
-        .is_none_or(|end| end > ns.blocks)
-    {
-        let msg = format!(
-            "blocks {}+{} are beyond the namespace's {}",
-            req.lba, req.blocks, ns.blocks
-        );
-        return Err(Error::InvalidArgument(msg));
-    }
+    within_namespace(req, ns)?;
     let range = DsmRange {
         attributes: 0,
         nlb: req.blocks,
