@@ -47,7 +47,7 @@ command -v fio >/dev/null 2>&1 || die "fio is not installed (apt-get install fio
 # --- in the guest: the kernel's block device against our target -------------------------------------------
 if [ "${1:-}" = --in-guest ]; then
     BIN=${NVPOLL_BIN_DIR:?}
-    SO=$(dirname "$BIN")/libnvpoll_fio.so
+    SO=$BIN/libnvpoll_fio.so
     "$BIN/nvpoll-target" --listen 127.0.0.1:$PORT --nqn $SUBNQN --ram 512M --cores "$TCORE" --idle poll \
         > /tmp/bench-target.log 2>&1 &
     tpid=$!

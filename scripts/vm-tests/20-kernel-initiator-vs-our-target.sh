@@ -132,7 +132,7 @@ dd if="$WORK/pattern" of="$dev" bs=1M seek=$seek_mib oflag=direct conv=fsync sta
     || fail "step 4: dd to $dev failed"
 out=$(nvme disconnect -n "$NQN" 2>&1) || fail "step 4: nvme disconnect: $out"
 gone || fail "step 4: the controller did not go away"
-deps=$EXAMPLES/../deps
+deps=$EXAMPLES/deps
 checker=
 for f in "$deps"/target_vm-*; do   # the newest build of the test executable
     [[ "$f" == *.d ]] && continue

@@ -7,7 +7,7 @@
 #  - hugepages reserves pages and reports what it got.
 set -euo pipefail
 bin=${NVPOLL_BIN_DIR:-target/debug}
-setup=${NVPOLL_SETUP:-$(dirname "$bin")/nvpoll-setup}
+setup=${NVPOLL_SETUP:-$bin/nvpoll-setup}
 twin=0000:00:05.0
 dev=${VM_KNVME_DEV:?not in the scripts/vm.sh guest}
 mnt=$(mktemp -d)

@@ -26,7 +26,7 @@ set -euo pipefail
 
 PROG=70-pcie-faults
 bin=${NVPOLL_BIN_DIR:-target/debug}
-setup=${NVPOLL_SETUP:-$(dirname "$bin")/nvpoll-setup}
+setup=${NVPOLL_SETUP:-$bin/nvpoll-setup}
 die() { echo "$PROG: FAIL: $*" >&2; exit 1; }
 say() { echo "$PROG: $*"; }
 

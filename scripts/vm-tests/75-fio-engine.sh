@@ -9,7 +9,7 @@
 # fio exits non-zero on any I/O error or verify mismatch; each job's report must say err= 0.
 set -euo pipefail
 bin=${NVPOLL_BIN_DIR:-target/debug}
-so=$(cd "$(dirname "$bin")" && pwd -P)/libnvpoll_fio.so
+so=$(cd "$bin" && pwd -P)/libnvpoll_fio.so
 fail() { echo "fio-engine: FAIL: $*" >&2; exit 1; }
 [ -f "$so" ] || fail "$so is not built (scripts/vm-test.sh builds it; it needs fio's source: scripts/fio-source.sh)"
 pcie=${VM_VFIO_BDF:?not in the scripts/vm.sh guest}
