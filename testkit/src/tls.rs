@@ -137,8 +137,8 @@ impl Peer {
 
     /// Polls /proc/net/tcp until the peer itself listens on 127.0.0.1:`port` (without connecting, which would
     /// use up a `-naccept 1` server): a listening socket on that port that is one of the peer's own
-    /// descriptors. Returns `false` if the peer exited first (typically it could not bind: another process
-    /// took the port `free_port` handed out, so the caller tries another); panics once time runs out.
+    /// descriptors. Returns `false` if the peer exited first or said its bind failed (another process took
+    /// the port `free_port` handed out, so the caller tries another); panics once time runs out.
     pub fn listening(&mut self, port: u16) -> bool {
         let end = Instant::now() + STEP;
         // IPv4 only: the tests connect to 127.0.0.1 (gnutls-serv also listens on ::, possibly first).
@@ -159,6 +159,11 @@ impl Peer {
                 }
             }
             if self.child.try_wait().unwrap().is_some() {
+                return false;
+            }
+            // gnutls-serv does not exit when its bind fails (it says so and serves nothing): the port was
+            // taken, so the caller tries another.
+            if self.output().contains("Address already in use") {
                 return false;
             }
             if Instant::now() > end {
