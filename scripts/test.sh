@@ -41,6 +41,8 @@ scripts/check-docs.sh
 scripts/check-doc-commands.sh
 step "a refused Connect says why in perf, identify and hello_world"
 scripts/check-refused-connect.sh
+step "Miri over the pure logic of the unsafe modules (scripts/miri.sh)"
+scripts/miri.sh
 step "fuzz (briefly)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-15} scripts/fuzz.sh
 step "fault injection"

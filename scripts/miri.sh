@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs the unit tests of the unsafe modules' pure logic under Miri (undefined behaviour, aliasing, data races):
+# the DMA pool and buffers (src/mem.rs: size classes, windows, splits, the free list across threads, the
+# non-temporal copy) and the PCIe driver's shared queue memory and test device (drivers/pcie/src/mmio.rs). What
+# needs the kernel (mlock, BAR mappings of a device or file, mremap) is not Miri's to run: the pool takes its
+# "could not mlock" path there, and the BAR test runs natively only.
+# Needs the nightly toolchain with the miri and rust-src components (installed with rustup if missing).
+#   scripts/miri.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+die() { echo "miri: error: $*" >&2; exit 1; }
+
+# Every probe is in a condition, so a missing tool reaches its install step (or its one-line error).
+command -v rustup >/dev/null 2>&1 ||
+    die "rustup not found: Miri comes with the nightly toolchain from rustup (https://rustup.rs)"
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+    echo "miri: installing the nightly toolchain (about 30 s)"
+    rustup toolchain install nightly --profile minimal ||
+        die "could not install the nightly toolchain; install it by hand: rustup toolchain install nightly --profile minimal"
+fi
+if ! cargo +nightly miri --version >/dev/null 2>&1; then
+    echo "miri: installing Miri (rustup component add --toolchain nightly miri rust-src)"
+    rustup component add --toolchain nightly miri rust-src ||
+        die "could not add Miri; add it by hand: rustup component add --toolchain nightly miri rust-src"
+fi
+cargo +nightly miri setup >/dev/null 2>&1 || cargo +nightly miri setup || die "cargo miri setup failed (above)"
+
+echo "miri: nvpoll::mem"
+cargo +nightly miri test -p nvpoll --lib mem::
+# The test device translates IOVAs to addresses as a device does, from integers (exposed provenance).
+echo "miri: nvpoll_pcie::mmio"
+MIRIFLAGS="${MIRIFLAGS:-} -Zmiri-permissive-provenance" cargo +nightly miri test -p nvpoll-pcie --lib mmio::
+echo "miri: no undefined behaviour found"
