@@ -62,6 +62,10 @@ pub enum Error {
     /// A reactor could not be started, reached or stopped.
     #[error("reactor: {0}")]
     Reactor(String),
+    /// A transport failed on this side, not the peer's or the path's: a VFIO or IOMMU call, setting up the
+    /// device's interrupts, a sysfs file. The transport's error, the source, says which.
+    #[error("{0}")]
+    Local(#[source] BoxError),
     /// An operating-system call failed.
     #[error("{context}: {source}")]
     Os {
@@ -106,6 +110,8 @@ pub enum ErrorClass {
     ConnectionLost,
     /// [`Error::Tls`].
     Tls,
+    /// [`Error::Local`]: the failure is on this side.
+    Local,
     /// [`Error::Transport`].
     Other,
 }
@@ -132,7 +138,177 @@ impl Error {
             ErrorClass::PeerProtocol => Error::PeerProtocol(Box::new(e)),
             ErrorClass::ConnectionLost => Error::ConnectionLost(Box::new(e)),
             ErrorClass::Tls => Error::Tls(Box::new(e)),
+            ErrorClass::Local => Error::Local(Box::new(e)),
             ErrorClass::Other => Error::Transport(Box::new(e)),
         }
+    }
+
+    /// What a caller may do about the failed request: submit it again (and when), send it on another path or
+    /// after a reconnect, or give it up. See [`Retry`].
+    pub fn retry(&self) -> Retry {
+        match self {
+            Error::QueueFull => Retry::AfterCompletions,
+            Error::Nvme(st) if is_path_status(st.status) => Retry::Elsewhere,
+            Error::Nvme(st) if st.status.dnr() => Retry::Never,
+            Error::Nvme(_) | Error::Memory(_) => Retry::Later,
+            Error::ConnectionLost(_)
+            | Error::Timeout
+            | Error::Aborted(_)
+            | Error::PeerProtocol(_)
+            | Error::Tls(_) => Retry::Elsewhere,
+            Error::Refused { .. }
+            | Error::Transport(_)
+            | Error::InvalidArgument(_)
+            | Error::Reactor(_)
+            | Error::Local(_)
+            | Error::Os { .. } => Retry::Never,
+        }
+    }
+
+    /// Whose the failure is, as far as this side can tell. See [`Fault`].
+    pub fn fault(&self) -> Fault {
+        match self {
+            Error::InvalidArgument(_) | Error::QueueFull => Fault::Caller,
+            Error::Memory(_) | Error::Reactor(_) | Error::Os { .. } | Error::Local(_) => {
+                Fault::Ours
+            }
+            Error::Nvme(st) if is_path_status(st.status) => Fault::Path,
+            Error::Nvme(_) | Error::PeerProtocol(_) | Error::Refused { .. } => Fault::Peer,
+            Error::ConnectionLost(_) | Error::Timeout | Error::Aborted(_) => Fault::Path,
+            Error::Tls(_) | Error::Transport(_) => Fault::Unknown,
+        }
+    }
+}
+
+/// A path-related status (SCT 3: ANA inaccessible or in transition, an internal path error) or the generic
+/// Transient Transport Error, without Do Not Retry: the command did not run, and another path may take it.
+fn is_path_status(st: crate::spec::Status) -> bool {
+    !st.dnr()
+        && (st.sct() == crate::spec::sct::PATH
+            || st == crate::spec::Status::TRANSIENT_TRANSPORT_ERROR)
+}
+
+/// What a caller may do with a request that failed ([`Error::retry`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Retry {
+    /// Submit it again once completions have been processed: the queue was full ([`Error::QueueFull`]).
+    AfterCompletions,
+    /// Submit it again later, on the same queue: the controller answered a status without Do Not Retry (it
+    /// may name a Command Retry Delay), or DMA memory was short and comes back as buffers are dropped.
+    Later,
+    /// Send it on another path, or on this one after it reconnects: the connection or the controller went
+    /// away, the peer broke the protocol, TLS failed on a connected queue (a bad record or an alert: the
+    /// handshake had succeeded, so the keys are right), the command timed out or was aborted by a reset, or
+    /// the status is path-related (ANA inaccessible or in transition, a transient transport error). The
+    /// command may or may not have run; a write sent again lands the same data.
+    Elsewhere,
+    /// Sending it again unchanged fails again: a status with Do Not Retry, a refused Connect, a failed
+    /// DH-HMAC-CHAP or another transport failure no class fits, an
+    /// invalid request, a failure on this side.
+    Never,
+}
+
+/// Whose a failure is, as far as this side can tell ([`Error::fault`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// The caller's: an invalid request, or more submitted than the queue holds.
+    Caller,
+    /// This side's: DMA memory, a reactor, an operating-system or VFIO call.
+    Ours,
+    /// The peer's: the controller answered with an error status or refused the Connect, or it broke the
+    /// protocol.
+    Peer,
+    /// The path's, or the peer's while it is unreachable (no way to tell them apart from here): the
+    /// connection was lost or reset, the command timed out or was aborted, or the status is path-related.
+    Path,
+    /// Either side's: a TLS failure (an alert sent or received: a wrong key on one side, or a bad record)
+    /// or a transport failure no class above fits.
+    Unknown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{CommandKind, Status};
+
+    fn nvme(status: Status) -> Error {
+        Error::Nvme(status.named_in(CommandKind::Nvm))
+    }
+
+    #[test]
+    fn each_error_says_what_to_do_and_whose_it_is() {
+        let io = || std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let cases: Vec<(Error, Retry, Fault)> = vec![
+            (Error::QueueFull, Retry::AfterCompletions, Fault::Caller),
+            (
+                Error::InvalidArgument("x".into()),
+                Retry::Never,
+                Fault::Caller,
+            ),
+            (
+                nvme(Status::ANA_INACCESSIBLE),
+                Retry::Elsewhere,
+                Fault::Path,
+            ),
+            (
+                nvme(Status::TRANSIENT_TRANSPORT_ERROR),
+                Retry::Elsewhere,
+                Fault::Path,
+            ),
+            (
+                nvme(Status::ANA_INACCESSIBLE.with_dnr()),
+                Retry::Never,
+                Fault::Peer,
+            ),
+            (nvme(Status::LBA_OUT_OF_RANGE), Retry::Later, Fault::Peer),
+            (
+                nvme(Status::LBA_OUT_OF_RANGE.with_dnr()),
+                Retry::Never,
+                Fault::Peer,
+            ),
+            (
+                Error::ConnectionLost(io().into()),
+                Retry::Elsewhere,
+                Fault::Path,
+            ),
+            (Error::Timeout, Retry::Elsewhere, Fault::Path),
+            (Error::Aborted("reset"), Retry::Elsewhere, Fault::Path),
+            (
+                Error::PeerProtocol("bad PDU".into()),
+                Retry::Elsewhere,
+                Fault::Peer,
+            ),
+            (Error::Tls("alert".into()), Retry::Elsewhere, Fault::Unknown),
+            (
+                Error::Transport("other".into()),
+                Retry::Never,
+                Fault::Unknown,
+            ),
+            (Error::Local("VFIO".into()), Retry::Never, Fault::Ours),
+            (Error::Memory("pool".into()), Retry::Later, Fault::Ours),
+            (Error::Reactor("gone".into()), Retry::Never, Fault::Ours),
+            (Error::os("open", io()), Retry::Never, Fault::Ours),
+        ];
+        for (e, retry, fault) in cases {
+            assert_eq!((e.retry(), e.fault()), (retry, fault), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn a_transport_error_of_class_local_stays_the_source() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("VFIO_IOMMU_MAP_DMA: no memory")]
+        struct MapFailed;
+        impl TransportError for MapFailed {
+            fn class(&self) -> ErrorClass {
+                ErrorClass::Local
+            }
+        }
+        let e = Error::from_transport(MapFailed);
+        assert!(matches!(e, Error::Local(_)), "{e:?}");
+        assert_eq!(e.to_string(), "VFIO_IOMMU_MAP_DMA: no memory");
+        assert_eq!((e.retry(), e.fault()), (Retry::Never, Fault::Ours));
     }
 }

@@ -31,4 +31,4 @@ pub mod units;
 /// NVMe data structures: the crate [`nvpoll_spec`], re-exported so that `nvpoll::spec::Sqe` names the same type.
 pub use nvpoll_spec as spec;
 
-pub use error::{BoxError, Error, ErrorClass, Result, TransportError};
+pub use error::{BoxError, Error, ErrorClass, Fault, Result, Retry, TransportError};

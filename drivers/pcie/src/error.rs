@@ -308,7 +308,37 @@ impl nvpoll::TransportError for Error {
             Error::QueueFull => ErrorClass::QueueFull,
             Error::Fatal | Error::Removed | Error::Dead(_) => ErrorClass::ConnectionLost,
             Error::Protocol(_) => ErrorClass::PeerProtocol,
-            _ => ErrorClass::Other,
+            // Setting up VFIO, the IOMMU, the device's registers and interrupts, DMA memory, or a device the
+            // driver cannot run: this side's failure, which a retry does not mend.
+            Error::OpenContainer { .. }
+            | Error::ApiVersion(_)
+            | Error::ApiMismatch { .. }
+            | Error::CheckExtension(_)
+            | Error::NoType1v2
+            | Error::OpenGroup { .. }
+            | Error::GroupStatus(_)
+            | Error::GroupNotViable { .. }
+            | Error::SetContainer(_)
+            | Error::SetIommu(_)
+            | Error::IommuInfo(_)
+            | Error::IommuInfoGrowing
+            | Error::DeviceFd { .. }
+            | Error::DeviceInfo(_)
+            | Error::RegionInfo { .. }
+            | Error::MapBar(_)
+            | Error::BarNotMappable { .. }
+            | Error::Config { .. }
+            | Error::MapDma { .. }
+            | Error::UnmapDma { .. }
+            | Error::IovaUnaligned { .. }
+            | Error::NoIova { .. }
+            | Error::Sysfs { .. }
+            | Error::Unsupported(_)
+            | Error::IrqInfo { .. }
+            | Error::NoIrq { .. }
+            | Error::Eventfd { .. }
+            | Error::SetIrqs { .. }
+            | Error::Memory(_) => ErrorClass::Local,
         }
     }
 }
@@ -371,5 +401,21 @@ mod tests {
             "the controller could not be reset and was given up"
         );
         assert_eq!(e.class(), nvpoll::ErrorClass::ConnectionLost);
+        let api = nvpoll::Error::from(e);
+        assert_eq!(api.retry(), nvpoll::Retry::Elsewhere);
+    }
+
+    #[test]
+    fn a_vfio_failure_is_ours_and_not_retried() {
+        use nvpoll::TransportError as _;
+        let e = Error::SetIommu(io::Error::from_raw_os_error(libc::EPERM));
+        assert_eq!(e.class(), nvpoll::ErrorClass::Local);
+        let api = nvpoll::Error::from(e);
+        assert!(matches!(api, nvpoll::Error::Local(_)), "{api:?}");
+        assert!(api.to_string().contains("VFIO_SET_IOMMU"), "{api}");
+        assert_eq!(
+            (api.retry(), api.fault()),
+            (nvpoll::Retry::Never, nvpoll::Fault::Ours)
+        );
     }
 }
