@@ -1,0 +1,73 @@
+//! What a controller and its queue pairs (each on its own reactor) share: the connection generation, the
+//! controller ID, whether the controller is lost or given up, the Aborts queue pairs ask for, counters (all
+//! atomics), and the ANA states (behind a mutex, taken when they change).
+
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crossbeam_queue::ArrayQueue;
+
+use super::ana::AnaView;
+use crate::Error;
+
+/// Why a controller's commands fail once it is given up: it did not reconnect within `ctrl_loss_tmo`.
+pub(super) const GIVEN_UP: Error = Error::Lost("controller given up: ctrl-loss-tmo expired");
+
+/// What a controller and its queue pairs (on other reactors) share: the connection generation, and requests
+/// from the queue pairs to the admin queue. Lock-free.
+#[derive(Debug)]
+pub(super) struct CtrlShared {
+    /// Bumped after every successful (re)connect of the admin queue; queue pairs reconnect when it moves.
+    pub(super) generation: AtomicU64,
+    /// The controller ID of the current generation.
+    pub(super) cntlid: AtomicU16,
+    /// `ctrl_loss_tmo` expired: no more reconnects.
+    pub(super) dead: AtomicBool,
+    /// A queue pair lost its connection: the controller must be reset (reconnected).
+    pub(super) reset_requested: AtomicBool,
+    /// The admin connection is lost (until the next reconnect): the queue pairs drop their connections too,
+    /// at once, instead of waiting for their own sockets to fail (a blackholed path never tells them).
+    pub(super) admin_lost: AtomicBool,
+    /// Aborts requested by queue pairs: (SQID, CID).
+    pub(super) aborts: ArrayQueue<(u16, u16)>,
+    /// Counters.
+    pub(super) reconnects: AtomicU64,
+    pub(super) aborts_sent: AtomicU64,
+    /// What the controller reports of ANA: the group of each namespace and each group's state on this path.
+    pub(super) ana: Mutex<AnaView>,
+    /// Moves whenever `ana` changes; queue pairs compare it with their copy's once per poll.
+    pub(super) ana_gen: AtomicU64,
+    /// A queue pair saw a path status: read the ANA log again now.
+    pub(super) ana_stale: AtomicBool,
+    /// Path statuses noted so far
+    /// ([`TcpQueuePair::note_path_status`](super::TcpQueuePair::note_path_status)): an ANA log read sent
+    /// before the last one may describe the path as it was before that status, and must not undo it.
+    pub(super) ana_noted: AtomicU64,
+}
+
+impl CtrlShared {
+    pub(super) fn new(cntlid: u16) -> CtrlShared {
+        CtrlShared {
+            generation: AtomicU64::new(1),
+            cntlid: AtomicU16::new(cntlid),
+            dead: AtomicBool::new(false),
+            reset_requested: AtomicBool::new(false),
+            admin_lost: AtomicBool::new(false),
+            aborts: ArrayQueue::new(1024),
+            reconnects: AtomicU64::new(0),
+            aborts_sent: AtomicU64::new(0),
+            ana: Mutex::new(AnaView::default()),
+            ana_gen: AtomicU64::new(0),
+            ana_stale: AtomicBool::new(false),
+            ana_noted: AtomicU64::new(0),
+        }
+    }
+
+    pub(super) fn set_ana(&self, view: AnaView) {
+        let mut a = self.ana.lock().unwrap_or_else(|e| e.into_inner());
+        if *a != view {
+            *a = view;
+            self.ana_gen.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
