@@ -1,7 +1,10 @@
-//! Asymmetric Namespace Access: [`AnaView`], a path's ANA states as the host knows them, and the read of the
-//! ANA log page (the command, its buffer, the parsing). The controller reads the log (`super::controller`),
-//! `CtrlShared` (`super::shared`) hands the states to the queue pairs, and a queue pair notes the path
-//! statuses its commands fail with (`super::qpair`).
+//! Asymmetric Namespace Access: [`AnaView`], a path's ANA states as the host knows them; `SharedAna`, the
+//! part of `CtrlShared` that hands them from the controller, which reads the ANA log (`super::controller`),
+//! to its queue pairs, which note the path statuses their commands fail with (`super::qpair`); and the read
+//! of the ANA log page (the command, its buffer, the parsing).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use nvpoll::mem::{DmaBuf, DmaPool};
 use nvpoll::spec::{self, AnaState, Sqe};
@@ -37,11 +40,58 @@ impl AnaView {
             .map_or(AnaState::Optimized, |&(_, st)| st)
     }
 
-    pub(super) fn set(&mut self, group: u32, state: AnaState) {
+    fn set(&mut self, group: u32, state: AnaState) {
         match self.states.iter_mut().find(|(g, _)| *g == group) {
             Some(e) => e.1 = state,
             None => self.states.push((group, state)),
         }
+    }
+}
+
+/// A controller's ANA states as it shares them with its queue pairs (in `CtrlShared`).
+#[derive(Debug, Default)]
+pub(super) struct SharedAna {
+    /// What the controller reports of ANA: the group of each namespace and each group's state on this path.
+    pub(super) view: Mutex<AnaView>,
+    /// Moves whenever `view` changes; queue pairs compare it with their copy's once per poll.
+    pub(super) gen: AtomicU64,
+    /// A queue pair saw a path status: read the ANA log again now.
+    pub(super) stale: AtomicBool,
+    /// Path statuses noted so far
+    /// ([`TcpQueuePair::note_path_status`](super::TcpQueuePair::note_path_status)): an ANA log read sent
+    /// before the last one may describe the path as it was before that status, and must not undo it.
+    pub(super) noted: AtomicU64,
+}
+
+impl SharedAna {
+    /// Takes the states the controller read (moving `gen` if they changed).
+    pub(super) fn set(&self, view: AnaView) {
+        let mut a = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        if *a != view {
+            *a = view;
+            self.gen.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// A copy of the states.
+    pub(super) fn snapshot(&self) -> AnaView {
+        self.view.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// A queue pair's command on namespace `nsid` failed with a path status that names `state`: its group
+    /// takes that state on every queue pair at once, and the controller reads the ANA log again.
+    pub(super) fn note(&self, nsid: u32, state: AnaState) {
+        {
+            let mut a = self.view.lock().unwrap_or_else(|e| e.into_inner());
+            self.noted.fetch_add(1, Ordering::AcqRel);
+            if let Some(&(_, group)) = a.groups.iter().find(|(n, _)| *n == nsid) {
+                if a.state_of(nsid) != state {
+                    a.set(group, state);
+                    self.gen.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+        }
+        self.stale.store(true, Ordering::Release);
     }
 }
 

@@ -36,7 +36,7 @@ pub struct TcpController {
     connecting: Option<Background<Attached>>,
     /// A read of the ANA log is outstanding on the admin queue.
     ana_outstanding: bool,
-    /// [`CtrlShared::ana_noted`] when that read was sent: a path status noted since is newer than what the
+    /// `SharedAna::noted` when that read was sent: a path status noted since is newer than what the
     /// read returns, which is then dropped (and read again).
     ana_noted_at_read: u64,
     /// When the ANA log was last asked for.
@@ -73,7 +73,7 @@ impl TcpController {
             opts.tls.clone_from(&a.generated_tls);
         }
         let shared = Arc::new(CtrlShared::new(a.cntlid));
-        shared.set_ana(a.ana.clone());
+        shared.ana.set(a.ana.clone());
         Ok(TcpController {
             att: a,
             pool,
@@ -157,11 +157,11 @@ impl TcpController {
                 let buf = d.buf.expect("Get Log Page hands its buffer back");
                 let states = parse_ana_states(buf.as_slice())?;
                 // A path status noted while the read was out is newer than the log, which the target may
-                // have read before the change: keep the status (ana_stale is set again: the log is read
+                // have read before the change: keep the status (ana.stale is set again: the log is read
                 // again at this poll's end) rather than put the path back to what it was.
-                if self.shared.ana_noted.load(Ordering::Acquire) == self.ana_noted_at_read {
+                if self.shared.ana.noted.load(Ordering::Acquire) == self.ana_noted_at_read {
                     self.att.ana.states = states;
-                    self.shared.set_ana(self.att.ana.clone());
+                    self.shared.ana.set(self.att.ana.clone());
                 }
             }
             // Abort completions need no action: an aborted command completes on its own queue.
@@ -183,7 +183,7 @@ impl TcpController {
             }
         }
         if self.att.ana.reported && !self.ana_outstanding {
-            let stale = self.shared.ana_stale.swap(false, Ordering::AcqRel);
+            let stale = self.shared.ana.stale.swap(false, Ordering::AcqRel);
             let due = !self.opts.ana_refresh.is_zero()
                 && self.last_ana.elapsed() >= self.opts.ana_refresh;
             if stale || due {
@@ -197,7 +197,7 @@ impl TcpController {
                         ANA_TAG,
                     )
                     .map_err(|(e, _)| e)?;
-                self.ana_noted_at_read = self.shared.ana_noted.load(Ordering::Acquire);
+                self.ana_noted_at_read = self.shared.ana.noted.load(Ordering::Acquire);
                 self.ana_outstanding = true;
                 self.last_ana = Instant::now();
             }
@@ -260,7 +260,7 @@ impl TcpController {
                 if self.att.generated_tls.is_some() {
                     self.opts.tls.clone_from(&self.att.generated_tls);
                 }
-                self.shared.set_ana(self.att.ana.clone());
+                self.shared.ana.set(self.att.ana.clone());
                 self.ana_outstanding = false;
                 self.last_ana = Instant::now();
                 self.last_keep_alive = Instant::now();

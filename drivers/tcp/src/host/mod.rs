@@ -18,8 +18,9 @@
 //! - `qpair.rs`: [`TcpQueuePair`]: the I/O path, command timeouts, recovery after a lost connection
 //!   ([`RecoveryStats`]), [`nvpoll::api::QueuePair`];
 //! - `shared.rs`: what the controller and its queue pairs on other reactors share (generation, loss, Aborts,
-//!   ANA states);
-//! - `ana.rs`: [`AnaView`], a path's ANA states, and the ANA log read.
+//!   counters, and the ANA part from `ana.rs`);
+//! - `ana.rs`: [`AnaView`], a path's ANA states, how the controller shares them with its queue pairs, and
+//!   the ANA log read.
 
 mod ana;
 mod auth;

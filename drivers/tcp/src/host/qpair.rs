@@ -102,16 +102,12 @@ impl TcpQueuePair {
     }
 
     fn shared_ana(&self) -> AnaView {
-        self.shared
-            .ana
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.shared.ana.snapshot()
     }
 
     /// Takes the path's ANA states if they changed (one atomic load when they did not).
     fn refresh_ana(&mut self) {
-        let gen = self.shared.ana_gen.load(Ordering::Acquire);
+        let gen = self.shared.ana.gen.load(Ordering::Acquire);
         if gen != self.ana_gen {
             self.ana = self.shared_ana();
             self.ana_gen = gen;
@@ -133,17 +129,7 @@ impl TcpQueuePair {
         } else {
             return;
         };
-        {
-            let mut a = self.shared.ana.lock().unwrap_or_else(|e| e.into_inner());
-            self.shared.ana_noted.fetch_add(1, Ordering::AcqRel);
-            if let Some(&(_, group)) = a.groups.iter().find(|(n, _)| *n == nsid) {
-                if a.state_of(nsid) != state {
-                    a.set(group, state);
-                    self.shared.ana_gen.fetch_add(1, Ordering::AcqRel);
-                }
-            }
-        }
-        self.shared.ana_stale.store(true, Ordering::Release);
+        self.shared.ana.note(nsid, state);
         self.refresh_ana();
     }
 

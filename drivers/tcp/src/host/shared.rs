@@ -2,12 +2,11 @@
 //! controller ID, whether the controller is lost or given up, the Aborts queue pairs ask for, counters (all
 //! atomics), and the ANA states (behind a mutex, taken when they change).
 
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64};
 
 use crossbeam_queue::ArrayQueue;
 
-use super::ana::AnaView;
+use super::ana::SharedAna;
 use crate::Error;
 
 /// Why a controller's commands fail once it is given up: it did not reconnect within `ctrl_loss_tmo`.
@@ -33,16 +32,8 @@ pub(super) struct CtrlShared {
     /// Counters.
     pub(super) reconnects: AtomicU64,
     pub(super) aborts_sent: AtomicU64,
-    /// What the controller reports of ANA: the group of each namespace and each group's state on this path.
-    pub(super) ana: Mutex<AnaView>,
-    /// Moves whenever `ana` changes; queue pairs compare it with their copy's once per poll.
-    pub(super) ana_gen: AtomicU64,
-    /// A queue pair saw a path status: read the ANA log again now.
-    pub(super) ana_stale: AtomicBool,
-    /// Path statuses noted so far
-    /// ([`TcpQueuePair::note_path_status`](super::TcpQueuePair::note_path_status)): an ANA log read sent
-    /// before the last one may describe the path as it was before that status, and must not undo it.
-    pub(super) ana_noted: AtomicU64,
+    /// What the controller reports of ANA, and what queue pairs learn of it from path statuses.
+    pub(super) ana: SharedAna,
 }
 
 impl CtrlShared {
@@ -56,18 +47,7 @@ impl CtrlShared {
             aborts: ArrayQueue::new(1024),
             reconnects: AtomicU64::new(0),
             aborts_sent: AtomicU64::new(0),
-            ana: Mutex::new(AnaView::default()),
-            ana_gen: AtomicU64::new(0),
-            ana_stale: AtomicBool::new(false),
-            ana_noted: AtomicU64::new(0),
-        }
-    }
-
-    pub(super) fn set_ana(&self, view: AnaView) {
-        let mut a = self.ana.lock().unwrap_or_else(|e| e.into_inner());
-        if *a != view {
-            *a = view;
-            self.ana_gen.fetch_add(1, Ordering::AcqRel);
+            ana: SharedAna::default(),
         }
     }
 }
