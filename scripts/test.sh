@@ -28,6 +28,8 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 step "cargo doc (the libraries' API docs, warnings denied)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --lib
+step "cargo deny (licences, bans, sources, advisories; scripts/deny.sh)"
+scripts/deny.sh
 step "cargo test (host)"
 cargo test --workspace
 # fio writes a verify job's state where it runs unless told not to; the engine's tests must leave none.
