@@ -94,6 +94,10 @@ pub enum Error {
     /// The queue is full.
     #[error("queue full")]
     QueueFull,
+    /// A failure inside this side, not the peer's: a background step (a connect or a reconnect thread)
+    /// ended without its result, which only a panic there does (the log has it).
+    #[error("internal error: {0}")]
+    Internal(&'static str),
 }
 
 impl Error {
@@ -200,6 +204,7 @@ impl nvpoll::TransportError for Error {
             Error::Timeout(_) => ErrorClass::Timeout,
             Error::InvalidArgument(s) => ErrorClass::InvalidArgument(s.clone()),
             Error::QueueFull => ErrorClass::QueueFull,
+            Error::Internal(_) => ErrorClass::Local,
             Error::Auth(_) => ErrorClass::Other,
             Error::QueueFailed { cause, .. } => cause.class(),
             Error::PathAttach { cause, .. } => cause.class(),
@@ -210,5 +215,24 @@ impl nvpoll::TransportError for Error {
 impl From<Error> for nvpoll::Error {
     fn from(e: Error) -> Self {
         nvpoll::Error::from_transport(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvpoll::{Fault, Retry};
+
+    #[test]
+    fn a_failure_of_this_side_is_not_the_peer_s() {
+        let api = nvpoll::Error::from(Error::Internal("the connect thread ended without a result"));
+        assert!(matches!(api, nvpoll::Error::Local(_)), "{api:?}");
+        assert_eq!((api.retry(), api.fault()), (Retry::Never, Fault::Ours));
+        let reset = Error::io(
+            "read",
+            std::io::Error::from(std::io::ErrorKind::ConnectionReset),
+        );
+        let api = nvpoll::Error::from(reset);
+        assert_eq!((api.retry(), api.fault()), (Retry::Elsewhere, Fault::Path));
     }
 }

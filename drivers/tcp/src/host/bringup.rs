@@ -32,6 +32,13 @@ pub(super) struct Attached {
 /// Connects the admin queue and brings the controller up: ICReq, Fabrics Connect, CAP/VS, CC.EN and CSTS.RDY,
 /// Identify Controller, Number of Queues, and Identify of every active namespace.
 pub(super) fn bring_up(opts: &ConnectOptions, pool: &DmaPool) -> Result<Attached, Error> {
+    // SQSIZE is 0's based and a queue of N entries holds N - 1 commands.
+    if opts.admin_depth < 2 {
+        return Err(Error::InvalidArgument(format!(
+            "admin queue depth {}: it must be at least 2 (32 is usual)",
+            opts.admin_depth
+        )));
+    }
     let admin_transfer = opts.max_transfer.max(4096);
     let concat = opts.dhchap.as_ref().is_some_and(|a| a.concat);
     let (mut admin, cntlid, generated_tls) = if concat {

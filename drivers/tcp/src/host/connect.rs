@@ -123,8 +123,8 @@ impl<T: Send + 'static> Background<T> {
         match self.0.try_recv() {
             Ok(r) => Some(r),
             Err(mpsc::TryRecvError::Empty) => None,
-            Err(mpsc::TryRecvError::Disconnected) => Some(Err(Error::Protocol(
-                "the reconnect thread ended without a result".into(),
+            Err(mpsc::TryRecvError::Disconnected) => Some(Err(Error::Internal(
+                "the connect thread ended without a result",
             ))),
         }
     }

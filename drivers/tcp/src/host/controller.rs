@@ -357,7 +357,7 @@ impl nvpoll::api::Controller for TcpController {
 
     fn admin(&mut self, cmd: Sqe, buf: Option<DmaBuf>) -> nvpoll::Result<(Cqe, Option<DmaBuf>)> {
         let (dir, len) = match &buf {
-            Some(b) => (DataDir::FromController, b.len() as u32),
+            Some(b) => (admin_data_dir(cmd.opcode)?, b.len() as u32),
             None => (DataDir::None, 0),
         };
         Ok(self.att.admin.run(cmd, dir, buf, len, self.opts.timeout)?)
@@ -454,5 +454,50 @@ impl TcpController {
             gen,
             self.att.info.namespaces.clone(),
         ))
+    }
+}
+
+/// Which way an admin command's data goes, from its opcode's two low bits (NVMe base specification, "Opcodes
+/// for Admin Commands": 01b host to controller, 10b controller to host, 11b both). Set Features, Security
+/// Send, Firmware Image Download and Namespace Management send their buffer; Identify, Get Log Page and Get
+/// Features fill it. A command with a buffer and no direction in its opcode (00b, as some vendor-specific
+/// commands are) is taken as controller to host; one that moves data both ways cannot be carried over
+/// NVMe/TCP, which moves one command's data one way.
+fn admin_data_dir(opcode: u8) -> Result<DataDir, Error> {
+    match opcode & 0b11 {
+        0b01 => Ok(DataDir::ToController),
+        0b11 => Err(Error::InvalidArgument(format!(
+            "admin opcode {opcode:#04x} moves data both ways, which NVMe/TCP cannot carry"
+        ))),
+        _ => Ok(DataDir::FromController),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_admin_command_s_data_goes_the_way_its_opcode_says() {
+        use nvpoll::spec::admin as op;
+        for (opcode, want) in [
+            (op::SET_FEATURES, DataDir::ToController),
+            (0x81, DataDir::ToController), // Security Send
+            (0x11, DataDir::ToController), // Firmware Image Download
+            (op::IDENTIFY, DataDir::FromController),
+            (op::GET_LOG_PAGE, DataDir::FromController),
+            (op::GET_FEATURES, DataDir::FromController),
+            (0xc0, DataDir::FromController), // vendor specific, no direction bits
+        ] {
+            let got = admin_data_dir(opcode).unwrap();
+            assert!(
+                std::mem::discriminant(&got) == std::mem::discriminant(&want),
+                "opcode {opcode:#04x}: {got:?}"
+            );
+        }
+        assert!(matches!(
+            admin_data_dir(0x83),
+            Err(Error::InvalidArgument(_))
+        ));
     }
 }

@@ -13,7 +13,8 @@ use crate::Error;
 pub(super) const GIVEN_UP: Error = Error::Lost("controller given up: ctrl-loss-tmo expired");
 
 /// What a controller and its queue pairs (on other reactors) share: the connection generation, and requests
-/// from the queue pairs to the admin queue. Lock-free.
+/// from the queue pairs to the admin queue. Atomics and a lock-free queue, except the ANA view
+/// ([`SharedAna`]), which is read under its mutex only when its generation moved.
 #[derive(Debug)]
 pub(super) struct CtrlShared {
     /// Bumped after every successful (re)connect of the admin queue; queue pairs reconnect when it moves.
