@@ -11,10 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "check-doc-commands: $*" >&2; exit 1; }
-cargo build -q --workspace --bins || die "the build failed"
-meta=$(cargo metadata --format-version 1 --no-deps) || die "cargo metadata failed"
-[[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"
-bin=${BASH_REMATCH[1]}/debug
+# shellcheck source=scripts/debug-bins.sh
+source scripts/debug-bins.sh
 benches=$(grep -o '"kind":\["bench"\],"crate_types":\["bin"\],"name":"[^"]*"' <<< "$meta" | sed 's/.*"name":"//; s/"$//')
 [ -n "$benches" ] || die "cargo metadata lists no bench targets (has its format changed?)"
 docs=(README.md docs/*.md)

@@ -5,10 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "check-help: $*" >&2; exit 1; }
-cargo build -q --workspace --bins || die "the build failed"
-meta=$(cargo metadata --format-version 1 --no-deps) || die "cargo metadata failed"
-[[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"
-bin=${BASH_REMATCH[1]}/debug
+# shellcheck source=scripts/debug-bins.sh
+source scripts/debug-bins.sh
 # every package's description, one a line
 descs=$(grep -o '"description":"[^"]*"' <<< "$meta" | sed 's/^"description":"//; s/"$//')
 bad=0 n=0

@@ -8,10 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "check-refused-connect: $*" >&2; exit 1; }
 PORT=${PORT:-4497}
-cargo build -q --bins || die "the build failed"
-meta=$(cargo metadata --format-version 1 --no-deps) || die "cargo metadata failed"
-[[ "$meta" =~ \"target_directory\":\"([^\"]+)\" ]] || die "no target_directory in cargo metadata"
-bin=${BASH_REMATCH[1]}/debug
+# shellcheck source=scripts/debug-bins.sh
+source scripts/debug-bins.sh
 work=$(mktemp -d)
 "$bin/nvpoll-target" --listen "127.0.0.1:$PORT" --nqn nqn.2016-06.io.spdk:cnode1 --ram 16M > "$work/target.log" 2>&1 &
 tpid=$!
