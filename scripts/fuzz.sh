@@ -10,14 +10,9 @@ secs=${FUZZ_SECONDS:-20}
 die() { echo "fuzz: error: $*" >&2; exit 1; }
 [[ "$secs" =~ ^[0-9]+$ ]] || die "FUZZ_SECONDS must be a number of seconds, not '$secs'"
 
-# Every probe is in a condition, so a missing tool reaches its install step (or its one-line error).
-command -v rustup >/dev/null 2>&1 ||
-    die "rustup not found: cargo-fuzz needs the nightly toolchain, which comes from rustup (https://rustup.rs)"
-if ! rustup run nightly rustc --version >/dev/null 2>&1; then
-    echo "fuzz: installing the nightly toolchain (cargo-fuzz needs it; about 30 s)"
-    rustup toolchain install nightly --profile minimal ||
-        die "could not install the nightly toolchain; install it by hand: rustup toolchain install nightly --profile minimal"
-fi
+who=fuzz
+# shellcheck source=scripts/nightly.sh
+source scripts/nightly.sh
 command -v c++ >/dev/null 2>&1 || die "no C++ compiler (c++) found: libFuzzer needs one; install it: apt-get install g++"
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
     echo "fuzz: installing cargo-fuzz (cargo install cargo-fuzz --locked; about 1-2 min)"

@@ -10,14 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "miri: error: $*" >&2; exit 1; }
 
-# Every probe is in a condition, so a missing tool reaches its install step (or its one-line error).
-command -v rustup >/dev/null 2>&1 ||
-    die "rustup not found: Miri comes with the nightly toolchain from rustup (https://rustup.rs)"
-if ! rustup run nightly rustc --version >/dev/null 2>&1; then
-    echo "miri: installing the nightly toolchain (about 30 s)"
-    rustup toolchain install nightly --profile minimal ||
-        die "could not install the nightly toolchain; install it by hand: rustup toolchain install nightly --profile minimal"
-fi
+who=miri
+# shellcheck source=scripts/nightly.sh
+source scripts/nightly.sh
 if ! cargo +nightly miri --version >/dev/null 2>&1; then
     echo "miri: installing Miri (rustup component add --toolchain nightly miri rust-src)"
     rustup component add --toolchain nightly miri rust-src ||
