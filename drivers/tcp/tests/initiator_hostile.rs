@@ -11,7 +11,9 @@ use nvpoll::mem::DmaPool;
 use nvpoll::spec::Sqe;
 use nvpoll::{ErrorClass, TransportError};
 use nvpoll_tcp::queue::{DataDir, HostQueue, QueueParams};
+use nvpoll_tcp::tls::{ClientConfig, HashAlg, Psk, ServerConfig, Session};
 use nvpoll_tcp::Error;
+use nvpoll_testkit::tls;
 
 fn icresp(hdgst: bool) -> Vec<u8> {
     let mut b = vec![0u8; 128];
@@ -138,8 +140,12 @@ struct Failures {
 
 /// As [`expect_failure`], returning all three errors.
 fn expect_failures(addr: std::net::SocketAddr, hdgst: bool, write: bool) -> Failures {
+    expect_failures_on(queue(addr, hdgst), write)
+}
+
+/// As [`expect_failures`], on a queue already connected.
+fn expect_failures_on(mut q: HostQueue, write: bool) -> Failures {
     let pool = DmaPool::builder().class(4096, 16).build().unwrap();
-    let mut q = queue(addr, hdgst);
     let mut buf = pool.alloc(4096).unwrap();
     buf.set_len(4096).unwrap();
     let (sqe, dir) = if write {
@@ -272,6 +278,95 @@ fn protocol_violation_fails_the_command_as_the_peers_and_says_it_once() {
         &format!("queue 1 failed: {why}"),
         &format!("queue 1 failed: {why}"),
     );
+}
+
+const TLS_ID: &[u8] =
+    b"NVMe0R01 nqn.2014-08.org.nvmexpress:uuid:test-host nqn.2024-01.io.nvpoll:hostile";
+
+fn tls_psk() -> Psk {
+    Psk::new(&[0x5a; 32], HashAlg::Sha256)
+}
+
+/// A scripted controller over TLS: completes the handshake, answers ICReq, reads the first command capsule,
+/// then writes `raw` as it is (no record of its own around it) and keeps the socket open until the host
+/// closes it.
+fn tls_peer(raw: impl FnOnce(&mut Session) -> Vec<u8> + Send + 'static) -> std::net::SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let (mut session, mut pending) =
+            tls::server_handshake(&mut s, ServerConfig::with_psk(TLS_ID, tls_psk()))
+                .expect("peer: handshake");
+        let mut plain = Vec::new();
+        tls::recv(&mut s, &mut session, &mut pending, &mut plain, 128).expect("peer: ICReq");
+        assert_eq!(plain[0], 0x00, "an ICReq first");
+        plain.drain(..128);
+        tls::send(&mut s, &mut session, &[&icresp(false)]);
+        tls::recv(&mut s, &mut session, &mut pending, &mut plain, 72).expect("peer: a command");
+        s.write_all(&raw(&mut session)).unwrap();
+        let mut sink = [0u8; 4096];
+        while let Ok(n) = s.read(&mut sink) {
+            if n == 0 {
+                break;
+            }
+        }
+    });
+    addr
+}
+
+fn tls_queue(addr: std::net::SocketAddr) -> HostQueue {
+    HostQueue::connect(&QueueParams {
+        addr,
+        qid: 1,
+        depth: 4,
+        header_digest: false,
+        data_digest: false,
+        max_transfer: 64 * 1024,
+        connect_timeout: Duration::from_secs(5),
+        tls: Some(ClientConfig::new(TLS_ID, tls_psk())),
+        tcp_congestion: None,
+    })
+    .expect("TLS, ICReq and ICResp with the scripted peer")
+}
+
+/// TLS failing on a connected queue (a record that does not open: the handshake succeeded, so the keys are
+/// right) fails the outstanding command as a TLS error, said once, which may be retried on another path.
+#[test]
+fn a_record_that_does_not_open_fails_the_command_as_tls() {
+    let addr = tls_peer(|_| {
+        let mut junk = vec![0x17, 0x03, 0x03, 0x00, 0x40];
+        junk.extend((0..0x40u8).map(|i| i.wrapping_mul(37)));
+        junk
+    });
+    let f = expect_failures_on(tls_queue(addr), false);
+    let why = f.poll.to_string();
+    assert!(why.contains("bad record MAC"), "{why}");
+    classed(
+        f,
+        ErrorClass::Tls,
+        &format!("queue 1 failed: {why}"),
+        &format!("queue 1 failed: {why}"),
+    );
+}
+
+/// A fatal alert from the peer on a connected queue: the same.
+#[test]
+fn an_alert_from_the_peer_fails_the_command_as_tls() {
+    let addr = tls_peer(|session| {
+        // internal_error (80), fatal, sealed as the peer's next record.
+        let mut out = Vec::new();
+        session
+            .dangerous_seal_raw(21, &[2, 80], &mut out)
+            .expect("peer: seal an alert");
+        out
+    });
+    let f = expect_failures_on(tls_queue(addr), false);
+    let why = f.poll.to_string();
+    assert!(why.starts_with("TLS: peer sent alert"), "{why}");
+    let e = nvpoll::Error::from(f.outstanding);
+    assert!(matches!(e, nvpoll::Error::Tls(_)), "{e:?}");
+    assert_eq!(e.retry(), nvpoll::Retry::Elsewhere);
 }
 
 #[test]
