@@ -91,16 +91,93 @@ struct Slot {
     state: SlotState,
 }
 
-/// What the connection is waiting for.
+// Every command scans the slot table for its command ID while commands are outstanding: a slot stays two cache
+// lines or less (the command, its ID and a state whose largest variant is an R2T's sink); a bigger state goes
+// behind a box.
+const _: () = assert!(std::mem::size_of::<Slot>() <= 128);
+
+/// What a connection that is not a queue yet is waiting for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
+enum SetupPhase {
     /// TLS is configured: waiting for the first byte to tell a ClientHello from a plain ICReq.
     Detect,
     /// The TLS handshake is running.
     Tls,
     IcReq,
     Connect,
-    Ready,
+}
+
+/// What only the set-up phase needs (TLS detection and handshake, ICReq, Fabrics Connect): dropped when
+/// Connect succeeds.
+struct Setup {
+    phase: SetupPhase,
+    /// The TLS handshake while [`SetupPhase::Tls`] runs, and the bytes it has not consumed yet.
+    tls_hs: Option<nvpoll_tls::Handshake>,
+    tls_inb: Vec<u8>,
+    /// ICReq and Connect must have come by then.
+    connect_deadline: Instant,
+}
+
+/// What only a connected session needs: the queue it became.
+struct Connected {
+    queue: Queue,
+    /// The host sent Disconnect on this I/O queue: every command behind it is answered with Command Aborted
+    /// due to SQ Deletion, and the connection closes at this time unless another command moves it on.
+    disconnected: Option<Instant>,
+}
+
+/// Where a connection is in its life, with the state of that phase only.
+enum State {
+    /// Before Fabrics Connect succeeded. Boxed: a connected session carries no handshake state, and its
+    /// [`State`] is no larger than [`Connected`] (asserted below).
+    Setup(Box<Setup>),
+    /// A queue of a controller.
+    Connected(Connected),
+}
+
+// A connected session's phase state is its queue and nothing else: the set-up phase's handshake (about 300
+// bytes), buffer and deadline live behind the `Setup` box, which fits beside `Connected` in a niche of its
+// fields instead of widening every connected session. A field added to `Setup` unboxed, or to `Connected`
+// beyond what the hot path reads (the queue's ID, SQ head, flow control flag, controller, namespace view, and
+// the Disconnect linger), trips these.
+const _: () = assert!(std::mem::size_of::<State>() == std::mem::size_of::<Connected>());
+const _: () = assert!(std::mem::size_of::<Connected>() <= 192);
+
+impl State {
+    /// The queue, once Connect made the connection one.
+    #[inline]
+    fn queue(&self) -> Option<&Queue> {
+        match self {
+            State::Connected(c) => Some(&c.queue),
+            State::Setup(_) => None,
+        }
+    }
+
+    #[inline]
+    fn queue_mut(&mut self) -> Option<&mut Queue> {
+        match self {
+            State::Connected(c) => Some(&mut c.queue),
+            State::Setup(_) => None,
+        }
+    }
+
+    /// What the set-up phase waits for; `None` once connected.
+    #[inline]
+    fn setup_phase(&self) -> Option<SetupPhase> {
+        match self {
+            State::Setup(s) => Some(s.phase),
+            State::Connected(_) => None,
+        }
+    }
+
+    /// When a Disconnect's linger ends (connected I/O queues only).
+    #[inline]
+    fn disconnected(&self) -> Option<Instant> {
+        match self {
+            State::Connected(c) => c.disconnected,
+            State::Setup(_) => None,
+        }
+    }
 }
 
 /// Why decoding stopped the connection.
@@ -153,42 +230,41 @@ pub(crate) enum Progress {
 }
 
 /// One connection.
+///
+/// The fields every PDU of a connected session reads or writes come first: the connection (its buffers), the
+/// phase state (the queue), the slot table and its counts, the counters and the decode and send settings.
 pub(crate) struct Session {
     conn: Conn,
-    peer: SocketAddr,
-    local: SocketAddr,
-    target: Arc<TargetShared>,
-    listener: Arc<Listener>,
-    phase: Phase,
-    digests: Digests,
-    hpda: u8,
-    decode: pdu::DecodeConfig,
-    /// When responses leave; refreshed from the target's setting at every poll.
-    policy: SendPolicy,
-    /// The TLS handshake while [`Phase::Tls`] runs, and the bytes it has not consumed yet.
-    tls_hs: Option<nvpoll_tls::Handshake>,
-    tls_inb: Vec<u8>,
-    queue: Option<Queue>,
+    state: State,
     slots: Vec<Slot>,
     busy_slots: usize,
     flushing: usize,
     /// Slots in [`SlotState::Authenticating`].
     auth_jobs: usize,
-    connect_deadline: Instant,
-    closing: Option<(String, Instant)>,
-    /// The host sent Disconnect on this I/O queue: every command behind it is answered with Command Aborted
-    /// due to SQ Deletion, and the connection closes at this time unless another command moves it on.
-    disconnected: Option<Instant>,
     stats: SessionStats,
+    decode: pdu::DecodeConfig,
+    /// When responses leave; refreshed from the target's setting at every poll.
+    policy: SendPolicy,
+    digests: Digests,
+    hpda: u8,
+    target: Arc<TargetShared>,
+    closing: Option<(String, Instant)>,
+    // Cold: read at set-up, on a close, by some admin commands, or when idle.
     published: SessionStats,
+    listener: Arc<Listener>,
+    peer: SocketAddr,
+    local: SocketAddr,
 }
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session")
-            .field("peer", &self.peer)
-            .field("phase", &self.phase)
-            .field("qid", &self.queue.as_ref().map(|q| q.qid))
+        let mut d = f.debug_struct("Session");
+        d.field("peer", &self.peer);
+        match self.state.setup_phase() {
+            Some(phase) => d.field("phase", &phase),
+            None => d.field("phase", &format_args!("Ready")),
+        };
+        d.field("qid", &self.state.queue().map(|q| q.qid))
             .finish_non_exhaustive()
     }
 }
@@ -223,31 +299,31 @@ impl Session {
         let connect_deadline = Instant::now() + limits.connect_timeout;
         Ok(Session {
             conn,
-            peer,
-            local,
-            phase: if listener.tls == TlsMode::Off {
-                Phase::IcReq
-            } else {
-                Phase::Detect
-            },
-            listener,
-            tls_hs: None,
-            tls_inb: Vec::new(),
-            digests: Digests::NONE,
-            hpda: 0,
-            decode: pdu::DecodeConfig::new(pdu::Direction::ToController, Digests::NONE, 0),
-            policy: SendPolicy::new(target.send_mode()),
-            queue: None,
+            state: State::Setup(Box::new(Setup {
+                phase: if listener.tls == TlsMode::Off {
+                    SetupPhase::IcReq
+                } else {
+                    SetupPhase::Detect
+                },
+                tls_hs: None,
+                tls_inb: Vec::new(),
+                connect_deadline,
+            })),
             slots: Vec::new(),
             busy_slots: 0,
             flushing: 0,
             auth_jobs: 0,
-            connect_deadline,
-            closing: None,
-            disconnected: None,
             stats: SessionStats::default(),
-            published: SessionStats::default(),
+            decode: pdu::DecodeConfig::new(pdu::Direction::ToController, Digests::NONE, 0),
+            policy: SendPolicy::new(target.send_mode()),
+            digests: Digests::NONE,
+            hpda: 0,
             target,
+            closing: None,
+            published: SessionStats::default(),
+            listener,
+            peer,
+            local,
         })
     }
 
@@ -271,7 +347,7 @@ impl Session {
     /// Whether the session has finished Fabrics Connect and is not closing: from then on it is polled on every
     /// iteration of its reactor (before, the target's setup poller looks at it when it has something to do).
     pub(crate) fn is_ready(&self) -> bool {
-        self.phase == Phase::Ready && self.closing.is_none()
+        matches!(self.state, State::Connected(_)) && self.closing.is_none()
     }
 
     /// Reads and handles whatever the host sent, and checks the timers. Never blocks.
@@ -304,7 +380,8 @@ impl Session {
             return self.drain(deadline);
         }
         if self
-            .disconnected
+            .state
+            .disconnected()
             .is_some_and(|until| Instant::now() >= until)
         {
             self.close(None, "host sent Disconnect".into());
@@ -317,30 +394,32 @@ impl Session {
             self.close(None, why);
             return Progress::Busy;
         }
-        if let Some(q) = &mut self.queue {
+        if let Some(q) = self.state.queue_mut() {
             q.refresh_namespaces();
             if q.qid == 0 && q.ctrl.ns_notice_pending() {
                 self.deliver_notice(Notice::NamespaceAttribute);
             }
             if self
-                .queue
-                .as_ref()
+                .state
+                .queue()
                 .is_some_and(|q| q.qid == 0 && q.ctrl.ana_notice_pending())
             {
                 self.deliver_notice(Notice::AnaChange);
             }
             if self
-                .queue
-                .as_ref()
+                .state
+                .queue()
                 .is_some_and(|q| q.qid == 0 && q.ctrl.resv_notice_pending())
             {
                 self.deliver_notice(Notice::Reservation);
             }
         }
         self.policy.set_mode(self.target.send_mode());
-        match self.phase {
-            Phase::Detect | Phase::Tls => return self.poll_tls(),
-            _ => {}
+        if matches!(
+            self.state.setup_phase(),
+            Some(SetupPhase::Detect | SetupPhase::Tls)
+        ) {
+            return self.poll_tls();
         }
         let mut busy = self.poll_flushes();
         if self.auth_jobs > 0 {
@@ -370,7 +449,7 @@ impl Session {
         }
         if self.stats.commands != before {
             busy = true;
-            if let Some(q) = &self.queue {
+            if let Some(q) = self.state.queue() {
                 q.ctrl.touch(now_ms);
             }
         }
@@ -396,30 +475,33 @@ impl Session {
     /// Before ICReq on a TLS-enabled target: tells TLS from plain TCP by the first byte, then runs the
     /// handshake one non-blocking step per poll. The connect deadline bounds both.
     fn poll_tls(&mut self) -> Progress {
-        if self.phase == Phase::Detect {
+        let State::Setup(setup) = &mut self.state else {
+            unreachable!("TLS runs before Connect")
+        };
+        if setup.phase == SetupPhase::Detect {
             match self.conn.peek_first_byte() {
                 Ok(None) => return Progress::Idle,
                 Ok(Some(0x16)) => {
-                    self.tls_hs = Some(nvpoll_tls::Handshake::server(
+                    setup.tls_hs = Some(nvpoll_tls::Handshake::server(
                         self.target.tls_server.clone(),
                     ));
-                    self.phase = Phase::Tls;
+                    setup.phase = SetupPhase::Tls;
                 }
                 Ok(Some(_)) if self.listener.tls == TlsMode::Required => {
                     self.close(None, "TLS is required and the host sent plaintext".into());
                     return Progress::Busy;
                 }
                 Ok(Some(_)) => {
-                    self.phase = Phase::IcReq;
+                    setup.phase = SetupPhase::IcReq;
                     return Progress::Busy;
                 }
                 // Closed before its first byte (a probe, or a host that gave up) is an ordinary close.
                 Err(e) => return self.close_on(e),
             }
         }
-        match self.conn.tls_step(&mut self.tls_hs, &mut self.tls_inb) {
+        match self.conn.tls_step(&mut setup.tls_hs, &mut setup.tls_inb) {
             Ok(true) => {
-                self.phase = Phase::IcReq;
+                setup.phase = SetupPhase::IcReq;
                 Progress::Busy
             }
             Ok(false) => Progress::Idle,
@@ -449,7 +531,7 @@ impl Session {
         if self.flushing > 0 || self.auth_jobs > 0 {
             return false;
         }
-        if let Some(deadline) = self.queue.as_ref().and_then(|q| q.auth_deadline) {
+        if let Some(deadline) = self.state.queue().and_then(|q| q.auth_deadline) {
             w.deadline(deadline);
         }
         if socket {
@@ -461,17 +543,17 @@ impl Session {
             w.deadline(*deadline);
             return true;
         }
-        if let Some(until) = self.disconnected {
+        if let Some(until) = self.state.disconnected() {
             w.deadline(until);
         }
-        match &self.queue {
-            None => w.deadline(self.connect_deadline),
-            Some(q) if q.qid == 0 => {
+        match &self.state {
+            State::Setup(setup) => w.deadline(setup.connect_deadline),
+            State::Connected(Connected { queue: q, .. }) if q.qid == 0 => {
                 if let Some(ms) = q.ctrl.keep_alive_deadline_ms() {
                     w.deadline(self.target.epoch + Duration::from_millis(ms));
                 }
             }
-            Some(_) => {}
+            State::Connected(_) => {}
         }
         true
     }
@@ -491,13 +573,16 @@ impl Session {
         if self.target.stopping() {
             return Some("target stopping".into());
         }
-        let Some(q) = &self.queue else {
-            return (Instant::now() >= self.connect_deadline).then(|| {
-                format!(
-                    "no ICReq and Connect within {:?}",
-                    self.target.limits.connect_timeout
-                )
-            });
+        let q = match &self.state {
+            State::Connected(c) => &c.queue,
+            State::Setup(setup) => {
+                return (Instant::now() >= setup.connect_deadline).then(|| {
+                    format!(
+                        "no ICReq and Connect within {:?}",
+                        self.target.limits.connect_timeout
+                    )
+                });
+            }
         };
         if q.subsys.is_removed() {
             return Some(format!("subsystem {} was removed", q.subsys.nqn));
@@ -567,7 +652,7 @@ impl Session {
                 .term_reqs
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        if let Some(q) = &self.queue {
+        if let Some(q) = self.state.queue() {
             if q.qid == 0 {
                 // The controller goes with its admin queue; its I/O queues may sleep on other reactors.
                 q.ctrl.kill();
@@ -650,15 +735,15 @@ impl Session {
     }
 
     fn on_pdu(&mut self, pdu: Rx) -> Result<(), Fatal> {
-        match (self.phase, pdu) {
+        match (self.state.setup_phase() == Some(SetupPhase::IcReq), pdu) {
             (_, Rx::TermReq { fes, fei }) => Err(Fatal::close(format!(
                 "host sent H2CTermReq (fes {fes:#x}, fei {fei:#x})"
             ))),
-            (Phase::IcReq, Rx::IcReq(ic)) => {
+            (true, Rx::IcReq(ic)) => {
                 self.on_icreq(&ic);
                 Ok(())
             }
-            (Phase::IcReq, _) => Err(Fatal::term(
+            (true, _) => Err(Fatal::term(
                 Fes::PduSequenceError,
                 0,
                 "first PDU is not an ICReq",
@@ -684,13 +769,19 @@ impl Session {
         self.conn.pdu_queued();
         let max_data = limits.maxh2cdata.max(limits.incapsule_data);
         self.decode = pdu::DecodeConfig::new(pdu::Direction::ToController, ic.digests, max_data);
-        self.phase = Phase::Connect;
+        if let State::Setup(setup) = &mut self.state {
+            setup.phase = SetupPhase::Connect;
+        }
     }
 
     /// A command capsule: checks its data pointer, then executes it or asks for its data.
     fn on_capsule(&mut self, sqe: Sqe, data: Range<usize>) -> Result<(), Fatal> {
         self.stats.commands += 1;
-        if let Some(until) = &mut self.disconnected {
+        if let State::Connected(Connected {
+            disconnected: Some(until),
+            ..
+        }) = &mut self.state
+        {
             // Behind a Disconnect (SPDK's nvme_fuzz sends commands there): each still gets its one answer.
             // Disconnect deleted this I/O queue's submission queue, and these commands were submitted to it
             // before the host could see that, so they end as commands on a deleted SQ do (NVMe Base 2.0,
@@ -720,7 +811,7 @@ impl Session {
                 self.retire_aer(i);
             }
         }
-        if let Some(q) = &mut self.queue {
+        if let Some(q) = self.state.queue_mut() {
             q.sqhd = ((u32::from(q.sqhd) + 1) % (u32::from(q.sqsize) + 1)) as u16;
             // The namespaces and the path's ANA states as they are now (an atomic load each when unchanged):
             // the poll's refresh can have run before this command arrived in the same pass, and a change the
@@ -773,13 +864,13 @@ impl Session {
         }
 
         // The connection is not a queue yet: only Connect may come.
-        if self.phase == Phase::Connect && fctype != Some(fabrics::CONNECT) {
+        if self.awaiting_connect() && fctype != Some(fabrics::CONNECT) {
             return self.complete(sqe.cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0);
         }
 
         // A queue whose host must authenticate runs nothing else until it has.
         let auth_cmd = matches!(fctype, Some(fabrics::AUTH_SEND | fabrics::AUTH_RECV));
-        if !auth_cmd && self.queue.as_ref().is_some_and(|q| !q.authenticated()) {
+        if !auth_cmd && self.state.queue().is_some_and(|q| !q.authenticated()) {
             self.emit_auth_failed(&format!(
                 "opcode {:#04x}{} before authentication: refused with Authentication Required",
                 sqe.opcode,
@@ -790,7 +881,7 @@ impl Session {
 
         // Host-to-controller data that is not in the capsule: ask for it first, for the commands that take it
         // (the others complete without it, with an error or without needing it).
-        let io_queue = self.queue.as_ref().is_some_and(|q| q.qid != 0);
+        let io_queue = self.state.queue().is_some_and(|q| q.qid != 0);
         let io_data = io_queue && (sqe.opcode == io_op::WRITE || io::takes_data(sqe.opcode));
         if dir == 1
             && transport
@@ -799,7 +890,7 @@ impl Session {
         {
             return self.solicit(sqe, xfer_len);
         }
-        if self.phase == Phase::Connect {
+        if self.awaiting_connect() {
             let data = &self.conn.rx_data()[data];
             let outcome = admin::connect(
                 &self.target,
@@ -815,8 +906,8 @@ impl Session {
             return self.on_auth(sqe, &data);
         }
         let queue = self
-            .queue
-            .as_mut()
+            .state
+            .queue_mut()
             .expect("a connected session has a queue");
         let reply = if queue.qid != 0 && sqe.opcode == io_op::WRITE && !data.is_empty() {
             // An in-capsule write goes straight to the namespace.
@@ -829,7 +920,7 @@ impl Session {
 
     /// Sends R2T for a command's data (or completes it with an error if it cannot take data).
     fn solicit(&mut self, sqe: Sqe, len: u32) -> Result<(), Fatal> {
-        let sink = match &self.queue {
+        let sink = match self.state.queue() {
             Some(q) if q.qid != 0 && sqe.opcode == io_op::WRITE => {
                 match io::prepare_write(q, &sqe, len) {
                     Ok((ns, off)) => Sink::Namespace {
@@ -931,7 +1022,7 @@ impl Session {
                 let sqe =
                     Sqe::from_bytes(&rx[pdu::CH_LEN..]).expect("the decoder checked the header");
                 self.stats.commands += 1;
-                if let Some(q) = &mut self.queue {
+                if let Some(q) = self.state.queue_mut() {
                     q.sqhd = ((u32::from(q.sqhd) + 1) % (u32::from(q.sqsize) + 1)) as u16;
                 }
                 self.complete(sqe.cid, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0)
@@ -1004,7 +1095,7 @@ impl Session {
                 }
             }
             Sink::Buffer(buf) => {
-                if self.phase == Phase::Connect {
+                if self.awaiting_connect() {
                     let outcome = admin::connect(
                         &self.target,
                         &self.listener,
@@ -1042,14 +1133,17 @@ impl Session {
                     depth: u32::from(q.sqsize) + 1,
                     digests: self.digests,
                 });
-                self.queue = Some(q);
-                self.phase = Phase::Ready;
+                // The set-up state goes: a connected session carries only its queue.
+                self.state = State::Connected(Connected {
+                    queue: q,
+                    disconnected: None,
+                });
                 let limits = &self.target.limits;
                 let max_data = limits.maxh2cdata.max(limits.incapsule_data);
                 self.conn.reserve_rx(max_data as usize + 4096);
                 // AUTHREQ (dword 0 bits 31:16): bit 1, an authentication transaction is required.
                 // Bit 2: secure channel concatenation required as well.
-                let authreq = match self.queue.as_ref().and_then(|q| q.auth.as_ref()) {
+                let authreq = match self.state.queue().and_then(|q| q.auth.as_ref()) {
                     Some(a) if a.concat_required() => (1u32 << 17) | (1 << 18),
                     Some(_) => 1u32 << 17,
                     None => 0,
@@ -1080,8 +1174,8 @@ impl Session {
             Reply::Data(mut data) => {
                 let len = sqe.sgl().length;
                 let max = self
-                    .queue
-                    .as_ref()
+                    .state
+                    .queue()
                     .map_or(MAX_ADMIN_DATA, Queue::max_transfer);
                 if len > max {
                     return self.complete(
@@ -1103,7 +1197,7 @@ impl Session {
                 while done < len as usize {
                     let n = C2H_CHUNK.min(len as usize - done);
                     let last = done + n == len as usize;
-                    let success = last && self.queue.as_ref().is_some_and(|q| q.sqflow_disabled);
+                    let success = last && self.state.queue().is_some_and(|q| q.sqflow_disabled);
                     let hdr = pdu::C2HDataHdr {
                         cccid: sqe.cid,
                         datao: done as u32,
@@ -1170,7 +1264,9 @@ impl Session {
                 // closes it or falls silent.
                 self.abort_outstanding();
                 self.complete(sqe.cid, Status::SUCCESS, 0, 0)?;
-                self.disconnected = Some(Instant::now() + DISCONNECT_LINGER);
+                if let State::Connected(c) = &mut self.state {
+                    c.disconnected = Some(Instant::now() + DISCONNECT_LINGER);
+                }
                 Ok(())
             }
         }
@@ -1178,7 +1274,7 @@ impl Session {
 
     /// Queues `data` as C2HData PDUs (without SUCCESS; see [`Session::complete_after_data`]).
     fn send_data(&mut self, cid: u16, data: &[u8]) {
-        let sqflow_disabled = self.queue.as_ref().is_some_and(|q| q.sqflow_disabled);
+        let sqflow_disabled = self.state.queue().is_some_and(|q| q.sqflow_disabled);
         let mut done = 0;
         for chunk in data.chunks(C2H_CHUNK) {
             let last = done + chunk.len() == data.len();
@@ -1198,7 +1294,7 @@ impl Session {
     /// Completes a command whose data went out: with SQ flow control disabled the last C2HData carried SUCCESS
     /// and no response capsule follows (the C2H success optimization); otherwise a CapsuleResp does.
     fn complete_after_data(&mut self, cid: u16, sent_data: bool) -> Result<(), Fatal> {
-        if sent_data && self.queue.as_ref().is_some_and(|q| q.sqflow_disabled) {
+        if sent_data && self.state.queue().is_some_and(|q| q.sqflow_disabled) {
             return Ok(());
         }
         self.complete(cid, Status::SUCCESS, 0, 0)
@@ -1206,7 +1302,7 @@ impl Session {
 
     /// Queues a response capsule.
     fn complete(&mut self, cid: u16, status: Status, dw0: u32, dw1: u32) -> Result<(), Fatal> {
-        let (sqid, sqhd) = match &self.queue {
+        let (sqid, sqhd) = match self.state.queue() {
             Some(q) if q.sqflow_disabled => (q.qid, 0xffff),
             Some(q) => (q.qid, q.sqhd),
             None => (0, 0),
@@ -1228,6 +1324,12 @@ impl Session {
         Ok(())
     }
 
+    /// Whether the connection waits for Fabrics Connect (ICReq done).
+    #[inline]
+    fn awaiting_connect(&self) -> bool {
+        self.state.setup_phase() == Some(SetupPhase::Connect)
+    }
+
     /// The PSK identity the host proved in the TLS handshake, if the connection runs TLS.
     fn tls_identity(&self) -> Option<&[u8]> {
         self.conn.tls_session().map(|s| s.psk_identity())
@@ -1244,7 +1346,7 @@ impl Session {
     /// A notice waits: a held AER carries it, if the host enabled such notices (otherwise it is dropped; the
     /// log page it points to still has the news).
     fn deliver_notice(&mut self, notice: Notice) {
-        let Some(q) = &self.queue else { return };
+        let Some(q) = self.state.queue() else { return };
         let (aec, event) = match notice {
             Notice::NamespaceAttribute => {
                 (admin::AEC_NS_ATTRIBUTE, admin::NS_ATTRIBUTE_CHANGED_EVENT)
@@ -1286,7 +1388,7 @@ impl Session {
     /// Aborted due to SQ Deletion: the connection is about to close on the target's account, and the host must
     /// hear what became of each command rather than guess.
     fn abort_outstanding(&mut self) {
-        if self.busy_slots == 0 || self.phase != Phase::Ready {
+        if self.busy_slots == 0 || !matches!(self.state, State::Connected(_)) {
             return;
         }
         let cids: Vec<u16> = self
@@ -1308,7 +1410,7 @@ impl Session {
 
     /// Puts a command in a free slot (its index is the R2T transfer tag).
     fn take_slot(&mut self, sqe: Sqe, state: SlotState) -> Result<u16, Fatal> {
-        let depth = self.queue.as_ref().map_or(1, Queue::depth);
+        let depth = self.state.queue().map_or(1, Queue::depth);
         if self.busy_slots >= depth {
             // A full queue that holds AERs: the host counts only what it still waits for, so it has given up on
             // one of them (completed it locally) and used its entry. Retire one rather than end the session.
@@ -1382,8 +1484,8 @@ impl Session {
             return self.complete(sqe.cid, Status::COMMAND_SEQUENCE_ERROR, 0, 0);
         }
         let q = self
-            .queue
-            .as_mut()
+            .state
+            .queue_mut()
             .expect("a connected session has a queue");
         let starts = send && data.len() >= 2 && data[0] == 0 && data[1] == 0;
         if starts && !q.auth.as_ref().is_some_and(|a| a.in_progress()) {
@@ -1441,8 +1543,8 @@ impl Session {
     /// its own while the command waits in a slot, so that the reactor goes on serving its other queues.
     fn run_auth_job(&mut self, sqe: Sqe, job: dhchap::controller::Job) -> Result<(), Fatal> {
         let heavy = self
-            .queue
-            .as_ref()
+            .state
+            .queue()
             .and_then(|q| q.auth.as_ref())
             .is_some_and(|a| a.uses_dh());
         if !heavy {
@@ -1504,8 +1606,8 @@ impl Session {
 
     fn resume_auth(&mut self, sqe: Sqe, c: dhchap::controller::Computed) -> Result<(), Fatal> {
         let q = self
-            .queue
-            .as_mut()
+            .state
+            .queue_mut()
             .expect("a connected session has a queue");
         let Some(auth) = q.auth.as_mut() else {
             return self.complete(sqe.cid, Status::INTERNAL_ERROR, 0, 0);
@@ -1529,7 +1631,7 @@ impl Session {
     /// After an authentication command: a failed transaction (the host was told) ends the queue; a finished
     /// one is logged.
     fn after_auth(&mut self) {
-        let Some(auth) = self.queue.as_ref().and_then(|q| q.auth.as_ref()) else {
+        let Some(auth) = self.state.queue().and_then(|q| q.auth.as_ref()) else {
             return;
         };
         if let Some(why) = auth.failed() {
@@ -1543,7 +1645,9 @@ impl Session {
 
     /// Logs a finished authentication once.
     fn note_authenticated(&mut self) {
-        let Some(q) = self.queue.as_mut() else { return };
+        let Some(q) = self.state.queue_mut() else {
+            return;
+        };
         if q.auth_deadline.take().is_none() {
             return;
         }
@@ -1578,7 +1682,7 @@ impl Session {
     }
 
     fn emit_auth_failed(&self, why: &str) {
-        let Some(q) = &self.queue else { return };
+        let Some(q) = self.state.queue() else { return };
         self.target
             .stats
             .auth_failures
@@ -1630,8 +1734,8 @@ impl Session {
             Data::Gathered(buf) => buf,
         };
         let queue = self
-            .queue
-            .as_mut()
+            .state
+            .queue_mut()
             .expect("a connected session has a queue");
         let held_aers = if queue.qid == 0 {
             held_aers(&self.slots)
@@ -1668,7 +1772,7 @@ impl Drop for Session {
             .closing
             .as_ref()
             .map_or("session dropped", |(why, _)| why.as_str());
-        let (qid, cntlid) = match &self.queue {
+        let (qid, cntlid) = match self.state.queue() {
             Some(q) => {
                 if q.qid == 0 {
                     q.ctrl.kill();
