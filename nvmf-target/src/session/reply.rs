@@ -1,5 +1,5 @@
-//! Carrying out a handler's [`Reply`](crate::handler::Reply): response capsules, C2HData (from a buffer or
-//! straight from a namespace), held and flushing commands, a Disconnect.
+//! Carrying out a handler's [`Reply`]: response capsules, C2HData (from a buffer or straight from a
+//! namespace), held and flushing commands, a Disconnect.
 
 use std::time::Instant;
 

@@ -13,8 +13,8 @@ impl Session {
     /// What can give this session work while its reactor sleeps (hybrid idle mode): its socket, and the
     /// deadline of its next timer (connect, keep-alive, closing). Changes made elsewhere (a stop, a removed
     /// subsystem, a torn-down controller, a namespace notice) wake the reactors through
-    /// [`TargetShared::wake_all`]. Returns `false` while a flush runs on the flusher thread, which does not
-    /// wake anyone: the session is then polled.
+    /// [`TargetShared::wake_all`](crate::shared::TargetShared::wake_all). Returns `false` while a flush runs
+    /// on the flusher thread, which does not wake anyone: the session is then polled.
     pub(crate) fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
         self.wake_sources_with(w, true)
     }
