@@ -1,11 +1,16 @@
 //! The session's record parser and open path: a server session writes a fuzzer-chosen mix of genuine
 //! records, raw records of any content type, KeyUpdates and raw bytes, with bits flipped; the client
-//! session opens the stream fed in pieces. Never panic; a failing call leaves the plaintext buffer as it
-//! was; once failed, the session stays failed with the same error.
+//! session opens the stream fed in pieces. Both sessions renew their keys on their own after a few
+//! records (KeyUpdates inside coalesced records, twice in a row, answered or not), and the fuzzer may
+//! change the server's limits midway. Never panic; a failing call leaves the plaintext buffer as it was;
+//! once failed, the session stays failed with the same error; no genuine record is sealed past the hard
+//! limit.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nvpoll_tls::{ClientConfig, Handshake, HashAlg, Psk, ServerConfig, Session, TlsError};
+use nvpoll_tls::{
+    ClientConfig, Handshake, HashAlg, KeyLimits, Psk, ServerConfig, Session, TlsError,
+};
 
 const ID: &str = "NVMe0R01 nqn.fuzz-host nqn.fuzz-subsys";
 
@@ -35,15 +40,22 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let (mut client, mut server) = pair();
+    let renew = KeyLimits::renew_after(1 + u64::from(step % 8)).unwrap();
+    client.set_key_limits(renew).unwrap();
+    server.set_key_limits(renew).unwrap();
     let mut wire = Vec::new();
     while data.len() >= 2 {
         let (op, len) = (data[0], usize::from(data[1]));
         let body = &data[2..(2 + len).min(data.len())];
         data = &data[2 + body.len()..];
-        match op % 6 {
+        match op % 7 {
             0 => wire.extend_from_slice(body),
             1 => {
-                let _ = server.seal(&[body, body], &mut wire);
+                if server.seal(&[body, body], &mut wire).is_ok() && !body.is_empty() {
+                    if let Some(hard) = server.key_limits().hard_limit {
+                        assert!(server.records_under_write_key() <= hard, "sealed past the limit");
+                    }
+                }
             }
             2 => {
                 if let Some((&t, b)) = body.split_first() {
@@ -58,6 +70,17 @@ fuzz_target!(|data: &[u8]| {
             }
             4 => {
                 let _ = server.update_keys(op & 8 != 0, &mut wire);
+            }
+            5 => {
+                let limits = KeyLimits {
+                    update_after: body.first().map(|&n| u64::from(n)),
+                    hard_limit: body.get(1).map(|&n| u64::from(n)),
+                };
+                // Refused (and the old limits kept) unless update_after is below hard_limit.
+                let before = server.key_limits();
+                if server.set_key_limits(limits).is_err() {
+                    assert_eq!(server.key_limits(), before);
+                }
             }
             _ => {
                 // A header claiming any length.

@@ -147,6 +147,10 @@ pub enum TlsError {
     /// A caller error: a bad configuration or a call in the wrong state.
     #[error("invalid use: {0}")]
     InvalidUse(&'static str),
+    /// Sealing would take our sending key past its hard limit ([`crate::KeyLimits::hard_limit`]): nothing
+    /// was sealed. The session stays usable for close_notify; connect again with a fresh handshake.
+    #[error("the sending key reached its record limit; a new session is needed")]
+    KeyLimitReached,
     /// The crypto provider failed (key generation, RNG, or the sequence numbers ran out).
     #[error("internal error: {0}")]
     Internal(&'static str),
@@ -170,7 +174,10 @@ impl TlsError {
             TlsError::MissingExtension(_) => A::MissingExtension,
             TlsError::UnsupportedExtension(_) => A::UnsupportedExtension,
             TlsError::Internal(_) => A::InternalError,
-            TlsError::PeerAlert(_) | TlsError::Closed | TlsError::InvalidUse(_) => return None,
+            TlsError::PeerAlert(_)
+            | TlsError::Closed
+            | TlsError::InvalidUse(_)
+            | TlsError::KeyLimitReached => return None,
         })
     }
 }

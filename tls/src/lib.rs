@@ -33,6 +33,12 @@
 //! never offers certificates. A handshake deadline is the caller's: [`Handshake::state`] says where it
 //! stands.
 //!
+//! Keys renew on their own ([`KeyLimits`], RFC 8446 §5.5): a session sends KeyUpdate (asking the peer to
+//! update too) once its sending key has sealed 2^23 records or the peer's key has opened as many, and never
+//! seals past 2^24 records under one key ([`TlsError::KeyLimitReached`]: connect again). Peers differ in
+//! what they take: OpenSSL answers every request; GnuTLS 3.7 ends the session with internal_error when
+//! more than about eight KeyUpdates arrive at once, so a caller that sets a low threshold spaces them out.
+//!
 //! Key material is zeroized on drop and never printed (Debug says `<redacted>`).
 //!
 //! # Example
@@ -108,4 +114,4 @@ pub use kx::Group;
 pub use record::{CipherSuite, MAX_CIPHERTEXT, MAX_PLAINTEXT, RECORD_OVERHEAD};
 pub use schedule::HashAlg;
 pub use server::{PskLookup, ServerConfig};
-pub use session::{Session, SessionStats, KEY_UPDATE_LEN};
+pub use session::{KeyLimits, Session, SessionStats, KEY_UPDATE_LEN};

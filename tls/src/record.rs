@@ -142,6 +142,11 @@ impl Traffic {
         *self = Traffic::new(self.suite, next);
     }
 
+    /// Records this key has sealed or opened (its next sequence number).
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq
+    }
+
     /// The nonce for the current sequence number; the caller advances `seq` once the record is sealed or
     /// has opened.
     fn nonce(&self) -> Result<Nonce, TlsError> {

@@ -52,6 +52,65 @@ pub struct SessionStats {
     pub tickets_ignored: u64,
 }
 
+/// How many records one traffic key may protect before the session renews it (RFC 8446 §5.5: AES-GCM keys
+/// keep their safety margin for 2^24.5 full-size records, and an endpoint updates its keys before that).
+///
+/// The session counts the records each key seals and opens (a KeyUpdate starts the count again):
+/// - when our sending key has sealed `update_after` records, the next [`Session::seal`] starts with a
+///   KeyUpdate asking the peer to update too (`update_requested`), so both directions renew;
+/// - when the peer's key has opened `update_after` records and we have not asked since its last KeyUpdate,
+///   we ask (a KeyUpdate of ours goes out with the next seal, or with [`Session::write_pending`]);
+/// - no sending key seals past `hard_limit`: a seal that would fails with [`TlsError::KeyLimitReached`],
+///   sealing nothing, and [`Session::peer_key_overdue`] says when the peer's key has opened that many (a
+///   peer that does not renew when asked). Either way the caller closes and connects again. The limit
+///   leaves room for the KeyUpdate or close_notify record that may follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyLimits {
+    /// Records per key after which the session renews it on its own; `None`: never on its own.
+    pub update_after: Option<u64>,
+    /// Records no sending key seals past, and after which the peer's key is overdue; `None`: no limit
+    /// but the sequence number's.
+    pub hard_limit: Option<u64>,
+}
+
+impl KeyLimits {
+    /// For both AES-GCM suites: renew after 2^23 records (8.4 million), never seal past 2^24 (16.8
+    /// million), below RFC 8446's 2^24.5 with room to spare. A session starts with these.
+    pub const AES_GCM: KeyLimits = KeyLimits {
+        update_after: Some(1 << 23),
+        hard_limit: Some(1 << 24),
+    };
+
+    /// Never renew on its own and no limit but the sequence number's: for a peer that cannot take a
+    /// KeyUpdate, where the caller counts records itself ([`Session::records_under_write_key`]) and
+    /// connects again in time.
+    pub const NONE: KeyLimits = KeyLimits {
+        update_after: None,
+        hard_limit: None,
+    };
+
+    /// Renew after `records`, with the hard limit at twice that (at most [`KeyLimits::AES_GCM`]'s).
+    /// Refuses 0.
+    pub fn renew_after(records: u64) -> Result<KeyLimits, TlsError> {
+        if records == 0 {
+            return Err(TlsError::InvalidUse(
+                "a key renews after at least one record",
+            ));
+        }
+        let hard = KeyLimits::AES_GCM.hard_limit.unwrap_or(u64::MAX);
+        Ok(KeyLimits {
+            update_after: Some(records.min(hard / 2)),
+            hard_limit: Some(records.saturating_mul(2).min(hard)),
+        })
+    }
+}
+
+impl Default for KeyLimits {
+    fn default() -> Self {
+        KeyLimits::AES_GCM
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum KeyUpdate {
     None,
@@ -70,6 +129,10 @@ pub struct Session {
     role: Role,
     hs_buf: Vec<u8>,
     key_update: KeyUpdate,
+    limits: KeyLimits,
+    /// We asked the peer to update its key (KeyUpdate with update_requested) and have not received its
+    /// KeyUpdate since.
+    asked_peer: bool,
     /// A fatal alert not yet handed out by `write_pending`.
     alert: Option<AlertDescription>,
     failed: Option<TlsError>,
@@ -92,6 +155,8 @@ impl Session {
             role,
             hs_buf: Vec::new(),
             key_update: KeyUpdate::None,
+            limits: KeyLimits::default(),
+            asked_peer: false,
             alert: None,
             failed: None,
             peer_closed: false,
@@ -108,6 +173,8 @@ impl Session {
     pub fn seal(&mut self, plaintext: &[&[u8]], out: &mut Vec<u8>) -> Result<usize, TlsError> {
         let start = out.len();
         let total: usize = plaintext.iter().map(|p| p.len()).sum();
+        self.check_writable()?;
+        self.plan_key_update(total)?;
         out.resize(start + self.pending_len() + Session::sealed_len(total), 0);
         match self.seal_to_slice(plaintext, &mut out[start..]) {
             Ok((records, written)) => {
@@ -132,6 +199,7 @@ impl Session {
     ) -> Result<(usize, usize), TlsError> {
         self.check_writable()?;
         let total: usize = plaintext.iter().map(|p| p.len()).sum();
+        self.plan_key_update(total)?;
         if out.len() < self.pending_len() + Session::sealed_len(total) {
             return Err(TlsError::InvalidUse(
                 "output buffer too small for the records",
@@ -263,6 +331,7 @@ impl Session {
                     *written += n;
                     self.stats.records_opened += 1;
                     self.stats.bytes_opened += n as u64;
+                    self.note_read_key_use();
                 }
                 ct::HANDSHAKE => {
                     if content.is_empty() {
@@ -299,6 +368,7 @@ impl Session {
                         ));
                     }
                     self.read.update();
+                    self.asked_peer = false;
                     self.stats.key_updates_received += 1;
                     if requested && self.key_update == KeyUpdate::None {
                         self.key_update = KeyUpdate::Owed;
@@ -322,6 +392,90 @@ impl Session {
             return Err(TlsError::InvalidUse("session closed by us"));
         }
         Ok(())
+    }
+
+    /// Sets when keys are renewed and how far they may go ([`KeyLimits`]; a session starts with
+    /// [`KeyLimits::AES_GCM`]). Refuses an `update_after` that is not below `hard_limit`. Takes effect
+    /// with the next record.
+    pub fn set_key_limits(&mut self, limits: KeyLimits) -> Result<(), TlsError> {
+        if let (Some(n), Some(h)) = (limits.update_after, limits.hard_limit) {
+            if n == 0 || n >= h {
+                return Err(TlsError::InvalidUse(
+                    "update_after must be at least 1 and below hard_limit",
+                ));
+            }
+        }
+        self.limits = limits;
+        Ok(())
+    }
+
+    /// The limits in force.
+    pub fn key_limits(&self) -> KeyLimits {
+        self.limits
+    }
+
+    /// Records our current sending key has sealed (KeyUpdate and alert records included).
+    pub fn records_under_write_key(&self) -> u64 {
+        self.write.seq()
+    }
+
+    /// Records the peer's current key has protected that we opened.
+    pub fn records_under_read_key(&self) -> u64 {
+        self.read.seq()
+    }
+
+    /// Whether the peer's key has opened [`KeyLimits::hard_limit`] records without the peer renewing it
+    /// (we asked at `update_after`): a peer that does not take a KeyUpdate. Close and connect again.
+    pub fn peer_key_overdue(&self) -> bool {
+        self.limits.hard_limit.is_some_and(|h| self.read.seq() >= h)
+    }
+
+    /// Before sealing `plaintext_len` bytes: owes a KeyUpdate (asking the peer too) when they would take
+    /// our key past `update_after`, and refuses them when they would take it past `hard_limit`.
+    fn plan_key_update(&mut self, plaintext_len: usize) -> Result<(), TlsError> {
+        let records = plaintext_len.div_ceil(MAX_PLAINTEXT) as u64;
+        if records == 0 {
+            return Ok(());
+        }
+        let used = self.write.seq();
+        if self.key_update == KeyUpdate::None
+            && self
+                .limits
+                .update_after
+                .is_some_and(|n| used.saturating_add(records) > n)
+        {
+            self.key_update = KeyUpdate::Requesting;
+            self.asked_peer = true;
+        }
+        let Some(hard) = self.limits.hard_limit else {
+            return Ok(());
+        };
+        // An owed KeyUpdate is sealed under the old key, and the records under the new one.
+        let fits = if self.key_update == KeyUpdate::None {
+            used.saturating_add(records) <= hard
+        } else {
+            used < hard && records <= hard
+        };
+        if fits {
+            Ok(())
+        } else {
+            Err(TlsError::KeyLimitReached)
+        }
+    }
+
+    /// After a record opened: asks the peer to renew its key once it has protected `update_after` records
+    /// (once per peer key: not again until the peer's KeyUpdate comes).
+    fn note_read_key_use(&mut self) {
+        if !self.asked_peer
+            && self.key_update == KeyUpdate::None
+            && self
+                .limits
+                .update_after
+                .is_some_and(|n| self.read.seq() >= n)
+        {
+            self.key_update = KeyUpdate::Requesting;
+            self.asked_peer = true;
+        }
     }
 
     /// Bytes the owed KeyUpdate (if any) adds in front of the next records.
@@ -387,7 +541,8 @@ impl Session {
     /// Updates our sending keys now (KeyUpdate), asking the peer to update its own if `request_peer`.
     pub fn update_keys(&mut self, request_peer: bool, out: &mut Vec<u8>) -> Result<(), TlsError> {
         self.check_writable()?;
-        self.key_update = if request_peer {
+        self.key_update = if request_peer || self.key_update == KeyUpdate::Requesting {
+            self.asked_peer = true;
             KeyUpdate::Requesting
         } else {
             KeyUpdate::Owed

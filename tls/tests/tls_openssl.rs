@@ -578,3 +578,90 @@ fn server_rejects_tampered_record_from_s_client() {
     drop(client);
     let _ = relay.join();
 }
+
+/// Our client renewing its keys on its own every 3 records, asking OpenSSL to renew too, over 30 lines
+/// echoed reversed: every line comes back, and OpenSSL answered every request with a KeyUpdate of its own.
+#[test]
+fn client_renews_keys_on_its_own_and_openssl_follows() {
+    if !openssl() {
+        return;
+    }
+    let (id, psk) = nvme_psk(KEY32);
+    let (server, port, _pa) = s_server(&id, &psk, &["-num_tickets", "0"]);
+    let mut stream = connect(port);
+    let (mut s, mut pending) = client_handshake(&mut stream, ClientConfig::new(id, psk))
+        .unwrap_or_else(|e| panic!("handshake: {e:?}\ns_server:\n{}", server.output()));
+    s.set_key_limits(nvpoll_tls::KeyLimits::renew_after(3).unwrap())
+        .unwrap();
+    for i in 0..30 {
+        let line = format!("line {i:02}\n");
+        send(&mut stream, &mut s, &[line.as_bytes()]);
+        let mut plain = Vec::new();
+        recv(&mut stream, &mut s, &mut pending, &mut plain, line.len())
+            .unwrap_or_else(|e| panic!("recv {i}: {e:?}\ns_server:\n{}", server.output()));
+        let want: Vec<u8> = line.trim_end().bytes().rev().chain(*b"\n").collect();
+        assert_eq!(plain, want, "line {i}");
+    }
+    let st = *s.stats();
+    assert!(st.key_updates_sent >= 9, "{st:?}");
+    assert!(
+        st.key_updates_received >= st.key_updates_sent - 1,
+        "OpenSSL answers each request: {st:?}"
+    );
+}
+
+/// `openssl s_client` sending 24 lines to our server, one at a time (each its own record: the next goes
+/// once the server has the last), which renews every 4 records: it asks s_client to renew its key as the
+/// records come in, and s_client does.
+#[test]
+fn server_asks_openssl_to_renew_and_it_does() {
+    if !openssl() {
+        return;
+    }
+    let (id, psk) = nvme_psk(KEY32);
+    let cfg = ServerConfig::with_psk(id.clone(), psk.clone());
+    const LINES: usize = 24;
+    let (got, lines_in) = std::sync::mpsc::channel::<usize>();
+    let (port, t) = accept_one(move |mut stream| {
+        let (mut s, mut pending) = server_handshake(&mut stream, cfg)?;
+        s.set_key_limits(nvpoll_tls::KeyLimits::renew_after(4).unwrap())
+            .unwrap();
+        let mut plain = Vec::new();
+        for i in 0..LINES {
+            let want = format!("line {i:02}\n");
+            recv(&mut stream, &mut s, &mut pending, &mut plain, want.len())?;
+            assert_eq!(plain, want.as_bytes());
+            plain.clear();
+            got.send(i).unwrap();
+        }
+        send(&mut stream, &mut s, &[b"done\n"]);
+        Ok::<_, Failure>(s)
+    });
+    let pa = psk_args(&id, &psk);
+    let mut cmd = Command::new("openssl");
+    cmd.args([
+        "s_client",
+        "-connect",
+        &format!("127.0.0.1:{port}"),
+        "-tls1_3",
+    ])
+    .args(&pa.args);
+    let mut client = Peer::spawn(&mut cmd, true);
+    for i in 0..LINES {
+        client.send_stdin(format!("line {i:02}\n").as_bytes());
+        if lines_in.recv_timeout(STEP) != Ok(i) {
+            break; // the server thread failed: its error is reported below
+        }
+    }
+    let s = t
+        .join()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e:?}\ns_client:\n{}", client.output()));
+    assert!(client.wait_output("done", STEP), "{}", client.output());
+    let st = *s.stats();
+    assert!(st.key_updates_sent >= 5, "{st:?}");
+    assert!(
+        st.key_updates_received >= 5,
+        "s_client renewed when asked: {st:?}"
+    );
+}

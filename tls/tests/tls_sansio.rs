@@ -5,8 +5,8 @@
 
 use nvpoll_tls::{
     AlertDescription, CipherSuite, ClientConfig, ConfiguredKey, Derivation, Group, Handshake,
-    HandshakeState, HashAlg, IdentityVersion, Psk, ServerConfig, Session, TlsError, KEY_UPDATE_LEN,
-    MAX_CIPHERTEXT,
+    HandshakeState, HashAlg, IdentityVersion, KeyLimits, Psk, ServerConfig, Session, TlsError,
+    KEY_UPDATE_LEN, MAX_CIPHERTEXT,
 };
 
 const ID: &str = "NVMe0R01 nqn.psk-test-host nqn.psk-test-subsys";
@@ -239,6 +239,131 @@ fn key_update_both_ways() {
     c.open(&wire, &mut Vec::new()).unwrap();
     assert_eq!(transfer(&mut s, &mut c, &[b"ok"]), b"ok");
     assert_eq!(transfer(&mut c, &mut s, &[b"ok"]), b"ok");
+}
+
+/// With keys renewed every 10 records, both directions renew again and again while data flows both ways,
+/// in single records and in batches that cross the count, and every byte arrives.
+#[test]
+fn keys_renew_on_their_own_in_both_directions() {
+    let (mut c, mut s) = pair();
+    let limits = KeyLimits::renew_after(10).unwrap();
+    assert_eq!(limits.hard_limit, Some(20));
+    c.set_key_limits(limits).unwrap();
+    s.set_key_limits(limits).unwrap();
+    let big = vec![0xa5u8; 3 * 16384 + 5]; // four records in one seal
+    for i in 0..200u32 {
+        let msg = i.to_be_bytes();
+        assert_eq!(transfer(&mut c, &mut s, &[&msg]), msg);
+        if i % 7 == 0 {
+            assert_eq!(transfer(&mut s, &mut c, &[&big]), big);
+        }
+        // A KeyUpdate the server owes (or asks for) goes out even if it has nothing to send.
+        let mut wire = Vec::new();
+        if s.write_pending(&mut wire).unwrap() {
+            c.open(&wire, &mut Vec::new()).unwrap();
+        }
+        for x in [&c, &s] {
+            assert!(
+                x.records_under_write_key() <= 20,
+                "never past the hard limit"
+            );
+            assert!(!x.peer_key_overdue());
+        }
+    }
+    let (cs, ss) = (c.stats(), s.stats());
+    assert!(cs.key_updates_sent >= 200 / 11, "{cs:?}");
+    assert!(ss.key_updates_sent >= 3, "{ss:?}");
+    assert_eq!(cs.key_updates_sent, ss.key_updates_received);
+    assert_eq!(ss.key_updates_sent, cs.key_updates_received);
+}
+
+/// With no renewal on its own, the hard limit refuses the record that would pass it (sealing nothing), and
+/// the session still closes cleanly; a KeyUpdate asked for by hand makes room again.
+#[test]
+fn no_key_seals_past_its_hard_limit() {
+    let (mut c, mut s) = pair();
+    c.set_key_limits(KeyLimits {
+        update_after: None,
+        hard_limit: Some(5),
+    })
+    .unwrap();
+    for i in 0..5u8 {
+        assert_eq!(transfer(&mut c, &mut s, &[&[i]]), [i]);
+    }
+    let mut wire = Vec::new();
+    assert_eq!(
+        c.seal(&[b"sixth"], &mut wire),
+        Err(TlsError::KeyLimitReached)
+    );
+    assert!(wire.is_empty(), "nothing sealed");
+    let mut big = vec![0u8; 20];
+    assert_eq!(
+        c.seal_to_slice(&[b"sixth"], &mut big),
+        Err(TlsError::KeyLimitReached)
+    );
+    let mut wire = Vec::new();
+    c.update_keys(false, &mut wire).unwrap();
+    c.seal(&[b"sixth"], &mut wire).unwrap();
+    let mut plain = Vec::new();
+    s.open(&wire, &mut plain).unwrap();
+    assert_eq!(plain, b"sixth");
+    assert_eq!(c.records_under_write_key(), 1);
+    // And at the limit again, close_notify still goes out.
+    c.set_key_limits(KeyLimits {
+        update_after: None,
+        hard_limit: Some(1),
+    })
+    .unwrap();
+    let mut wire = Vec::new();
+    c.close(&mut wire).unwrap();
+    assert_eq!(s.open(&wire, &mut Vec::new()), Err(TlsError::Closed));
+}
+
+/// A peer that goes on with one key after being asked to renew it is overdue at the hard limit.
+#[test]
+fn a_peer_that_never_renews_is_overdue() {
+    let (mut c, mut s) = pair();
+    c.set_key_limits(KeyLimits {
+        update_after: Some(3),
+        hard_limit: Some(6),
+    })
+    .unwrap();
+    s.set_key_limits(KeyLimits::NONE).unwrap();
+    for i in 0..6u8 {
+        // The server's records, sealed raw: it never answers the client's request.
+        let mut wire = Vec::new();
+        s.dangerous_seal_raw(23, &[i], &mut wire).unwrap();
+        let mut plain = Vec::new();
+        c.open(&wire, &mut plain).unwrap();
+        assert_eq!(plain, [i]);
+        assert_eq!(c.peer_key_overdue(), i == 5, "after record {i}");
+        // The client asks once, at the third record, and not again.
+        assert_eq!(c.has_pending(), i >= 2, "after record {i}");
+    }
+    let mut wire = Vec::new();
+    assert!(c.write_pending(&mut wire).unwrap());
+    assert_eq!(wire.len(), KEY_UPDATE_LEN);
+    assert!(!c.has_pending());
+    assert_eq!(c.stats().key_updates_sent, 1);
+}
+
+#[test]
+fn key_limits_are_checked() {
+    let (mut c, _) = pair();
+    assert_eq!(c.key_limits(), KeyLimits::AES_GCM);
+    for bad in [(Some(0), Some(5)), (Some(5), Some(5)), (Some(6), Some(5))] {
+        let limits = KeyLimits {
+            update_after: bad.0,
+            hard_limit: bad.1,
+        };
+        assert!(c.set_key_limits(limits).is_err(), "{limits:?}");
+    }
+    assert!(KeyLimits::renew_after(0).is_err());
+    assert_eq!(
+        KeyLimits::renew_after(1 << 40).unwrap(),
+        KeyLimits::AES_GCM,
+        "never past the AES-GCM limits"
+    );
 }
 
 #[test]
@@ -813,6 +938,22 @@ fn client_absorbs_new_session_tickets() {
     bad[3] = 13;
     let (r, _, _) = client_opens(|s, w| s.dangerous_seal_raw(22, &bad[..17], w).unwrap());
     assert!(matches!(r, Err(TlsError::Decode(_))), "{r:?}");
+}
+
+/// A KeyUpdate before the handshake has ended (in the clear, where a ClientHello or ServerHello belongs)
+/// ends it with unexpected_message, on either side.
+#[test]
+fn a_key_update_before_the_handshake_ends_is_refused() {
+    let key_update = [22u8, 3, 3, 0, 5, 24, 0, 0, 1, 1];
+    let mut server = Handshake::server(ServerConfig::with_psk(ID, psk(HashAlg::Sha256)));
+    let mut out = Vec::new();
+    let e = server.read(&key_update, &mut out).unwrap_err();
+    assert!(matches!(e, TlsError::UnexpectedMessage(_)), "{e:?}");
+    assert_eq!(e.alert(), Some(AlertDescription::UnexpectedMessage));
+    let (mut client, _hello) =
+        Handshake::client(ClientConfig::new(ID, psk(HashAlg::Sha256))).unwrap();
+    let e = client.read(&key_update, &mut out).unwrap_err();
+    assert!(matches!(e, TlsError::UnexpectedMessage(_)), "{e:?}");
 }
 
 #[test]

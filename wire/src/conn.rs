@@ -744,7 +744,13 @@ impl Conn {
         Ok(false)
     }
 
-    fn install_tls(&mut self, session: Session, leftover: Vec<u8>) {
+    fn install_tls(&mut self, mut session: Session, leftover: Vec<u8>) {
+        // Issue 48: NVMe/TCP connections do not renew their keys on their own yet. A peer on kernel TLS may
+        // not take a KeyUpdate, and the fallback (reconnecting in time, said once per controller) is not
+        // built; until it is, a connection keeps the behaviour it always had.
+        session
+            .set_key_limits(nvpoll_tls::KeyLimits::NONE)
+            .expect("NONE is a valid setting");
         let inb_end = leftover.len();
         let mut inb = leftover;
         inb.resize(inb_end.max(TLS_READ) * 2, 0);
