@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n=== %s\n' "$*"; }
+step() { printf '\n=== %s (%s)\n' "$*" "$(date +%T)"; }
 
 step "what the suite needs (scripts/install-deps.sh)"
 scripts/install-deps.sh
@@ -63,3 +63,4 @@ scripts/vm-test.sh
 # SPDK is not packaged: this runs against a build SPDK_DIR points at, and says it skips without one.
 step "SPDK interop (scripts/interop-spdk.sh)"
 scripts/interop-spdk.sh
+printf '\n=== the suite passed (%s)\n' "$(date +%T)"

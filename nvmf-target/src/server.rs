@@ -734,6 +734,35 @@ thread_local! {
     static SETUP_SETS: RefCell<SetupSets> = const { RefCell::new(Vec::new()) };
 }
 
+/// Hands `session` to this reactor's poller of one kind for `shared` (`sets`: the setup pollers' or the
+/// ready groups' inboxes): into its inbox, waking it if it is parked; or, the first time on this reactor,
+/// registers the poller `make` builds from the target's key, the new inbox (already holding `session`, taken
+/// over at its first poll) and the cell its id goes in.
+fn hand_over<P: Poller + 'static>(
+    sets: &'static std::thread::LocalKey<RefCell<SetupSets>>,
+    ctx: &mut ReactorContext,
+    shared: &Arc<TargetShared>,
+    session: Session,
+    make: impl FnOnce(usize, Incoming, Rc<Cell<Option<PollerId>>>) -> P,
+) {
+    let key = Arc::as_ptr(shared) as usize;
+    sets.with(|sets| {
+        let mut sets = sets.borrow_mut();
+        if let Some((_, incoming, id)) = sets.iter().find(|(k, _, _)| *k == key) {
+            incoming.borrow_mut().push(session);
+            if let Some(id) = id.get() {
+                ctx.wake_poller(id);
+            }
+            return;
+        }
+        let incoming = Rc::new(RefCell::new(vec![session]));
+        let id = Rc::new(Cell::new(None));
+        sets.push((key, Rc::clone(&incoming), Rc::clone(&id)));
+        let pid = ctx.add_poller(make(key, incoming, Rc::clone(&id)));
+        id.set(Some(pid));
+    });
+}
+
 /// Where a setup session goes after a look.
 enum Next {
     Hot,
@@ -785,29 +814,16 @@ struct SetupPoller {
 impl SetupPoller {
     /// Hands `session` to this reactor's setup poller for `shared`, registering it on first use.
     fn adopt(ctx: &mut ReactorContext, shared: &Arc<TargetShared>, session: Session) {
-        let key = Arc::as_ptr(shared) as usize;
-        SETUP_SETS.with(|sets| {
-            let mut sets = sets.borrow_mut();
-            if let Some((_, incoming, id)) = sets.iter().find(|(k, _, _)| *k == key) {
-                incoming.borrow_mut().push(session);
-                if let Some(id) = id.get() {
-                    ctx.wake_poller(id);
-                }
-                return;
-            }
-            let incoming = Rc::new(RefCell::new(Vec::new()));
-            let id = Rc::new(Cell::new(None));
-            sets.push((key, Rc::clone(&incoming), Rc::clone(&id)));
-            let pid = ctx.add_poller(SetupPoller {
+        hand_over(&SETUP_SETS, ctx, shared, session, |key, incoming, id| {
+            SetupPoller {
                 key,
                 shared: Arc::clone(shared),
                 incoming,
-                hot: vec![session],
+                hot: Vec::new(),
                 cold: Vec::new(),
                 next_cold: Instant::now(),
-                id: Rc::clone(&id),
-            });
-            id.set(Some(pid));
+                id,
+            }
         });
     }
 
@@ -952,31 +968,21 @@ struct ReadyGroup {
 impl ReadyGroup {
     /// Hands a connected `session` to this reactor's group for `shared`, registering the group on first use.
     fn adopt(ctx: &mut ReactorContext, shared: &Arc<TargetShared>, session: Session) {
-        let key = Arc::as_ptr(shared) as usize;
-        READY_SETS.with(|sets| {
-            let mut sets = sets.borrow_mut();
-            if let Some((_, incoming, id)) = sets.iter().find(|(k, _, _)| *k == key) {
-                incoming.borrow_mut().push(session);
-                if let Some(id) = id.get() {
-                    ctx.wake_poller(id);
-                }
-                return;
-            }
-            let incoming = Rc::new(RefCell::new(vec![session]));
-            let id = Rc::new(Cell::new(None));
-            sets.push((key, Rc::clone(&incoming), Rc::clone(&id)));
-            let epoll = match rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)
-            {
+        let index = ctx.index();
+        hand_over(&READY_SETS, ctx, shared, session, |key, incoming, id| {
+            let epoll = match rustix::event::epoll::create(
+                rustix::event::epoll::CreateFlags::CLOEXEC,
+            ) {
                 Ok(fd) => Some(fd),
                 Err(e) => {
                     eprintln!(
-                        "nvpoll-target: reactor {}: no epoll set for connected sessions ({e}); each is read on every iteration",
-                        ctx.index()
-                    );
+                    "nvpoll-target: reactor {}: no epoll set for connected sessions ({e}); each is read on every iteration",
+                    index
+                );
                     None
                 }
             };
-            let pid = ctx.add_poller(ReadyGroup {
+            ReadyGroup {
                 key,
                 shared: Arc::clone(shared),
                 incoming,
@@ -991,9 +997,8 @@ impl ReadyGroup {
                 was_hot: Vec::new(),
                 iteration: 1,
                 next_sweep: Instant::now(),
-                id: Rc::clone(&id),
-            });
-            id.set(Some(pid));
+                id,
+            }
         });
     }
 
