@@ -34,7 +34,7 @@ use nvpoll::api::{
 };
 use nvpoll::mem::{DmaBuf, DmaPool};
 use nvpoll::send::SendMode;
-use nvpoll::spec::{self, AnaState, Cqe, Sqe};
+use nvpoll::spec::{AnaState, Cqe, Sqe};
 
 use crate::host::{ConnectOptions, Recovery, TcpController, TcpQueuePair};
 use crate::Error;
@@ -458,24 +458,24 @@ impl MultipathQueuePair {
             Err(e) => e,
         };
         let now = Instant::now();
-        let retry_at = match &err {
-            // The controller answered: the command did not run. Another path may take it now.
-            nvpoll::Error::Nvme(st) if is_path_status(st.status) => {
+        // What the error says to do (nvpoll::Error::retry): only `Elsewhere` is a multipath matter; a status
+        // the controller may take again later, a full queue or a failure that repeats goes to the caller.
+        let retry_at = match (&err, err.retry()) {
+            // The controller answered a path-related status: the command did not run. Another path may take
+            // it now.
+            (nvpoll::Error::Nvme(st), nvpoll::Retry::Elsewhere) => {
                 let nsid = r.nsid;
                 self.paths[p].note_path_status(nsid, st.status);
                 self.stats.path_errors += 1;
                 Some(now)
             }
-            nvpoll::Error::Nvme(_)
-            | nvpoll::Error::InvalidArgument(_)
-            | nvpoll::Error::Memory(_)
-            | nvpoll::Error::QueueFull => None,
             // The path went away under it (or it timed out): it may still run there until the controller
             // is torn down.
-            _ => {
+            (_, nvpoll::Retry::Elsewhere) => {
                 self.stats.held += 1;
                 Some(now + self.paths[p].quiesce_time())
             }
+            _ => None,
         };
         let r = self.reqs[idx as usize].as_mut().expect("a live request");
         let first = *r.first_failure.get_or_insert(now);
@@ -525,13 +525,6 @@ impl MultipathQueuePair {
             }
         }
     }
-}
-
-/// Whether a status says the command did not run because of its path, so that another path may take it at
-/// once: every path-related status (ANA states, path errors, aborted by the host) and a transient transport
-/// error, unless Do Not Retry is set.
-fn is_path_status(st: spec::Status) -> bool {
-    !st.dnr() && (st.sct() == spec::sct::PATH || st == spec::Status::TRANSIENT_TRANSPORT_ERROR)
 }
 
 impl QueuePair for MultipathQueuePair {
@@ -636,6 +629,7 @@ impl QueuePair for MultipathQueuePair {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nvpoll::spec;
 
     #[test]
     fn policies_parse_and_path_statuses_are_told_apart() {
@@ -643,11 +637,15 @@ mod tests {
             assert_eq!(p.name().parse::<PathPolicy>(), Ok(p));
         }
         assert!("numa".parse::<PathPolicy>().is_err());
-        assert!(is_path_status(spec::Status::ANA_INACCESSIBLE));
-        assert!(is_path_status(spec::Status::ANA_TRANSITION));
-        assert!(is_path_status(spec::Status::TRANSIENT_TRANSPORT_ERROR));
-        assert!(!is_path_status(spec::Status::ANA_INACCESSIBLE.with_dnr()));
-        assert!(!is_path_status(spec::Status::LBA_OUT_OF_RANGE));
-        assert!(!is_path_status(spec::Status::WRITE_FAULT));
+        let elsewhere = |st: spec::Status| {
+            nvpoll::Error::Nvme(st.named_in(spec::CommandKind::Nvm)).retry()
+                == nvpoll::Retry::Elsewhere
+        };
+        assert!(elsewhere(spec::Status::ANA_INACCESSIBLE));
+        assert!(elsewhere(spec::Status::ANA_TRANSITION));
+        assert!(elsewhere(spec::Status::TRANSIENT_TRANSPORT_ERROR));
+        assert!(!elsewhere(spec::Status::ANA_INACCESSIBLE.with_dnr()));
+        assert!(!elsewhere(spec::Status::LBA_OUT_OF_RANGE));
+        assert!(!elsewhere(spec::Status::WRITE_FAULT));
     }
 }
