@@ -138,6 +138,20 @@ fn s_server(identity: &str, psk: &Psk, extra: &[&str]) -> (Peer, u16, PskArgs) {
     (peer, port, pa)
 }
 
+/// `openssl s_client` to 127.0.0.1:`port` with `pa`'s PSK and `extra` arguments; its stdin is ours.
+fn s_client(port: u16, pa: &PskArgs, extra: &[&str]) -> Peer {
+    let mut cmd = Command::new("openssl");
+    cmd.args([
+        "s_client",
+        "-connect",
+        &format!("127.0.0.1:{port}"),
+        "-tls1_3",
+    ])
+    .args(&pa.args)
+    .args(extra);
+    Peer::spawn(&mut cmd, true)
+}
+
 /// Our client against s_server: handshake, "hello nvme\n" out, the reversed line back.
 fn client_round_trip(
     cfg: ClientConfig,
@@ -318,16 +332,7 @@ fn server_round_trip(
         Ok::<_, Failure>(s)
     });
     let pa = psk_args(identity, psk);
-    let mut cmd = Command::new("openssl");
-    cmd.args([
-        "s_client",
-        "-connect",
-        &format!("127.0.0.1:{port}"),
-        "-tls1_3",
-    ])
-    .args(&pa.args)
-    .args(extra);
-    let mut client = Peer::spawn(&mut cmd, true);
+    let mut client = s_client(port, &pa, extra);
     client.send_stdin(b"hello from s_client\n");
     let s = t
         .join()
@@ -423,15 +428,7 @@ fn server_refuses(client_identity: &str, client_psk: &Psk, want: TlsError, alert
         server_handshake(&mut stream, ServerConfig::with_psk(id, psk)).map(|_| ())
     });
     let pa = psk_args(client_identity, client_psk);
-    let mut cmd = Command::new("openssl");
-    cmd.args([
-        "s_client",
-        "-connect",
-        &format!("127.0.0.1:{port}"),
-        "-tls1_3",
-    ])
-    .args(&pa.args);
-    let mut client = Peer::spawn(&mut cmd, true);
+    let mut client = s_client(port, &pa, &[]);
     let e = t.join().unwrap().unwrap_err();
     assert_eq!(e.tls(), Some(&want), "{e:?}\n{}", client.output());
     assert!(
@@ -559,15 +556,7 @@ fn server_rejects_tampered_record_from_s_client() {
         down.join().unwrap();
     });
     let pa = psk_args(&id, &psk);
-    let mut cmd = Command::new("openssl");
-    cmd.args([
-        "s_client",
-        "-connect",
-        &format!("127.0.0.1:{relay_port}"),
-        "-tls1_3",
-    ])
-    .args(&pa.args);
-    let mut client = Peer::spawn(&mut cmd, true);
+    let mut client = s_client(relay_port, &pa, &[]);
     let e = t.join().unwrap().unwrap_err();
     assert_eq!(e.tls(), Some(&TlsError::BadRecordMac), "{e:?}");
     assert!(
@@ -638,15 +627,7 @@ fn server_asks_openssl_to_renew_and_it_does() {
         Ok::<_, Failure>(s)
     });
     let pa = psk_args(&id, &psk);
-    let mut cmd = Command::new("openssl");
-    cmd.args([
-        "s_client",
-        "-connect",
-        &format!("127.0.0.1:{port}"),
-        "-tls1_3",
-    ])
-    .args(&pa.args);
-    let mut client = Peer::spawn(&mut cmd, true);
+    let mut client = s_client(port, &pa, &[]);
     for i in 0..LINES {
         client.send_stdin(format!("line {i:02}\n").as_bytes());
         if lines_in.recv_timeout(STEP) != Ok(i) {

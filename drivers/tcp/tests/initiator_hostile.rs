@@ -110,6 +110,16 @@ fn queue(addr: std::net::SocketAddr, hdgst: bool) -> HostQueue {
 }
 
 fn queue_with(addr: std::net::SocketAddr, hdgst: bool, ddgst: bool) -> HostQueue {
+    queue_over(addr, hdgst, ddgst, None)
+}
+
+/// A queue to the scripted peer at `addr`, over TLS when `tls` is given.
+fn queue_over(
+    addr: std::net::SocketAddr,
+    hdgst: bool,
+    ddgst: bool,
+    tls: Option<ClientConfig>,
+) -> HostQueue {
     HostQueue::connect(&QueueParams {
         addr,
         qid: 1,
@@ -118,10 +128,10 @@ fn queue_with(addr: std::net::SocketAddr, hdgst: bool, ddgst: bool) -> HostQueue
         data_digest: ddgst,
         max_transfer: 64 * 1024,
         connect_timeout: Duration::from_secs(5),
-        tls: None,
+        tls,
         tcp_congestion: None,
     })
-    .expect("ICReq/ICResp with the scripted peer")
+    .expect("(TLS,) ICReq and ICResp with the scripted peer")
 }
 
 /// Submits a command (a 4 KiB read unless `write`), runs the queue until it fails, and returns the queue's
@@ -316,18 +326,12 @@ fn tls_peer(raw: impl FnOnce(&mut Session) -> Vec<u8> + Send + 'static) -> std::
 }
 
 fn tls_queue(addr: std::net::SocketAddr) -> HostQueue {
-    HostQueue::connect(&QueueParams {
+    queue_over(
         addr,
-        qid: 1,
-        depth: 4,
-        header_digest: false,
-        data_digest: false,
-        max_transfer: 64 * 1024,
-        connect_timeout: Duration::from_secs(5),
-        tls: Some(ClientConfig::new(TLS_ID, tls_psk())),
-        tcp_congestion: None,
-    })
-    .expect("TLS, ICReq and ICResp with the scripted peer")
+        false,
+        false,
+        Some(ClientConfig::new(TLS_ID, tls_psk())),
+    )
 }
 
 /// TLS failing on a connected queue (a record that does not open: the handshake succeeded, so the keys are
