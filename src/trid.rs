@@ -32,7 +32,7 @@ use std::sync::OnceLock;
 /// The NVMe/TCP port used when a transport ID gives no `trsvcid` (the IANA port for NVMe/TCP I/O).
 pub const DEFAULT_TCP_PORT: u16 = 4420;
 /// The longest NQN the specification allows, in bytes.
-pub const MAX_NQN_LEN: usize = 223;
+pub use nvpoll_spec::fabrics::MAX_NQN_LEN;
 
 /// A parsed transport ID.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

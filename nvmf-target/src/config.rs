@@ -55,6 +55,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 use zeroize::Zeroizing;
 
+pub use crate::error::ConfigError;
 use crate::error::{Error, KeyFileFault, NqnFault};
 use crate::options::{TargetConfig, TargetTls, TlsMode};
 use crate::subsystem::{
@@ -75,73 +76,7 @@ pub fn no_pcie(bdf: &str) -> Result<Backing, Error> {
     })
 }
 
-/// What is wrong with a configuration (or an RPC's params), and where. Where the target's own check refused
-/// the value (a key file, an NQN, a `pcie` namespace the resolver could not open), that error is the
-/// [`source`](std::error::Error::source).
-#[derive(Debug, Clone, thiserror::Error)]
-pub struct ConfigError {
-    origin: Option<PathBuf>,
-    line: Option<usize>,
-    column: Option<usize>,
-    field: String,
-    message: String,
-    #[source]
-    cause: Option<Arc<Error>>,
-}
-
-/// Equal when they say the same thing at the same place (the causes are not compared: OS errors cannot be).
-impl PartialEq for ConfigError {
-    fn eq(&self, other: &ConfigError) -> bool {
-        (
-            &self.origin,
-            self.line,
-            self.column,
-            &self.field,
-            &self.message,
-        ) == (
-            &other.origin,
-            other.line,
-            other.column,
-            &other.field,
-            &other.message,
-        )
-    }
-}
-
-impl Eq for ConfigError {}
-
 impl ConfigError {
-    /// The file, if the error is in one.
-    pub fn origin(&self) -> Option<&Path> {
-        self.origin.as_deref()
-    }
-
-    /// The line (from 1) of the offending field, when the error is in a file.
-    pub fn line(&self) -> Option<usize> {
-        self.line
-    }
-
-    /// The column (from 1), when the JSON parser gave one (syntax and type errors).
-    pub fn column(&self) -> Option<usize> {
-        self.column
-    }
-
-    /// The offending field, as a path like `subsystems[1].namespaces[0].ram` (empty: the whole document).
-    pub fn field(&self) -> &str {
-        &self.field
-    }
-
-    /// What is wrong, without the position.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-
-    /// The target's error that refused the field, where one did (a key file, an NQN, a number out of range, a
-    /// `pcie` namespace); `None` where the schema or a check of the file itself did.
-    pub fn cause(&self) -> Option<&Error> {
-        self.cause.as_deref()
-    }
-
     fn unread(origin: &Path, what: String) -> ConfigError {
         ConfigError {
             origin: Some(origin.to_path_buf()),
@@ -151,25 +86,6 @@ impl ConfigError {
             message: what,
             cause: None,
         }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(origin) = &self.origin {
-            write!(f, "{}:", origin.display())?;
-            if let Some(line) = self.line {
-                write!(f, "{line}:")?;
-            }
-            if let Some(column) = self.column {
-                write!(f, "{column}:")?;
-            }
-            f.write_str(" ")?;
-        }
-        if !self.field.is_empty() {
-            write!(f, "{}: ", self.field)?;
-        }
-        f.write_str(&self.message)
     }
 }
 

@@ -8,11 +8,10 @@
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use crate::config::ConfigError;
-use crate::rpc::RpcError;
-use crate::subsystem::{ANA_GROUP_MAX, MAX_CNTLID, MAX_NAMESPACES, MAX_NQN_LEN};
+use crate::limits::{ANA_GROUP_MAX, DISCOVERY_NQN, MAX_CNTLID, MAX_NAMESPACES, MAX_NQN_LEN};
 
 /// Everything the target refuses or fails at.
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +58,7 @@ pub enum Error {
         max: usize,
     },
     /// The discovery subsystem's NQN was given for an NVM subsystem.
-    #[error("{} is the discovery subsystem's NQN", crate::DISCOVERY_NQN)]
+    #[error("{} is the discovery subsystem's NQN", DISCOVERY_NQN)]
     DiscoveryNqn,
     /// Something only NVM subsystems have was asked of the discovery subsystem.
     #[error("the discovery subsystem has no {0}")]
@@ -474,6 +473,103 @@ impl fmt::Display for KeyFileFault {
             ),
         }
     }
+}
+
+/// What is wrong with a configuration (or an RPC's params), and where. Where the target's own check refused
+/// the value (a key file, an NQN, a `pcie` namespace the resolver could not open), that error is the
+/// [`source`](std::error::Error::source).
+#[derive(Debug, Clone, thiserror::Error)]
+pub struct ConfigError {
+    pub(crate) origin: Option<PathBuf>,
+    pub(crate) line: Option<usize>,
+    pub(crate) column: Option<usize>,
+    pub(crate) field: String,
+    pub(crate) message: String,
+    #[source]
+    pub(crate) cause: Option<Arc<Error>>,
+}
+
+/// Equal when they say the same thing at the same place (the causes are not compared: OS errors cannot be).
+impl PartialEq for ConfigError {
+    fn eq(&self, other: &ConfigError) -> bool {
+        (
+            &self.origin,
+            self.line,
+            self.column,
+            &self.field,
+            &self.message,
+        ) == (
+            &other.origin,
+            other.line,
+            other.column,
+            &other.field,
+            &other.message,
+        )
+    }
+}
+
+impl Eq for ConfigError {}
+
+impl ConfigError {
+    /// The file, if the error is in one.
+    pub fn origin(&self) -> Option<&Path> {
+        self.origin.as_deref()
+    }
+
+    /// The line (from 1) of the offending field, when the error is in a file.
+    pub fn line(&self) -> Option<usize> {
+        self.line
+    }
+
+    /// The column (from 1), when the JSON parser gave one (syntax and type errors).
+    pub fn column(&self) -> Option<usize> {
+        self.column
+    }
+
+    /// The offending field, as a path like `subsystems[1].namespaces[0].ram` (empty: the whole document).
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// What is wrong, without the position.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The target's error that refused the field, where one did (a key file, an NQN, a number out of range, a
+    /// `pcie` namespace); `None` where the schema or a check of the file itself did.
+    pub fn cause(&self) -> Option<&Error> {
+        self.cause.as_deref()
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(origin) = &self.origin {
+            write!(f, "{}:", origin.display())?;
+            if let Some(line) = self.line {
+                write!(f, "{line}:")?;
+            }
+            if let Some(column) = self.column {
+                write!(f, "{column}:")?;
+            }
+            f.write_str(" ")?;
+        }
+        if !self.field.is_empty() {
+            write!(f, "{}: ", self.field)?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+/// A JSON-RPC error: its code and message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message} (JSON-RPC error {code})")]
+pub struct RpcError {
+    /// One of the codes of [`crate::rpc`] ([`INVALID_PARAMS`](crate::rpc::INVALID_PARAMS), ...), or another server's.
+    pub code: i64,
+    /// What went wrong.
+    pub message: String,
 }
 
 #[cfg(test)]

@@ -64,6 +64,7 @@ mod error;
 mod events;
 mod handler;
 mod io;
+mod limits;
 mod options;
 mod resv;
 pub mod rpc;

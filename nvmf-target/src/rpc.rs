@@ -70,6 +70,7 @@ pub use serde_json;
 
 use crate::config::{self, Address, Parsed, PcieResolver};
 use crate::error::Error;
+pub use crate::error::RpcError;
 use crate::options::{ListenerConfig, TlsMode};
 use crate::server::{SubsystemInfo, TargetHandle};
 use crate::subsystem::{HostAccess, HostKey};
@@ -108,16 +109,6 @@ pub const METHODS: &[&str] = &[
     "stats_get",
     "rpc_get_methods",
 ];
-
-/// A JSON-RPC error: its code and message.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{message} (JSON-RPC error {code})")]
-pub struct RpcError {
-    /// One of the codes of this module ([`INVALID_PARAMS`], ...), or another server's.
-    pub code: i64,
-    /// What went wrong.
-    pub message: String,
-}
 
 impl RpcError {
     fn new(code: i64, message: impl Into<String>) -> RpcError {

@@ -12,11 +12,7 @@ use crate::store::Store;
 use nvpoll::spec::{AnaGroupDescriptor, AnaLog, AnaState};
 use nvpoll_tls::ConfiguredKey;
 
-/// The NQN of the well-known discovery subsystem, which every target serves.
-pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
-
-/// The longest NQN the spec allows, in bytes (223; the field is 256 bytes with a terminating NUL).
-pub const MAX_NQN_LEN: usize = 223;
+pub use crate::limits::{ANA_GROUP_MAX, DISCOVERY_NQN, MAX_CNTLID, MAX_NAMESPACES, MAX_NQN_LEN};
 
 /// What backs a namespace.
 #[derive(Clone, Debug)]
@@ -59,9 +55,6 @@ pub struct NamespaceConfig {
     /// namespace ID, stable across restarts.
     pub uuid: Option<[u8; 16]>,
 }
-
-/// The highest ANA group ID (Identify Controller ANAGRPMAX and NANAGRPID).
-pub const ANA_GROUP_MAX: u32 = 32;
 
 /// One ANA state set for a subsystem: group `group` is in `state` for hosts that connect through `listener`.
 /// Groups and listeners without one are optimized.
@@ -118,9 +111,6 @@ pub(crate) fn check_ana_group(group: u32) -> Result<(), Error> {
 
 /// The generated TLS PSKs a subsystem keeps per host (secure channel concatenation).
 pub(crate) const GENERATED_PER_HOST: usize = 8;
-
-/// The highest namespace ID a subsystem hands out (Identify Controller NN).
-pub const MAX_NAMESPACES: u32 = 1024;
 
 /// A host's TLS PSK, for one subsystem (or, in [`crate::TargetTls`], for every subsystem).
 #[derive(Clone, PartialEq, Eq)]
@@ -557,9 +547,6 @@ struct Controllers {
     next_cntlid: u16,
     live: HashMap<u16, Arc<Controller>>,
 }
-
-/// The highest controller ID the dynamic controller model hands out (0xFFF0 and up are reserved).
-pub const MAX_CNTLID: u16 = 0xffef;
 
 /// Locks `m`, taking the data of a poisoned lock as it is (a panic elsewhere must not stop the target).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

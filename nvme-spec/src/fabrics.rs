@@ -35,6 +35,10 @@ pub const DISCONNECT: u8 = 0x08;
 
 /// The well-known NQN of discovery subsystems.
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+/// The longest NQN the specification allows, in bytes (223: the Connect data's 256-byte fields end in a NUL).
+pub const MAX_NQN_LEN: usize = 223;
+/// The highest controller ID of the dynamic controller model (FFF0h and up are reserved).
+pub const MAX_CNTLID: u16 = 0xffef;
 /// Connect CATTR bit: the host asks to disable SQ flow control (SQHD is then not maintained).
 pub const CATTR_DISABLE_SQFLOW: u8 = 1 << 2;
 /// Connect data CNTLID asking the subsystem to pick any controller (dynamic controller model).
