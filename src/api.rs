@@ -273,6 +273,10 @@ pub struct QueueStats {
     pub record_bytes: u64,
     /// End-of-iteration flushes that found something to send.
     pub flushes: u64,
+    /// TLS KeyUpdates sent (our sending key renewed), over the queue pair's life (0 without TLS).
+    pub key_updates_sent: u64,
+    /// TLS KeyUpdates received (the peer's key renewed), over the queue pair's life.
+    pub key_updates_received: u64,
     /// Commands submitted again after the transport recovered from a lost connection.
     pub retried: u64,
     /// Over the queue pair's life: the longest a command waited between the failure that took it off a path
@@ -292,6 +296,12 @@ impl QueueStats {
             records: self.records.saturating_sub(earlier.records),
             record_bytes: self.record_bytes.saturating_sub(earlier.record_bytes),
             flushes: self.flushes.saturating_sub(earlier.flushes),
+            key_updates_sent: self
+                .key_updates_sent
+                .saturating_sub(earlier.key_updates_sent),
+            key_updates_received: self
+                .key_updates_received
+                .saturating_sub(earlier.key_updates_received),
             retried: self.retried.saturating_sub(earlier.retried),
             // A maximum, not a count: the later sample's.
             longest_failover: self.longest_failover,

@@ -424,6 +424,22 @@ impl Session {
         self.read.seq()
     }
 
+    /// Whether we asked the peer to update its key (`update_requested`) and its KeyUpdate has not come yet.
+    /// A connection that ends in this state, with no KeyUpdate ever received, ended at our KeyUpdate: a peer
+    /// that cannot take one (kernel TLS without re-keying alerts or closes).
+    pub fn peer_update_awaited(&self) -> bool {
+        self.asked_peer
+    }
+
+    /// Owes a KeyUpdate that asks the peer to update too (for a renewal by time): it goes out in front of
+    /// the next records sealed, or with [`Session::write_pending`]. Does nothing after a failure or close.
+    pub fn schedule_key_update(&mut self) {
+        if self.failed.is_none() && !self.we_closed {
+            self.key_update = KeyUpdate::Requesting;
+            self.asked_peer = true;
+        }
+    }
+
     /// Whether the peer's key has opened [`KeyLimits::hard_limit`] records without the peer renewing it
     /// (we asked at `update_after`): a peer that does not take a KeyUpdate. Close and connect again.
     pub fn peer_key_overdue(&self) -> bool {

@@ -92,6 +92,7 @@ struct JobResult<Q> {
     rejected: u64,
     lost: u64,
     retried: u64,
+    key_updates: (u64, u64),
     max_stall: Duration,
     failover: Duration,
     ios: u64,
@@ -148,6 +149,10 @@ pub struct RunResult {
     pub rejected: u64,
     /// Commands the transport submitted again after recovering a lost connection.
     pub retried: u64,
+    /// TLS KeyUpdates the queue pairs sent over the whole run (our keys renewed).
+    pub key_updates_sent: u64,
+    /// TLS KeyUpdates they received (the target's keys renewed).
+    pub key_updates_received: u64,
     /// Accepted commands that never completed (must be 0).
     pub lost: u64,
     /// The longest time without a completion while commands were outstanding.
@@ -247,8 +252,8 @@ struct Job<Q: QueuePair> {
     last_completion: Instant,
     /// Give up draining at this point: whatever is still outstanding is lost.
     drain_deadline: Instant,
-    /// The queue pair's retry count when the job started.
-    retried_base: u64,
+    /// The queue pair's counters when the job started (for its retries and key updates).
+    base: QueueStats,
     cpu_start: Option<Duration>,
     /// Queue-pair counters at the start of the measured window, and their change over it.
     stats_start: Option<QueueStats>,
@@ -388,10 +393,13 @@ impl<Q: QueuePair> Job<Q> {
     fn finish(&mut self, failure: Option<String>) {
         if let Some(tx) = self.done.take() {
             // Over the whole run, like the other fault counts (a retry may come after the measured window).
-            let retried = self
+            let over_run = self
                 .qp
                 .as_ref()
-                .map_or(0, |q| q.stats().retried.saturating_sub(self.retried_base));
+                .map(|q| q.stats().since(&self.base))
+                .unwrap_or_default();
+            let retried = over_run.retried;
+            let key_updates = (over_run.key_updates_sent, over_run.key_updates_received);
             let failover = self
                 .qp
                 .as_ref()
@@ -411,6 +419,7 @@ impl<Q: QueuePair> Job<Q> {
                 rejected: self.rejected,
                 lost,
                 retried,
+                key_updates,
                 max_stall: self.max_stall,
                 failover,
                 ios: self.ios,
@@ -658,7 +667,7 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
                 None => connect(j, self.qp_depth)?,
             };
             qp.set_send_mode(spec.send_mode)?;
-            let retried_base = qp.stats().retried;
+            let base = qp.stats();
             if spec.io_size % u64::from(ns.block_size) != 0 {
                 return Err(Error::InvalidArgument(format!(
                     "the I/O size {} is not a multiple of the block size {}",
@@ -711,7 +720,7 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
                 max_stall: Duration::ZERO,
                 last_completion: start,
                 drain_deadline: measure_end + spec.drain_timeout,
-                retried_base,
+                base,
                 cpu_start: None,
                 stats_start: None,
                 stats: None,
@@ -796,6 +805,8 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
             max_stall = max_stall.max(r.max_stall);
             failover = failover.max(r.failover);
             qs.retried += r.retried;
+            qs.key_updates_sent += r.key_updates.0;
+            qs.key_updates_received += r.key_updates.1;
             qs.writes += r.stats.writes;
             qs.pdus += r.stats.pdus;
             qs.flushes += r.stats.flushes;
@@ -837,6 +848,8 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
             completed_ok,
             rejected,
             retried: qs.retried,
+            key_updates_sent: qs.key_updates_sent,
+            key_updates_received: qs.key_updates_received,
             lost,
             max_stall,
             failover,
@@ -863,10 +876,14 @@ pub struct Row {
     pub runs: Vec<RunResult>,
 }
 
-/// The rows as a Markdown table.
+/// The rows as a Markdown table. Where any run renewed TLS keys, a last column counts the KeyUpdates sent
+/// and received (`sent/received`, over the whole run).
 pub fn table(rows: &[Row]) -> String {
+    let renewed = rows
+        .iter()
+        .any(|r| r.result.key_updates_sent + r.result.key_updates_received > 0);
     let mut s = String::new();
-    let _ = writeln!(
+    let _ = write!(
         s,
         "| {:<24} | {:<8} | {:>9} | {:>8} | {:>8} | {:>8} | {:>8} | {:>10} | {:>10} | {:>11} | {:>9} |",
         "workload",
@@ -881,14 +898,21 @@ pub fn table(rows: &[Row]) -> String {
         "syscalls/IO",
         "CPU us/IO"
     );
-    let _ = writeln!(
+    if renewed {
+        let _ = write!(s, " {:>13} |", "key updates");
+    }
+    let _ = write!(
         s,
-        "|{:-<26}|{:-<10}|{:->11}|{:->10}|{:->10}|{:->10}|{:->10}|{:->12}|{:->12}|{:->13}|{:->11}|",
+        "\n|{:-<26}|{:-<10}|{:->11}|{:->10}|{:->10}|{:->10}|{:->10}|{:->12}|{:->12}|{:->13}|{:->11}|",
         "", "", "", "", "", "", "", "", "", "", ""
     );
+    if renewed {
+        let _ = write!(s, "{:->15}|", "");
+    }
+    s.push('\n');
     for r in rows {
         let x = &r.result;
-        let _ = writeln!(
+        let _ = write!(
             s,
             "| {:<24} | {:<8} | {:>9.0} | {:>8.1} | {:>8.1} | {:>8.1} | {:>8.1} | {:>10.3} | {:>10.3} | {:>11.2} | {:>9.2} |",
             r.workload,
@@ -903,6 +927,11 @@ pub fn table(rows: &[Row]) -> String {
             x.syscalls_per_io,
             x.cpu_us_per_io
         );
+        if renewed {
+            let updates = format!("{}/{}", x.key_updates_sent, x.key_updates_received);
+            let _ = write!(s, " {updates:>13} |");
+        }
+        s.push('\n');
     }
     s
 }
@@ -929,9 +958,17 @@ struct JsonRun {
     completed_ok: u64,
     rejected: u64,
     retried: u64,
+    key_updates: JsonKeyUpdates,
     lost: u64,
     max_stall_s: f64,
     failover_s: f64,
+}
+
+/// TLS KeyUpdates over a run: ours sent, the target's received.
+#[derive(serde::Serialize)]
+struct JsonKeyUpdates {
+    sent: u64,
+    received: u64,
 }
 
 impl From<&RunResult> for JsonRun {
@@ -956,6 +993,10 @@ impl From<&RunResult> for JsonRun {
             completed_ok: x.completed_ok,
             rejected: x.rejected,
             retried: x.retried,
+            key_updates: JsonKeyUpdates {
+                sent: x.key_updates_sent,
+                received: x.key_updates_received,
+            },
             lost: x.lost,
             max_stall_s: x.max_stall.as_secs_f64(),
             failover_s: x.failover.as_secs_f64(),

@@ -54,6 +54,10 @@ pub struct ConnStats {
     pub records: u64,
     /// Plaintext bytes sealed into those records.
     pub record_bytes: u64,
+    /// TLS KeyUpdates sent: times our sending key was renewed.
+    pub key_updates_sent: u64,
+    /// TLS KeyUpdates received: times the peer renewed its key.
+    pub key_updates_received: u64,
 }
 
 /// The TLS side of a connection: the session and the ciphertext buffers.
@@ -70,6 +74,10 @@ struct TlsWire {
     inb: Vec<u8>,
     inb_start: usize,
     inb_end: usize,
+    /// When our sending key was last renewed (or the session began), as [`Conn::renew_keys_if_due`] saw it.
+    key_since: Instant,
+    /// KeyUpdates sent when `key_since` was last set.
+    updates_seen: u64,
 }
 
 /// The smallest incomplete PDU for which [`Conn::ack_partial`] asks for an immediate ACK: larger than one TLS
@@ -99,6 +107,8 @@ pub struct Conn {
     /// Bytes arrived since the last [`Conn::ack_partial`] asked for an immediate ACK.
     unacked_rx: bool,
     tls: Option<Box<TlsWire>>,
+    /// How TLS keys are renewed (applied when the session is installed, or at once if it is).
+    renewal: crate::KeyRenewal,
     /// Counters.
     pub stats: ConnStats,
 }
@@ -203,6 +213,7 @@ impl Conn {
             closed: false,
             unacked_rx: false,
             tls: None,
+            renewal: crate::KeyRenewal::default(),
             stats: ConnStats::default(),
         }
     }
@@ -267,7 +278,8 @@ impl Conn {
         }
         self.stats.flushes += 1;
         if self.tls.is_some() {
-            return self.flush_tls();
+            let r = self.flush_tls();
+            return r.map_err(|e| self.tls_failure(e));
         }
         while self.tx_sent < self.tx.len() {
             match write_some(&mut self.stream, &self.tx[self.tx_sent..], &mut self.stats)? {
@@ -294,7 +306,8 @@ impl Conn {
     /// early write it costs); callers use it from [`DIRECT_SEND_MIN`] bytes.
     pub fn send_parts(&mut self, parts: &[&[u8]]) -> Result<bool, Error> {
         if self.tls.is_some() {
-            return self.send_parts_tls(parts);
+            let r = self.send_parts_tls(parts);
+            return r.map_err(|e| self.tls_failure(e));
         }
         assert!(
             parts.len() < MAX_PARTS,
@@ -436,6 +449,7 @@ impl Conn {
                 self.tx_sent = 0;
             }
             if tls.out_end == 0 {
+                self.stats.key_updates_sent = tls.session.stats().key_updates_sent;
                 return Ok(true);
             }
         }
@@ -449,7 +463,8 @@ impl Conn {
             return Err(Error::Closed);
         }
         if self.tls.is_some() {
-            return self.fill_tls();
+            let r = self.fill_tls();
+            return r.map_err(|e| self.tls_failure(e));
         }
         self.make_rx_room();
         let n = read_some(
@@ -643,6 +658,14 @@ impl Conn {
         } else {
             tls.inb_start = used;
         }
+        self.stats.key_updates_received = tls.session.stats().key_updates_received;
+        if tls.session.peer_key_overdue() {
+            self.closed = true;
+            return Err(Error::Rekey(match self.renewal.method {
+                crate::RenewBy::Reconnect => crate::RekeyCause::Planned,
+                crate::RenewBy::KeyUpdate => crate::RekeyCause::PeerDidNotRenew,
+            }));
+        }
         if tls.session.has_pending() && read_error.is_none() {
             // A KeyUpdate reply is owed.
             self.flush()?;
@@ -745,12 +768,9 @@ impl Conn {
     }
 
     fn install_tls(&mut self, mut session: Session, leftover: Vec<u8>) {
-        // Issue 48: NVMe/TCP connections do not renew their keys on their own yet. A peer on kernel TLS may
-        // not take a KeyUpdate, and the fallback (reconnecting in time, said once per controller) is not
-        // built; until it is, a connection keeps the behaviour it always had.
         session
-            .set_key_limits(nvpoll_tls::KeyLimits::NONE)
-            .expect("NONE is a valid setting");
+            .set_key_limits(self.renewal.limits())
+            .expect("KeyRenewal::limits are valid");
         let inb_end = leftover.len();
         let mut inb = leftover;
         inb.resize(inb_end.max(TLS_READ) * 2, 0);
@@ -762,8 +782,84 @@ impl Conn {
             inb,
             inb_start: 0,
             inb_end,
+            key_since: Instant::now(),
+            updates_seen: 0,
         }));
         // Records that arrived with the handshake's last flight stay in `inb` and are opened at the next fill.
+    }
+
+    /// Sets how this connection's TLS keys are renewed (before the handshake, or at once after it; nothing
+    /// without TLS). Counts already run under the current keys carry on.
+    pub fn set_key_renewal(&mut self, renewal: crate::KeyRenewal) {
+        self.renewal = renewal;
+        if let Some(tls) = self.tls.as_mut() {
+            tls.session
+                .set_key_limits(renewal.limits())
+                .expect("KeyRenewal::limits are valid");
+        }
+    }
+
+    /// How this connection's TLS keys are renewed.
+    pub fn key_renewal(&self) -> crate::KeyRenewal {
+        self.renewal
+    }
+
+    /// Renews the keys when our sending key has been in use for [`KeyRenewal::interval`](crate::KeyRenewal)
+    /// (a KeyUpdate asking the peer too, written now), or, renewing by reconnecting, ends the connection with
+    /// [`Error::Rekey`]. The connection's owner calls it now and then (its timer check); cheap otherwise.
+    pub fn renew_keys_if_due(&mut self, now: Instant) -> Result<(), Error> {
+        let Some(interval) = self.renewal.interval else {
+            return Ok(());
+        };
+        let Some(tls) = self.tls.as_mut() else {
+            return Ok(());
+        };
+        let sent = tls.session.stats().key_updates_sent;
+        if sent != tls.updates_seen {
+            tls.updates_seen = sent;
+            tls.key_since = now;
+            return Ok(());
+        }
+        if now.saturating_duration_since(tls.key_since) < interval {
+            return Ok(());
+        }
+        tls.key_since = now;
+        match self.renewal.method {
+            crate::RenewBy::KeyUpdate => {
+                tls.session.schedule_key_update();
+                self.flush().map(|_| ())
+            }
+            crate::RenewBy::Reconnect => {
+                self.closed = true;
+                Err(Error::Rekey(crate::RekeyCause::Planned))
+            }
+        }
+    }
+
+    /// A TLS connection's failure, said for what it is: a key limit becomes [`Error::Rekey`], and a
+    /// connection the peer ended right after our KeyUpdate (never having sent one) [`Error::KeyUpdateRefused`].
+    #[cold]
+    fn tls_failure(&self, e: Error) -> Error {
+        let Some(tls) = self.tls.as_ref() else {
+            return e;
+        };
+        match e {
+            Error::Tls(nvpoll_tls::TlsError::KeyLimitReached) => {
+                Error::Rekey(match self.renewal.method {
+                    crate::RenewBy::Reconnect => crate::RekeyCause::Planned,
+                    crate::RenewBy::KeyUpdate => crate::RekeyCause::HardLimit,
+                })
+            }
+            Error::Closed | Error::Io { .. } | Error::Tls(nvpoll_tls::TlsError::PeerAlert(_))
+                if tls.session.peer_update_awaited()
+                    && !tls.session.is_peer_closed()
+                    && tls.session.stats().key_updates_sent > 0
+                    && tls.session.stats().key_updates_received == 0 =>
+            {
+                Error::KeyUpdateRefused { cause: Box::new(e) }
+            }
+            e => e,
+        }
     }
 
     /// Peeks at the first byte the peer sent, without consuming it (to tell a TLS ClientHello, 0x16, from a

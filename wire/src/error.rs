@@ -94,6 +94,21 @@ pub enum Error {
     /// The queue is full.
     #[error("queue full")]
     QueueFull,
+    /// The connection ended so that its TLS keys are renewed by a new one (see [`crate::KeyRenewal`]): the
+    /// owner connects again. Not the peer's fault when `cause` is [`RekeyCause::Planned`].
+    #[error("TLS keys renewed by connecting again: {0}")]
+    Rekey(RekeyCause),
+    /// The peer ended the connection after our TLS KeyUpdate, having never sent one itself: a peer that cannot
+    /// take a KeyUpdate (kernel TLS without re-keying). `cause` is how it ended; the host renews this
+    /// controller's keys by reconnecting from then on.
+    #[error(
+        "the peer ended the connection after our TLS KeyUpdate (it may not take one): {cause}"
+    )]
+    KeyUpdateRefused {
+        /// How the connection ended (an alert, a close, a reset).
+        #[source]
+        cause: Box<Error>,
+    },
     /// A failure inside this side, not the peer's: a background step (a connect or a reconnect thread)
     /// ended without its result, which only a panic there does (the log has it).
     #[error("internal error: {0}")]
@@ -108,6 +123,20 @@ impl Error {
             source: Arc::new(source),
         }
     }
+}
+
+/// Why a connection ended to renew its TLS keys ([`Error::Rekey`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RekeyCause {
+    /// A key protected the records [`crate::KeyRenewal::records`] allows, and the peer takes no KeyUpdate.
+    #[error("a key reached its record count and the peer takes no KeyUpdate")]
+    Planned,
+    /// The peer's key protected twice the count without the peer renewing it, though we asked.
+    #[error("the peer did not renew its key when asked")]
+    PeerDidNotRenew,
+    /// Our sending key reached its hard limit before a KeyUpdate could go out.
+    #[error("our sending key reached its hard limit")]
+    HardLimit,
 }
 
 /// A Fabrics Connect the target refused: its status, the parameter the completion points at (IATTR and
@@ -196,7 +225,11 @@ impl nvpoll::TransportError for Error {
     fn class(&self) -> nvpoll::ErrorClass {
         use nvpoll::ErrorClass;
         match self {
-            Error::Io { .. } | Error::Closed | Error::Lost(_) => ErrorClass::ConnectionLost,
+            Error::Io { .. }
+            | Error::Closed
+            | Error::Lost(_)
+            | Error::Rekey(_)
+            | Error::KeyUpdateRefused { .. } => ErrorClass::ConnectionLost,
             Error::Pdu(_) | Error::Protocol(_) | Error::TermReq { .. } => ErrorClass::PeerProtocol,
             Error::Refused(r) => ErrorClass::Refused(r.status),
             Error::Command { status, kind, .. } => ErrorClass::Nvme(status.named_in(*kind)),

@@ -5,6 +5,7 @@
 //! - [`conn`]: one connection, plain or TLS 1.3 (through `nvpoll-tls`), with its receive buffer and its send
 //!   path (inline, or gathered and coalesced at the reactor's flush);
 //! - [`dhchap`]: NVMe in-band authentication (DH-HMAC-CHAP), the host's and the controller's side;
+//! - [`KeyRenewal`]: when a TLS connection renews its keys (KeyUpdate, or connecting again);
 //! - [`Error`]: what can go wrong on the wire, for both sides.
 #![forbid(unsafe_code)]
 // Wire and parse code, where a silent truncation corrupts a field.
@@ -14,5 +15,7 @@ pub mod conn;
 pub mod dhchap;
 mod error;
 pub mod pdu;
+mod rekey;
 
-pub use error::{ConnectRefusal, Error};
+pub use error::{ConnectRefusal, Error, RekeyCause};
+pub use rekey::{KeyRenewal, RenewBy};

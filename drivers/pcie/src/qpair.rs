@@ -626,6 +626,8 @@ impl<D: Device> QueuePair for PcieQueuePair<D> {
             records: 0,
             record_bytes: 0,
             flushes: s.sq_doorbells,
+            key_updates_sent: 0,
+            key_updates_received: 0,
             retried: self.rstats.retried,
             longest_failover: std::time::Duration::ZERO,
         }

@@ -618,6 +618,8 @@ impl QueuePair for MultipathQueuePair {
             s.records += q.records;
             s.record_bytes += q.record_bytes;
             s.flushes += q.flushes;
+            s.key_updates_sent += q.key_updates_sent;
+            s.key_updates_received += q.key_updates_received;
             s.retried += q.retried;
         }
         s.retried += self.stats.retried;

@@ -48,6 +48,8 @@ pub struct QueueParams {
     pub connect_timeout: Duration,
     /// TLS 1.3 with a PSK before ICReq, when set.
     pub tls: Option<crate::tls::ClientConfig>,
+    /// With TLS: when the connection renews its keys.
+    pub key_renewal: crate::KeyRenewal,
     /// The TCP congestion control of the connection; `None`: the system's.
     pub tcp_congestion: Option<String>,
 }
@@ -414,6 +416,7 @@ impl HostQueue {
             conn.set_congestion(cc)?;
         }
         if let Some(cfg) = &p.tls {
+            conn.set_key_renewal(p.key_renewal);
             conn.tls_client_handshake(cfg.clone(), p.connect_timeout)?;
         }
         let digests = pdu::Digests {
@@ -559,6 +562,17 @@ impl HostQueue {
     /// The connection counters.
     pub fn conn_stats(&self) -> crate::conn::ConnStats {
         self.conn.stats
+    }
+
+    /// With TLS, renews the keys once they have been in use for the renewal's interval (see
+    /// [`crate::conn::Conn::renew_keys_if_due`]); a failure fails the queue.
+    pub fn renew_keys_if_due(&mut self, now: std::time::Instant) -> Result<(), Error> {
+        if self.failed.is_some() {
+            return Ok(());
+        }
+        self.conn
+            .renew_keys_if_due(now)
+            .inspect_err(|e| self.fail(e.clone()))
     }
 
     /// The send policy (see [`nvpoll::send`]).

@@ -584,6 +584,7 @@ fn round(seed: u64, pool: &DmaPool) -> Result<Seen, String> {
         max_transfer: 64 * 1024,
         connect_timeout: Duration::from_secs(5),
         tls: None,
+        key_renewal: Default::default(),
         tcp_congestion: None,
     })
     .map_err(|e| format!("ICReq: {e}"))?;

@@ -269,6 +269,7 @@ fn outstanding_read_fails(addr: SocketAddr, what: &str) {
         max_transfer: 64 * 1024,
         connect_timeout: HOST_TIMEOUT,
         tls: Some(client_cfg),
+        key_renewal: Default::default(),
         tcp_congestion: None,
     })
     .expect("TLS and ICReq with the scripted target");

@@ -129,6 +129,7 @@ fn queue_over(
         max_transfer: 64 * 1024,
         connect_timeout: Duration::from_secs(5),
         tls,
+        key_renewal: Default::default(),
         tcp_congestion: None,
     })
     .expect("(TLS,) ICReq and ICResp with the scripted peer")

@@ -271,6 +271,7 @@ fn command_timeout_requests_abort_then_expires() {
         max_transfer: 4096,
         connect_timeout: Duration::from_secs(5),
         tls: None,
+        key_renewal: Default::default(),
         tcp_congestion: None,
     })
     .unwrap();

@@ -88,6 +88,7 @@ fn stream_survives_backpressure(mode: SendMode) {
         max_transfer: DATA as u32,
         connect_timeout: Duration::from_secs(5),
         tls: None,
+        key_renewal: Default::default(),
         tcp_congestion: None,
     })
     .unwrap();
@@ -267,6 +268,7 @@ fn reset_mid_flush(mode: SendMode) {
         max_transfer: DATA as u32,
         connect_timeout: Duration::from_secs(5),
         tls: None,
+        key_renewal: Default::default(),
         tcp_congestion: None,
     })
     .unwrap();

@@ -194,6 +194,7 @@ fn initiator_reads(chunk: usize, nagle: bool) -> (Duration, nvpoll_tcp::conn::Co
         max_transfer: XFER as u32,
         connect_timeout: Duration::from_secs(10),
         tls: Some(ClientConfig::new(ID, controller_psk())),
+        key_renewal: Default::default(),
         tcp_congestion: None,
     })
     .expect("TLS, ICReq and ICResp with the scripted controller");

@@ -17,6 +17,7 @@ use nvpoll_pcie::PcieOptions;
 use nvpoll_tcp::host::{ConnectOptions, Recovery};
 use nvpoll_tcp::multipath::{MultipathController, PathPolicy};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
+use nvpoll_tcp::KeyRenewal;
 use nvpoll_tools::loadgen::{self, LoadGen, Phase, Row, RunSpec};
 
 use nvpoll_tools::cli as common;
@@ -140,6 +141,13 @@ struct Args {
     /// TLS is on exactly when --psk is given.
     #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
     tls: String,
+    /// With TLS: renew each queue's keys after this many records under one key (a KeyUpdate that asks the
+    /// target to renew too; 1 to 8388608, default 8388608 = 2^23, or an hour, whichever comes first). The
+    /// embedded target renews at the same count. A target that ends the connection at our KeyUpdate is said
+    /// once, and its queues renew by reconnecting instead. With renewals, the table gains a column of the
+    /// KeyUpdates sent/received.
+    #[arg(long, value_name = "RECORDS", value_parser = parse_key_update)]
+    tls_key_update: Option<u64>,
     /// NVMe/TCP: ask for header digests (CRC32C of every PDU header) in ICReq.
     #[arg(long)]
     header_digest: bool,
@@ -192,6 +200,17 @@ struct Args {
     ram: u64,
     #[command(flatten)]
     verbosity: common::Verbosity,
+}
+
+/// `--tls-key-update`: a record count the renewal takes.
+fn parse_key_update(s: &str) -> Result<u64, String> {
+    let n: u64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of records"))?;
+    KeyRenewal::after(n)
+        .check()
+        .map(|()| n)
+        .map_err(str::to_string)
 }
 
 fn main() {
@@ -628,6 +647,9 @@ fn run(args: Args) -> Result<(), String> {
                     (None, None) => unreachable!("TLS without --psk only with the embedded target"),
                 };
                 o = o.with_tls_key(k, version);
+            }
+            if let Some(n) = args.tls_key_update {
+                o.tls_key_renewal = KeyRenewal::after(n);
             }
             o.kato = args.kato;
             o.io_queues = args.io_queues;

@@ -28,6 +28,7 @@ pub(super) fn connect_queue(
         max_transfer,
         connect_timeout: opts.timeout,
         tls: opts.tls.clone(),
+        key_renewal: opts.tls_key_renewal,
         tcp_congestion: opts.tcp_congestion.clone(),
     })
 }

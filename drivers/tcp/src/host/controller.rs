@@ -145,6 +145,7 @@ impl TcpController {
             return Err(Error::Lost("an I/O queue lost its connection"));
         }
         self.att.admin.poll()?;
+        self.att.admin.renew_keys_if_due(Instant::now())?;
         while let Some(d) = self.att.admin.pop_done() {
             if d.tag == KEEP_ALIVE_TAG {
                 self.keep_alive_outstanding = false;
@@ -219,6 +220,7 @@ impl TcpController {
     /// The admin connection is gone (or must go): closing it tears the controller down on the target, and
     /// every queue pair will reconnect after the admin queue does.
     fn lose(&mut self, cause: &Error) {
+        self.shared.note_loss(cause, &self.opts);
         log::debug!(
             "{}: controller {} lost, reconnecting: {cause}",
             self.opts.addr,
@@ -239,7 +241,8 @@ impl TcpController {
     fn try_reconnect(&mut self, since: Instant) {
         let result = match &self.connecting {
             None => {
-                let (opts, pool) = (self.opts.clone(), self.pool.clone());
+                let (mut opts, pool) = (self.opts.clone(), self.pool.clone());
+                opts.tls_key_renewal = self.shared.key_renewal(opts.tls_key_renewal);
                 match Background::spawn(move || bring_up(&opts, &pool)) {
                     Ok(b) => {
                         self.connecting = Some(b);
@@ -419,8 +422,10 @@ impl TcpController {
             return Err(Error::Lost("the controller is reconnecting or given up"));
         }
         let qid = self.next_qid;
+        let mut opts = self.opts.clone();
+        opts.tls_key_renewal = self.shared.key_renewal(opts.tls_key_renewal);
         let link = QueueLink {
-            opts: self.opts.clone(),
+            opts,
             pool: self.pool.clone(),
             qid,
             depth,

@@ -45,6 +45,11 @@ pub struct ConnectOptions {
     /// TLS 1.3 with an external PSK on every queue (admin and I/O), before ICReq; see
     /// [`ConnectOptions::with_tls_key`].
     pub tls: Option<crate::tls::ClientConfig>,
+    /// With TLS: when each queue renews its keys (default: a KeyUpdate asking the target too after 2^23
+    /// records under one key, or an hour). A target that ends the connection at our KeyUpdate (kernel TLS
+    /// without re-keying) is noticed, said once in the log, and this controller's queues renew by
+    /// reconnecting before the count instead.
+    pub tls_key_renewal: crate::KeyRenewal,
     /// After a connection is lost, the time between reconnect attempts (nvme-cli's `--reconnect-delay`).
     pub reconnect_delay: Duration,
     /// How long to keep trying to reconnect before giving the controller up (nvme-cli's `--ctrl-loss-tmo`);
@@ -133,6 +138,7 @@ impl ConnectOptions {
             io_queues: DEFAULT_IO_QUEUES,
             max_transfer: DEFAULT_MAX_TRANSFER,
             tls: None,
+            tls_key_renewal: crate::KeyRenewal::default(),
             reconnect_delay: Duration::from_secs(2),
             ctrl_loss_tmo: Duration::from_secs(60),
             io_timeout: Duration::from_secs(30),

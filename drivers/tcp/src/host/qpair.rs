@@ -30,6 +30,8 @@ pub struct RecoveryStats {
     pub failed: u64,
     /// Commands that timed out (an Abort was requested for each).
     pub timeouts: u64,
+    /// TLS KeyUpdates sent and received on connections that are gone (the live one counts its own).
+    pub key_updates_past: (u64, u64),
 }
 
 /// A queue pair's connection, or what it keeps while it has none.
@@ -183,6 +185,9 @@ impl TcpQueuePair {
     /// The connection failed: keep (or fail) its outstanding commands, drop it, and ask the controller to
     /// reconnect.
     fn lose_connection(&mut self) {
+        if let Some(cause) = self.live().and_then(HostQueue::failure) {
+            self.shared.note_loss(cause, &self.link.opts);
+        }
         self.drop_connection();
         self.shared.reset_requested.store(true, Ordering::Release);
     }
@@ -195,6 +200,9 @@ impl TcpQueuePair {
             QueueState::Connected(q) => {
                 self.recovery.failed += q.commands_failed();
                 self.recovery.losses += 1;
+                let c = q.conn_stats();
+                self.recovery.key_updates_past.0 += c.key_updates_sent;
+                self.recovery.key_updates_past.1 += c.key_updates_received;
                 self.next_attempt = Instant::now();
                 QueueState::Reconnecting(q.park())
             }
@@ -234,7 +242,8 @@ impl TcpQueuePair {
                     return Ok(());
                 }
                 // The connect waits on the network: on a thread of its own, never on the reactor.
-                let link = self.link.clone();
+                let mut link = self.link.clone();
+                link.opts.tls_key_renewal = self.shared.key_renewal(link.opts.tls_key_renewal);
                 let cntlid = self.shared.cntlid.load(Ordering::Acquire);
                 match Background::spawn(move || link.connect(cntlid)) {
                     Ok(b) => {
@@ -297,6 +306,8 @@ impl TcpQueuePair {
         if let Some(cid) = expired {
             q.expire(cid);
             q.fail(EXPIRED);
+            self.lose_connection();
+        } else if q.renew_keys_if_due(now).is_err() {
             self.lose_connection();
         }
     }
@@ -453,6 +464,8 @@ impl QueuePair for TcpQueuePair {
             // Reconnecting: no connection counters, but the recovery's own count goes on.
             return QueueStats {
                 retried: self.recovery.retried,
+                key_updates_sent: self.recovery.key_updates_past.0,
+                key_updates_received: self.recovery.key_updates_past.1,
                 ..QueueStats::default()
             };
         };
@@ -466,6 +479,8 @@ impl QueuePair for TcpQueuePair {
             record_bytes: c.record_bytes,
             flushes: c.flushes,
             retried: self.recovery.retried,
+            key_updates_sent: self.recovery.key_updates_past.0 + c.key_updates_sent,
+            key_updates_received: self.recovery.key_updates_past.1 + c.key_updates_received,
             longest_failover: Duration::ZERO,
         }
     }
