@@ -4,7 +4,7 @@
 //! {
 //!   "listeners": [ {"address": "127.0.0.1:4420", "tls": "off"}, {"address": "127.0.0.1:4421", "tls": "required"} ],
 //!   "max_io_queues": 128, "queue_size": 128, "mdts": 8,
-//!   "send_mode": "deferred", "tcp_congestion": "cubic",
+//!   "send_mode": "deferred", "tcp_congestion": "cubic", "tls_key_update": 8388608,
 //!   "subsystems": [ {
 //!       "nqn": "nqn.2024-01.io.nvpoll:a", "serial": "A0001", "model": "nvpoll",
 //!       "allow_any_host": false,
@@ -25,7 +25,9 @@
 //!   `required`). The first is [`TargetConfig::listen`].
 //! - `max_io_queues`, `queue_size`, `mdts`, `send_mode` (`inline`, `deferred` or `adaptive`): optional
 //!   target-wide defaults; `tcp_congestion`: the TCP congestion control of every listener (default: the
-//!   system's), see [`crate::TargetConfig::tcp_congestion`].
+//!   system's), see [`crate::TargetConfig::tcp_congestion`]; `tls_key_update`: with TLS, the records
+//!   one key protects before the connection renews its keys (1 to 8388608, the default; see
+//!   [`crate::TargetConfig::tls_key_renewal`]).
 //! - `subsystems`: `nqn`; optional `serial` and `model`; `allow_any_host` (default `false`: only `hosts` may
 //!   connect; with `true`, `hosts` only give keys); `hosts`, each with `nqn` and optionally `psk_file`, a file
 //!   holding the host's `NVMeTLSkey-1:...:` interchange key, readable by its owner only (mode 0600, as SPDK's
@@ -228,6 +230,7 @@ struct TargetDoc {
     mdts: Option<u8>,
     send_mode: Option<Parsed<nvpoll::send::SendMode>>,
     tcp_congestion: Option<String>,
+    tls_key_update: Option<u64>,
     #[serde(default)]
     subsystems: Vec<SubsystemDoc>,
 }
@@ -579,6 +582,13 @@ fn target(doc: &TargetDoc, ctx: &Ctx<'_>) -> Result<TargetConfig, Problem> {
         cfg.send_mode = m.0;
     }
     cfg.tcp_congestion.clone_from(&doc.tcp_congestion);
+    if let Some(n) = doc.tls_key_update {
+        let renewal = nvpoll_wire::KeyRenewal::after(n);
+        renewal
+            .check()
+            .map_err(|why| Problem::new(root.key("tls_key_update"), format!("{n}: {why}")))?;
+        cfg.tls_key_renewal = renewal;
+    }
     let ctx = Ctx {
         listeners: &addresses,
         ..*ctx

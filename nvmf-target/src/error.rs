@@ -400,6 +400,8 @@ pub enum Setting {
     NamespaceId,
     /// An ANA group ID.
     AnaGroup,
+    /// Records under one TLS key before the keys are renewed.
+    TlsKeyUpdate,
 }
 
 impl Setting {
@@ -414,6 +416,9 @@ impl Setting {
             Setting::BlockSize => "512 or 4096".into(),
             Setting::NamespaceId => format!("1 to {MAX_NAMESPACES}"),
             Setting::AnaGroup => format!("1 to {ANA_GROUP_MAX}"),
+            Setting::TlsKeyUpdate => {
+                format!("1 to {} records", nvpoll_wire::KeyRenewal::DEFAULT_RECORDS)
+            }
         }
     }
 }
@@ -429,6 +434,7 @@ impl fmt::Display for Setting {
             Setting::BlockSize => "block size",
             Setting::NamespaceId => "namespace ID",
             Setting::AnaGroup => "ANA group",
+            Setting::TlsKeyUpdate => "TLS key update count",
         })
     }
 }

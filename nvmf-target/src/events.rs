@@ -88,6 +88,19 @@ pub enum TargetEvent<'a> {
         /// Why.
         reason: &'a str,
     },
+    /// A host ended a TLS connection at our KeyUpdate, never having sent one (kernel TLS without
+    /// re-keying): from now on its connections are closed after `records` records under one key instead
+    /// (the host reconnects with fresh keys). Said once per host.
+    KeyUpdateRefused {
+        /// The host's address.
+        peer: SocketAddr,
+        /// The host NQN.
+        hostnqn: &'a str,
+        /// The count its connections are closed at.
+        records: u64,
+        /// How the connection ended.
+        reason: &'a str,
+    },
     /// A connection closed.
     Closed {
         /// The host's address.
@@ -178,6 +191,16 @@ impl fmt::Display for TargetEvent<'_> {
             } => write!(
                 f,
                 "{peer}: queue {qid} of controller {cntlid} on {subnqn}: host {hostnqn} not authenticated: {reason}"
+            ),
+            TargetEvent::KeyUpdateRefused {
+                peer,
+                hostnqn,
+                records,
+                reason,
+            } => write!(
+                f,
+                "{peer}: host {hostnqn} ended the connection at our TLS KeyUpdate ({reason}): it may not take \
+                 one; its connections are closed after {records} records under one key from now on"
             ),
             TargetEvent::Closed {
                 peer,

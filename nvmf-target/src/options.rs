@@ -105,6 +105,12 @@ pub struct TargetConfig {
     /// paced: under BBR on loopback, where the minimum RTT is about a microsecond, BBR's window holds a few
     /// segments and 128 KiB reads ran at half the speed they reach under cubic.
     pub tcp_congestion: Option<String>,
+    /// With TLS: when each connection renews its keys (default: a KeyUpdate asking the host too after 2^23
+    /// records under one key, or an hour). A host that ends a connection at our KeyUpdate (kernel TLS without
+    /// re-keying) is said once in the log, and its later connections are closed at the count instead (the
+    /// host reconnects with fresh keys). The count can be changed while running
+    /// ([`crate::TargetHandle::set_tls_key_update`]).
+    pub tls_key_renewal: nvpoll_wire::KeyRenewal,
 }
 
 /// TLS of the first listener, and host keys shared by several subsystems.
@@ -163,6 +169,7 @@ impl fmt::Debug for TargetConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("auth_step_timeout", &self.auth_step_timeout)
             .field("tcp_congestion", &self.tcp_congestion)
+            .field("tls_key_renewal", &self.tls_key_renewal)
             .finish_non_exhaustive()
     }
 }
@@ -185,6 +192,7 @@ impl TargetConfig {
             send_mode: SendMode::Deferred,
             tls: None,
             tcp_congestion: None,
+            tls_key_renewal: nvpoll_wire::KeyRenewal::default(),
         }
     }
 

@@ -25,6 +25,7 @@
 //! | `dhchap_key_remove` | `{nqn, host}` | `true` |
 //! | `subsystem_set_dhchap` | `{nqn, hashes?, dhgroups?}`: the hashes (`sha256` ...) and DH groups (`null`, `ffdhe2048` ...) allowed; absent or empty: all | `true` |
 //! | `ana_state_set` | `{nqn, listener, group?, state}`: the state (`optimized`, `non-optimized`, `inaccessible`, `persistent-loss`, `change`) of ANA group `group` (default 1) for hosts on `listener`; they get an ANA change event | `{before, state}` |
+//! | `tls_key_update_set` | `{records}`: TLS connections accepted from now on renew their keys after `records` records under one key (1 to 8388608) | `true` |
 //! | `stats_get` | | the [`crate::TargetCounters`] fields |
 //! | `rpc_get_methods` | | the method names |
 //!
@@ -106,6 +107,7 @@ pub const METHODS: &[&str] = &[
     "dhchap_key_remove",
     "subsystem_set_dhchap",
     "ana_state_set",
+    "tls_key_update_set",
     "stats_get",
     "rpc_get_methods",
 ];
@@ -455,6 +457,12 @@ struct AddressParams {
 #[serde(deny_unknown_fields)]
 struct NqnParams {
     nqn: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyUpdateParams {
+    records: u64,
 }
 
 #[derive(Deserialize)]
@@ -879,6 +887,12 @@ impl Shared {
                     p.nqn, p.listener.0, p.group
                 ));
                 Ok(json!({"before": before.name(), "state": state.name()}))
+            }
+            "tls_key_update_set" => {
+                let p: KeyUpdateParams = params(&p)?;
+                h.set_tls_key_update(p.records).map_err(RpcError::refused)?;
+                self.changed(format!("tls_key_update_set {}", p.records));
+                Ok(Value::Bool(true))
             }
             "stats_get" => {
                 params::<NoParams>(&p)?;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use nvpoll::reactor::{PollStatus, Poller, PollerId, ReactorContext, Reactors, WakeSources};
 use nvpoll::send::SendMode;
 
-use crate::error::Error;
+use crate::error::{Error, Setting};
 use crate::events::TargetEvent;
 use crate::options::{ListenerConfig, TargetConfig, TargetTls, TlsMode};
 use crate::session::{Progress, Session};
@@ -74,6 +74,9 @@ impl Target {
             tls_server: nvpoll_tls::ServerConfig::new(move |id| lookup.psk_for(id)),
             wakers: std::sync::OnceLock::new(),
             tcp_congestion: config.tcp_congestion,
+            key_renewal: config.tls_key_renewal,
+            key_update_records: AtomicU64::new(config.tls_key_renewal.records),
+            no_key_update_hosts: Mutex::new(Default::default()),
         });
         let first = ListenerConfig {
             address: config.listen,
@@ -310,6 +313,18 @@ impl TargetHandle {
             .send_mode
             .store(mode_to_u8(mode), Ordering::Relaxed);
         self.shared.wake_all();
+    }
+
+    /// With TLS: connections accepted from now on renew their keys after `records` records under one key
+    /// (1 to 8388608); those already open keep their count.
+    pub fn set_tls_key_update(&self, records: u64) -> Result<(), Error> {
+        nvpoll_wire::KeyRenewal::after(records)
+            .check()
+            .map_err(|_| Error::out_of_range(Setting::TlsKeyUpdate, records))?;
+        self.shared
+            .key_update_records
+            .store(records, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Stops accepting and closes every connection, on each reactor's next poll.

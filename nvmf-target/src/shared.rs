@@ -13,7 +13,7 @@ use nvpoll::send::SendMode;
 use crate::error::Error;
 use crate::events::{EventHook, TargetEvent};
 use crate::options::{Limits, ListenerConfig, TlsMode};
-use crate::subsystem::{HostKey, Subsystem, DISCOVERY_NQN};
+use crate::subsystem::{lock, HostKey, Subsystem, DISCOVERY_NQN};
 
 /// Declares the target's counters once. Each becomes a field of [`TargetCounters`] (the public snapshot) and
 /// an atomic of `TargetStats` (the running totals every reactor adds to); the `session` ones are also counted
@@ -119,6 +119,10 @@ counters! {
         /// Commands that arrived on an I/O queue after its Disconnect, answered with Command Aborted due to
         /// SQ Deletion.
         aborted_after_disconnect,
+        /// TLS KeyUpdates sent (a connection's sending key renewed).
+        key_updates_sent,
+        /// TLS KeyUpdates received (a host renewed its key).
+        key_updates_received,
     }
     target {
         /// TCP connections accepted.
@@ -150,7 +154,7 @@ impl fmt::Display for TargetCounters {
             "connections {} accepted, {} closed, {} dropped; commands {} ({} errors); reads {} ({:.1} MiB); \
              writes {} ({:.1} MiB); R2T {}; C2HTermReq {}; connects refused {}; keep-alive expiries {}; \
              internal errors {}; AERs retired {}; aborted after Disconnect {}; authenticated {}, \
-             authentication failures {}",
+             authentication failures {}; TLS key updates {} sent, {} received",
             self.accepted,
             self.closed,
             self.dropped,
@@ -168,7 +172,9 @@ impl fmt::Display for TargetCounters {
             self.aers_retired,
             self.aborted_after_disconnect,
             self.authentications,
-            self.auth_failures
+            self.auth_failures,
+            self.key_updates_sent,
+            self.key_updates_received
         )
     }
 }
@@ -268,6 +274,12 @@ pub(crate) struct TargetShared {
     /// Wakes the reactors the target runs on (set when it starts): after any change that sessions or the
     /// acceptor read from here, so that a reactor asleep in hybrid idle mode sees it now.
     pub(crate) wakers: OnceLock<Vec<ReactorWaker>>,
+    /// How TLS connections renew their keys; the count is switchable while the target runs (new
+    /// connections take it).
+    pub(crate) key_renewal: nvpoll_wire::KeyRenewal,
+    pub(crate) key_update_records: AtomicU64,
+    /// Hosts that ended a connection at our KeyUpdate: their connections renew by being closed at the count.
+    pub(crate) no_key_update_hosts: Mutex<std::collections::HashSet<String>>,
 }
 
 pub(crate) fn mode_to_u8(m: SendMode) -> u8 {
@@ -287,6 +299,44 @@ pub(crate) fn mode_from_u8(v: u8) -> SendMode {
 }
 
 impl TargetShared {
+    /// How a connection renews its TLS keys: by KeyUpdate, or, for a host known not to take one
+    /// (`hostnqn`, once Connect named it), by being closed at the count.
+    pub(crate) fn key_renewal(&self, hostnqn: Option<&str>) -> nvpoll_wire::KeyRenewal {
+        let mut r = nvpoll_wire::KeyRenewal {
+            records: self.key_update_records.load(Ordering::Relaxed),
+            ..self.key_renewal
+        };
+        if hostnqn.is_some_and(|h| lock(&self.no_key_update_hosts).contains(h)) {
+            r.method = nvpoll_wire::RenewBy::Reconnect;
+        }
+        r
+    }
+
+    /// A connection of `hostnqn` ended with `cause`: if that was the host ending it at our KeyUpdate, its
+    /// connections renew by closing from now on, and the log says so once per host.
+    pub(crate) fn note_conn_failure(
+        &self,
+        cause: &nvpoll_wire::Error,
+        hostnqn: &str,
+        peer: SocketAddr,
+    ) {
+        if !matches!(cause, nvpoll_wire::Error::KeyUpdateRefused { .. }) {
+            return;
+        }
+        if lock(&self.no_key_update_hosts).insert(hostnqn.to_string()) {
+            let reason = match cause {
+                nvpoll_wire::Error::KeyUpdateRefused { cause } => cause.to_string(),
+                e => e.to_string(),
+            };
+            self.emit(&TargetEvent::KeyUpdateRefused {
+                peer,
+                hostnqn,
+                records: self.key_update_records.load(Ordering::Relaxed),
+                reason: &reason,
+            });
+        }
+    }
+
     /// The send mode sessions apply now.
     pub(crate) fn send_mode(&self) -> SendMode {
         mode_from_u8(self.send_mode.load(Ordering::Relaxed))

@@ -587,3 +587,22 @@ fn a_namespace_uuid_is_read_and_checked() {
     );
     assert!(e.message().contains("not a UUID"), "{e}");
 }
+
+#[test]
+fn the_tls_key_update_count_is_read_and_checked() {
+    let text = r#"{
+  "listeners": [{"address": "127.0.0.1:4420", "tls": "required"}],
+  "tls_key_update": 1000
+}"#;
+    let cfg = config::parse(text, Path::new("/etc/nvpoll/target.json"), &no_pcie).unwrap();
+    assert_eq!(cfg.tls_key_renewal.records, 1000);
+    let default = TargetConfig::new("127.0.0.1:0".parse().unwrap());
+    assert_eq!(default.tls_key_renewal.records, 1 << 23);
+    for bad in ["0", "8388609"] {
+        let text = format!(
+            "{{\n  \"listeners\": [{{\"address\": \"127.0.0.1:4420\"}}],\n  \"tls_key_update\": {bad}\n}}"
+        );
+        let e = refused(&text, "tls_key_update", 3);
+        assert!(e.message().contains("8388608"), "{e}");
+    }
+}

@@ -863,3 +863,23 @@ fn a_new_io_queue_count_takes_effect_when_hosts_reconnect() {
         .iter()
         .any(|l| l.contains("subsystem_set_max_io_queues")));
 }
+
+#[test]
+fn the_tls_key_update_count_is_set_and_checked() {
+    let mut f = Fixture::new("keyupdate");
+    assert_eq!(
+        f.call("tls_key_update_set", json!({"records": 1000})),
+        json!(true)
+    );
+    let e = f.refused(
+        "tls_key_update_set",
+        json!({"records": 0}),
+        rpc::TARGET_REFUSED,
+    );
+    assert!(e.message.contains("8388608"), "{e}");
+    f.refused(
+        "tls_key_update_set",
+        json!({"records": "many"}),
+        rpc::INVALID_PARAMS,
+    );
+}

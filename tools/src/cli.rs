@@ -235,3 +235,14 @@ pub fn connect_tcp(opts: ConnectOptions, pool: &DmaPool) -> Result<TcpController
 pub fn shutdown<C: Controller>(ctrl: C) -> Result<(), CliError> {
     ctrl.shutdown().map_err(|e| CliError::new("shutdown", e))
 }
+
+/// `--tls-key-update RECORDS` (perf and the target): a record count a TLS key renewal takes (1 to 2^23).
+pub fn parse_key_update(s: &str) -> Result<u64, String> {
+    let n: u64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of records"))?;
+    nvpoll_tcp::KeyRenewal::after(n)
+        .check()
+        .map(|()| n)
+        .map_err(str::to_string)
+}

@@ -179,6 +179,8 @@ pub(crate) struct Session {
     closing: Option<(String, Instant)>,
     // Cold: read at set-up, on a close, by some admin commands, or when idle.
     published: SessionStats,
+    /// When the TLS keys' age is next checked (the target's clock, ms).
+    next_key_check_ms: u64,
     listener: Arc<Listener>,
     peer: SocketAddr,
     local: SocketAddr,
@@ -196,6 +198,10 @@ impl std::fmt::Debug for Session {
             .finish_non_exhaustive()
     }
 }
+
+/// Why a connection of a host that takes no KeyUpdate closed at its record count (an ordinary close).
+pub(crate) const RENEWED_BY_CLOSE: &str =
+    "closed to renew the TLS keys (the host takes no KeyUpdate)";
 
 /// The receive buffer of a connection before Fabrics Connect.
 const SETUP_RX_BUFFER: usize = 8192;
@@ -223,7 +229,8 @@ impl Session {
         let limits = &target.limits;
         // Small until Fabrics Connect succeeds (ICReq, Connect and its data fit; TLS grows it as records need):
         // half-open connections from a flood then cost a few KiB each, not the full data buffer.
-        let conn = Conn::from_stream(stream, SETUP_RX_BUFFER)?;
+        let mut conn = Conn::from_stream(stream, SETUP_RX_BUFFER)?;
+        conn.set_key_renewal(target.key_renewal(None));
         let connect_deadline = Instant::now() + limits.connect_timeout;
         Ok(Session {
             conn,
@@ -249,6 +256,7 @@ impl Session {
             target,
             closing: None,
             published: SessionStats::default(),
+            next_key_check_ms: 0,
             listener,
             peer,
             local,
@@ -379,19 +387,36 @@ impl Session {
     /// Closes the connection after its socket or TLS failed with `e` (the host closing it is an ordinary
     /// close, anything else is logged as what it was).
     fn close_on(&mut self, e: Error) -> Progress {
+        self.note_conn_failure(&e);
         let why = match e {
             Error::Closed => "closed by the host".to_string(),
+            Error::Rekey(nvpoll_wire::RekeyCause::Planned) => RENEWED_BY_CLOSE.to_string(),
             e => e.to_string(),
         };
         self.close(None, why);
         Progress::Busy
     }
 
+    /// The connection failed with `e` while sending.
+    fn send_failed(&self, e: &Error) -> Fatal {
+        self.note_conn_failure(e);
+        Fatal::close(format!("send failed: {e}"))
+    }
+
+    /// Tells the target of a host that ended the connection at our KeyUpdate (see
+    /// [`TargetShared::note_conn_failure`]).
+    fn note_conn_failure(&self, e: &Error) {
+        if let Some(q) = self.state.queue() {
+            self.target.note_conn_failure(e, &q.ctrl.hostnqn, self.peer);
+        }
+    }
+
     /// Writes out what the handlers queued (the end-of-iteration flush).
     pub(crate) fn flush(&mut self) {
         if self.closing.is_none() {
             if let Err(e) = self.conn.flush() {
-                self.close(None, format!("send failed: {e}"));
+                let f = self.send_failed(&e);
+                self.close(f.term, f.why);
             }
         }
     }
@@ -451,6 +476,8 @@ impl Session {
 
     /// Adds this session's counters to the target's totals.
     fn publish_stats(&mut self) {
+        self.stats.key_updates_sent = self.conn.stats.key_updates_sent;
+        self.stats.key_updates_received = self.conn.stats.key_updates_received;
         let s = self.stats;
         let p = self.published;
         if s.commands == p.commands {

@@ -79,7 +79,7 @@ impl Session {
                         continue;
                     }
                     Some(Err(e)) => {
-                        return Err(Fatal::close(format!("send failed: {e}")));
+                        return Err(self.send_failed(&e));
                     }
                     None => {}
                 }

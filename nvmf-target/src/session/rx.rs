@@ -79,7 +79,7 @@ impl Session {
                 };
                 if self.policy.kick_now(waiting, more) {
                     if let Err(e) = self.conn.flush() {
-                        return Err(Fatal::close(format!("send failed: {e}")));
+                        return Err(self.send_failed(&e));
                     }
                 }
             }

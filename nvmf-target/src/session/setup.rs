@@ -129,6 +129,9 @@ impl Session {
                     depth: u32::from(q.sqsize) + 1,
                     digests: self.digests,
                 });
+                // A host known not to take a KeyUpdate renews by being closed at the count.
+                self.conn
+                    .set_key_renewal(self.target.key_renewal(Some(&q.ctrl.hostnqn)));
                 // The set-up state goes: a connected session carries only its queue.
                 self.state = State::Connected(Connected {
                     queue: q,

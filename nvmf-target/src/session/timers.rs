@@ -113,6 +113,19 @@ impl Session {
         } else if q.ctrl.is_dead() {
             return Some(format!("controller {} was torn down", q.ctrl.cntlid));
         }
+        if now_ms >= self.next_key_check_ms {
+            // A key's age is checked once a second (cheap: its count is checked at every record).
+            self.next_key_check_ms = now_ms + 1000;
+            if let Err(e) = self.conn.renew_keys_if_due(Instant::now()) {
+                self.note_conn_failure(&e);
+                return Some(match e {
+                    nvpoll_wire::Error::Rekey(nvpoll_wire::RekeyCause::Planned) => {
+                        super::RENEWED_BY_CLOSE.to_string()
+                    }
+                    e => e.to_string(),
+                });
+            }
+        }
         None
     }
 }

@@ -146,7 +146,7 @@ struct Args {
     /// embedded target renews at the same count. A target that ends the connection at our KeyUpdate is said
     /// once, and its queues renew by reconnecting instead. With renewals, the table gains a column of the
     /// KeyUpdates sent/received.
-    #[arg(long, value_name = "RECORDS", value_parser = parse_key_update)]
+    #[arg(long, value_name = "RECORDS", value_parser = common::parse_key_update)]
     tls_key_update: Option<u64>,
     /// NVMe/TCP: ask for header digests (CRC32C of every PDU header) in ICReq.
     #[arg(long)]
@@ -200,17 +200,6 @@ struct Args {
     ram: u64,
     #[command(flatten)]
     verbosity: common::Verbosity,
-}
-
-/// `--tls-key-update`: a record count the renewal takes.
-fn parse_key_update(s: &str) -> Result<u64, String> {
-    let n: u64 = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of records"))?;
-    KeyRenewal::after(n)
-        .check()
-        .map(|()| n)
-        .map_err(str::to_string)
 }
 
 fn main() {
@@ -491,6 +480,9 @@ fn run(args: Args) -> Result<(), String> {
         let demo_key = ConfiguredKey::parse(DEMO_KEY).expect("the demo key parses");
         let target_key = key.clone().unwrap_or(demo_key);
         o = common::with_dhchap(o, dhchap_args(&args))?;
+        if let Some(n) = args.tls_key_update {
+            o.tls_key_renewal = KeyRenewal::after(n);
+        }
         // Before anything spins there: what one cache line costs between the initiator's core and the
         // target's, which decides loopback results on a VM and can change under it (nvpoll_tools::machine).
         if let (Some(&i), Some(&t)) = (cores.cores().first(), tcores.cores().first()) {
@@ -790,6 +782,8 @@ mod embedded_target {
         }
         let mut config = TargetConfig::new(listen).subsystem(subsystem);
         config.tcp_congestion = tcp_congestion;
+        // Both sides renew at the same count.
+        config.tls_key_renewal = host.tls_key_renewal;
         config.tls = Some(TargetTls::with_host_keys(
             false,
             &[(hostnqn.to_string(), key.clone())],

@@ -61,6 +61,13 @@ struct Args {
     #[arg(long, value_name = "NAME")]
     tcp_congestion: Option<String>,
 
+    /// With TLS: renew each connection's keys after this many records under one key (a KeyUpdate that asks
+    /// the host to renew too; 1 to 8388608). Default: 8388608 (2^23), or the configuration file's
+    /// tls_key_update; changeable at run time with the RPC tls_key_update_set. A host that ends a connection
+    /// at our KeyUpdate is said once, and its connections are closed at the count instead.
+    #[arg(long, value_name = "RECORDS", value_parser = nvpoll_tools::cli::parse_key_update)]
+    tls_key_update: Option<u64>,
+
     /// A host's TLS PSK, as HOSTNQN=KEY with KEY in the NVMe interchange format (NVMeTLSkey-1:01:...:). May be
     /// given once per host. The host may present the v0 or v1 identity derived from it.
     #[arg(long = "psk", value_name = "HOSTNQN=KEY", conflicts_with = "config")]
@@ -177,7 +184,7 @@ fn ordinary_close(reason: &str) -> bool {
     matches!(
         reason,
         "closed by the host" | "host sent Disconnect" | "target stopping"
-    )
+    ) || reason.starts_with("closed to renew the TLS keys")
 }
 
 fn main() -> ExitCode {
@@ -359,6 +366,9 @@ fn run(args: Args) -> Result<(), String> {
     }
     if let Some(cc) = &args.tcp_congestion {
         config.tcp_congestion = Some(cc.clone());
+    }
+    if let Some(n) = args.tls_key_update {
+        config.tls_key_renewal = nvpoll_tcp::KeyRenewal::after(n);
     }
     if config.tcp_congestion.is_none() {
         congestion_notice();
