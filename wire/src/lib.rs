@@ -11,6 +11,29 @@
 // Wire and parse code, where a silent truncation corrupts a field.
 #![deny(clippy::cast_possible_truncation)]
 
+/// A wire enum: `#[repr]` with the spec's values, and `FROM(v)`, the variant with wire value `v` if there is one.
+/// Attributes before the name (its documentation, more derives) go on the enum.
+macro_rules! wire_enum {
+    ($(#[$attr:meta])* $name:ident: $repr:ident, $from:ident; $($(#[doc = $doc:literal])* $variant:ident = $value:literal,)*) => {
+        $(#[$attr])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr($repr)]
+        pub enum $name {
+            $($(#[doc = $doc])* $variant = $value,)*
+        }
+
+        impl $name {
+            /// The variant with wire value `v`, if there is one.
+            pub const fn $from(v: $repr) -> Option<$name> {
+                $(if v == $value {
+                    return Some($name::$variant);
+                })*
+                None
+            }
+        }
+    };
+}
+
 pub mod conn;
 pub mod dhchap;
 mod error;

@@ -75,28 +75,6 @@ const IC_DGST_HDGST: u8 = 0x01;
 /// ICReq/ICResp digest field: data digests enabled.
 const IC_DGST_DDGST: u8 = 0x02;
 
-/// A wire enum: `#[repr]` with the spec's values, and `FROM(v)`, the variant with wire value `v` if there is one.
-macro_rules! wire_enum {
-    ($(#[doc = $edoc:literal])* $name:ident: $repr:ident, $from:ident; $($(#[doc = $doc:literal])* $variant:ident = $value:literal,)*) => {
-        $(#[doc = $edoc])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        #[repr($repr)]
-        pub enum $name {
-            $($(#[doc = $doc])* $variant = $value,)*
-        }
-
-        impl $name {
-            /// The variant with wire value `v`, if there is one.
-            pub const fn $from(v: $repr) -> Option<$name> {
-                $(if v == $value {
-                    return Some($name::$variant);
-                })*
-                None
-            }
-        }
-    };
-}
-
 wire_enum! {
     /// The PDU types of NVMe/TCP.
     PduType: u8, from_u8;
@@ -701,6 +679,21 @@ struct Layout {
     plen: usize,
 }
 
+impl Layout {
+    /// A PDU without a data section: it ends where its header (and header digest) ends.
+    const fn header_only(ty: PduType, hlen: usize, hend: usize) -> Layout {
+        Layout {
+            ty,
+            hlen,
+            hend,
+            data_off: hend,
+            data_len: 0,
+            ddgst: false,
+            plen: hend,
+        }
+    }
+}
+
 /// Checks the common header against the type's rules and the configuration.
 fn check_common_header(ch: &[u8], cfg: &DecodeConfig) -> Result<Layout, PduError> {
     let (raw, flags, hlen, pdo, plen) = (ch[0], ch[1], ch[2], ch[3], le32(ch, 4));
@@ -736,15 +729,7 @@ fn check_common_header(ch: &[u8], cfg: &DecodeConfig) -> Result<Layout, PduError
             if plen_us != IC_LEN {
                 return bad_plen;
             }
-            Ok(Layout {
-                ty,
-                hlen,
-                hend: hlen,
-                data_off: hlen,
-                data_len: 0,
-                ddgst: false,
-                plen: plen_us,
-            })
+            Ok(Layout::header_only(ty, hlen, hlen))
         }
         PduType::H2CTermReq | PduType::C2HTermReq => {
             if flags != 0 {
@@ -782,15 +767,7 @@ fn check_common_header(ch: &[u8], cfg: &DecodeConfig) -> Result<Layout, PduError
             if plen_us != hend {
                 return bad_plen;
             }
-            Ok(Layout {
-                ty,
-                hlen,
-                hend,
-                data_off: hend,
-                data_len: 0,
-                ddgst: false,
-                plen: plen_us,
-            })
+            Ok(Layout::header_only(ty, hlen, hend))
         }
         PduType::CapsuleCmd | PduType::H2CData | PduType::C2HData => {
             let allowed = FLAG_HDGST
@@ -822,15 +799,7 @@ fn check_common_header(ch: &[u8], cfg: &DecodeConfig) -> Result<Layout, PduError
                 if pdo != 0 {
                     return bad_pdo;
                 }
-                return Ok(Layout {
-                    ty,
-                    hlen,
-                    hend,
-                    data_off: hend,
-                    data_len: 0,
-                    ddgst: false,
-                    plen: plen_us,
-                });
+                return Ok(Layout::header_only(ty, hlen, hend));
             }
             if ddgstf != cfg.ddgst {
                 return bad_dgst;
@@ -1157,6 +1126,29 @@ fn put_data(out: &mut Vec<u8>, data: &[u8], ddgst: bool) {
     }
 }
 
+/// Appends a PDU whose header `header` appends, then `data` and, if `ddgst`, its digest. Returns the bytes
+/// appended.
+fn put_with_data(
+    out: &mut Vec<u8>,
+    data: &[u8],
+    ddgst: bool,
+    header: impl FnOnce(&mut Vec<u8>) -> usize,
+) -> usize {
+    let start = out.len();
+    header(out);
+    put_data(out, data, ddgst);
+    out.len() - start
+}
+
+/// Writes the fields that H2CData, C2HData and R2T headers keep at the same offsets: CCCID, TTAG (reserved in
+/// C2HData, where it stays 0), and the offset and length of the data.
+fn put_transfer(h: &mut [u8], cccid: u16, ttag: u16, offset: u32, len: u32) {
+    h[8..10].copy_from_slice(&cccid.to_le_bytes());
+    h[10..12].copy_from_slice(&ttag.to_le_bytes());
+    h[12..16].copy_from_slice(&offset.to_le_bytes());
+    h[16..20].copy_from_slice(&len.to_le_bytes());
+}
+
 fn put_ic(out: &mut Vec<u8>, ty: PduType, pda: u8, digests: Digests, dw: u32) -> usize {
     let dgst = if digests.header { IC_DGST_HDGST } else { 0 }
         | if digests.data { IC_DGST_DDGST } else { 0 };
@@ -1180,17 +1172,17 @@ pub fn encode_ic_resp(out: &mut Vec<u8>, ic: &IcResp) -> usize {
 
 fn put_term_req(out: &mut Vec<u8>, ty: PduType, t: &TermReq<'_>) -> usize {
     let data = &t.data[..t.data.len().min(MAX_TERM_DATA)];
-    let start = out.len();
-    put_header(out, ty, 0, 0, Digests::NONE, 0, |h| {
-        // data is cut to MAX_TERM_DATA (128) bytes above.
-        #[allow(clippy::cast_possible_truncation)]
-        let plen = (24 + data.len()) as u32;
-        h[4..8].copy_from_slice(&plen.to_le_bytes());
-        h[8..10].copy_from_slice(&t.fes.to_le_bytes());
-        h[10..14].copy_from_slice(&t.fei.to_le_bytes());
-    });
-    out.extend_from_slice(data);
-    out.len() - start
+    // Termination requests never carry a data digest.
+    put_with_data(out, data, false, |out| {
+        put_header(out, ty, 0, 0, Digests::NONE, 0, |h| {
+            // data is cut to MAX_TERM_DATA (128) bytes above.
+            #[allow(clippy::cast_possible_truncation)]
+            let plen = (24 + data.len()) as u32;
+            h[4..8].copy_from_slice(&plen.to_le_bytes());
+            h[8..10].copy_from_slice(&t.fes.to_le_bytes());
+            h[10..14].copy_from_slice(&t.fei.to_le_bytes());
+        })
+    })
 }
 
 /// Appends an H2CTermReq; `term.data` beyond [`MAX_TERM_DATA`] bytes is cut off. Returns the bytes appended.
@@ -1241,11 +1233,10 @@ pub fn encode_capsule_cmd(
     digests: Digests,
     cpda: u8,
 ) -> usize {
-    let start = out.len();
     let len = u32::try_from(data.len()).expect("in-capsule data exceeds u32");
-    encode_capsule_cmd_header(out, sqe, len, digests, cpda);
-    put_data(out, data, digests.data);
-    out.len() - start
+    put_with_data(out, data, digests.data, |out| {
+        encode_capsule_cmd_header(out, sqe, len, digests, cpda)
+    })
 }
 
 /// Appends a response capsule (`digests.data` does not apply). Returns the bytes appended.
@@ -1276,12 +1267,7 @@ pub fn encode_h2c_data_header(
         hdr.datal as usize,
         digests,
         cpda,
-        |h| {
-            h[8..10].copy_from_slice(&hdr.cccid.to_le_bytes());
-            h[10..12].copy_from_slice(&hdr.ttag.to_le_bytes());
-            h[12..16].copy_from_slice(&hdr.datao.to_le_bytes());
-            h[16..20].copy_from_slice(&hdr.datal.to_le_bytes());
-        },
+        |h| put_transfer(h, hdr.cccid, hdr.ttag, hdr.datao, hdr.datal),
     )
 }
 
@@ -1301,10 +1287,9 @@ pub fn encode_h2c_data(
         hdr.datal as usize,
         "H2CData datal must match the data"
     );
-    let start = out.len();
-    encode_h2c_data_header(out, hdr, digests, cpda);
-    put_data(out, data, digests.data);
-    out.len() - start
+    put_with_data(out, data, digests.data, |out| {
+        encode_h2c_data_header(out, hdr, digests, cpda)
+    })
 }
 
 /// Appends the header of a C2HData PDU carrying `hdr.datal` bytes: header, header digest, padding to the
@@ -1334,11 +1319,7 @@ pub fn encode_c2h_data_header(
         hdr.datal as usize,
         digests,
         hpda,
-        |h| {
-            h[8..10].copy_from_slice(&hdr.cccid.to_le_bytes());
-            h[12..16].copy_from_slice(&hdr.datao.to_le_bytes());
-            h[16..20].copy_from_slice(&hdr.datal.to_le_bytes());
-        },
+        |h| put_transfer(h, hdr.cccid, 0, hdr.datao, hdr.datal),
     )
 }
 
@@ -1358,19 +1339,15 @@ pub fn encode_c2h_data(
         hdr.datal as usize,
         "C2HData datal must match the data"
     );
-    let start = out.len();
-    encode_c2h_data_header(out, hdr, digests, hpda);
-    put_data(out, data, digests.data);
-    out.len() - start
+    put_with_data(out, data, digests.data, |out| {
+        encode_c2h_data_header(out, hdr, digests, hpda)
+    })
 }
 
 /// Appends an R2T (`digests.data` does not apply). Returns the bytes appended.
 pub fn encode_r2t(out: &mut Vec<u8>, r2t: &R2T, digests: Digests) -> usize {
     put_header(out, PduType::R2T, 0, 0, digests, 0, |h| {
-        h[8..10].copy_from_slice(&r2t.cccid.to_le_bytes());
-        h[10..12].copy_from_slice(&r2t.ttag.to_le_bytes());
-        h[12..16].copy_from_slice(&r2t.r2to.to_le_bytes());
-        h[16..20].copy_from_slice(&r2t.r2tl.to_le_bytes());
+        put_transfer(h, r2t.cccid, r2t.ttag, r2t.r2to, r2t.r2tl);
     })
 }
 
