@@ -11,8 +11,8 @@ use std::fmt;
 use zeroize::Zeroizing;
 
 use super::{
-    random, response, responses_match, DhGroup, FailureReason, Hash, KeyPair, Message,
-    ResponseInput, Role, Secret,
+    random, response, responses_match, usable, Choice, DhGroup, FailureReason, Hash, KeyPair,
+    Message, ResponseInput, Role, Secret,
 };
 
 /// What the controller accepts and the keys it checks, fixed when a transaction starts.
@@ -30,6 +30,32 @@ pub struct Policy {
     /// Secure channel concatenation required: the transaction must ask for a generated TLS PSK (SC_C 01h),
     /// with an FFDHE group and SHA-256 or SHA-384; one that does not is refused (SC_C mismatch).
     pub concat: bool,
+}
+
+/// The first of what the policy allows (`policy`, strongest preferred, or when it names none every one,
+/// strongest first; under secure channel concatenation, less the one it cannot use) that the host offers by
+/// identifier; else the failure and why.
+fn choose<T: Choice>(
+    policy: &[T],
+    concat: bool,
+    offered: &[u8],
+) -> Result<T, (FailureReason, String)> {
+    let allowed = if policy.is_empty() {
+        usable(T::ALL.iter().rev(), concat)
+    } else {
+        usable(policy, concat)
+    };
+    allowed
+        .iter()
+        .copied()
+        .find(|x| offered.contains(&x.id()))
+        .ok_or_else(|| {
+            let (reason, what) = T::UNUSABLE;
+            (
+                reason,
+                format!("the host offers {what} {offered:?}, none of {allowed:?}"),
+            )
+        })
 }
 
 /// Work to run off the reactor; its result goes to [`ControllerAuth::resume`].
@@ -299,41 +325,12 @@ impl ControllerAuth {
                         "AUTH_Negotiate offers no DH-HMAC-CHAP".into(),
                     );
                 }
-                let mut allowed_hashes: Vec<Hash> = if self.policy.hashes.is_empty() {
-                    vec![Hash::Sha512, Hash::Sha384, Hash::Sha256]
-                } else {
-                    self.policy.hashes.clone()
-                };
-                if self.policy.concat {
-                    allowed_hashes.retain(|h| *h != Hash::Sha512);
-                }
-                let Some(hash) = allowed_hashes
-                    .iter()
-                    .copied()
-                    .find(|h| hashes.contains(&(*h as u8)))
-                else {
-                    return self.fail(
-                        FailureReason::HashUnusable,
-                        format!("the host offers hashes {hashes:?}, none of {allowed_hashes:?}"),
-                    );
-                };
-                let mut allowed_groups: Vec<DhGroup> = if self.policy.groups.is_empty() {
-                    DhGroup::ALL.iter().rev().copied().collect()
-                } else {
-                    self.policy.groups.clone()
-                };
-                if self.policy.concat {
-                    allowed_groups.retain(|g| *g != DhGroup::Null);
-                }
-                let Some(group) = allowed_groups
-                    .iter()
-                    .copied()
-                    .find(|g| groups.contains(&(*g as u8)))
-                else {
-                    return self.fail(
-                        FailureReason::DhGroupUnusable,
-                        format!("the host offers DH groups {groups:?}, none of {allowed_groups:?}"),
-                    );
+                let concat = self.policy.concat;
+                let chosen = choose(&self.policy.hashes, concat, &hashes)
+                    .and_then(|hash| Ok((hash, choose(&self.policy.groups, concat, &groups)?)));
+                let (hash, group) = match chosen {
+                    Ok(c) => c,
+                    Err((reason, why)) => return self.fail(reason, why),
                 };
                 self.state = State::Chosen { hash, group };
                 SendOutcome::Complete

@@ -2,8 +2,8 @@
 //! initiator runs it with Authentication Send and Receive on a queue it just connected).
 
 use super::{
-    random, response, responses_match, AuthError, DhGroup, FailureReason, Hash, KeyPair, Message,
-    ResponseInput, Role, Secret,
+    random, response, responses_match, usable, AuthError, DhGroup, FailureReason, Hash, KeyPair,
+    Message, ResponseInput, Role, Secret,
 };
 
 /// How a host authenticates.
@@ -111,19 +111,8 @@ pub fn authenticate<T: Transport>(
     } else {
         super::SC_C_NONE
     };
-    // Concatenation needs a DH exchange (its secret keys the PSK) and a hash TLS pairs with.
-    let offered_hashes: Vec<Hash> = auth
-        .hashes
-        .iter()
-        .copied()
-        .filter(|h| !auth.concat || *h != Hash::Sha512)
-        .collect();
-    let offered_groups: Vec<DhGroup> = auth
-        .groups
-        .iter()
-        .copied()
-        .filter(|g| !auth.concat || *g != DhGroup::Null)
-        .collect();
+    let offered_hashes: Vec<Hash> = usable(&auth.hashes, auth.concat);
+    let offered_groups: Vec<DhGroup> = usable(&auth.groups, auth.concat);
     let negotiate = Message::Negotiate {
         tid,
         sc_c,

@@ -45,10 +45,9 @@ const AUTHID_DHCHAP: u8 = 0x01;
 /// rounded up; hosts read with this allocation length.
 pub const MAX_MESSAGE: usize = 4096;
 
-/// Why an authentication failed, as AUTH_Failure1/2 carry it (reason code 01h, this explanation).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum FailureReason {
+wire_enum! {
+    /// Why an authentication failed, as AUTH_Failure1/2 carry it (reason code 01h, this explanation).
+    FailureReason: u8, from_u8;
     /// The response did not match: a wrong key.
     Failed = 0x01,
     /// No authentication protocol both sides know.
@@ -63,22 +62,6 @@ pub enum FailureReason {
     IncorrectPayload = 0x06,
     /// A message came out of order.
     IncorrectProtocolMessage = 0x07,
-}
-
-impl FailureReason {
-    /// From the reason code explanation byte.
-    pub fn from_u8(v: u8) -> Option<FailureReason> {
-        Some(match v {
-            0x01 => FailureReason::Failed,
-            0x02 => FailureReason::ProtocolUnusable,
-            0x03 => FailureReason::SccMismatch,
-            0x04 => FailureReason::HashUnusable,
-            0x05 => FailureReason::DhGroupUnusable,
-            0x06 => FailureReason::IncorrectPayload,
-            0x07 => FailureReason::IncorrectProtocolMessage,
-            _ => return None,
-        })
-    }
 }
 
 impl fmt::Display for FailureReason {
@@ -112,10 +95,10 @@ pub enum AuthError {
     Name(String),
 }
 
-/// A hash function of DH-HMAC-CHAP (HMAC identifiers 01h to 03h).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum Hash {
+wire_enum! {
+    /// A hash function of DH-HMAC-CHAP (HMAC identifiers 01h to 03h).
+    #[derive(PartialOrd, Ord)]
+    Hash: u8, from_id;
     /// SHA-256 (HMAC identifier 01h).
     Sha256 = 1,
     /// SHA-384 (02h).
@@ -127,16 +110,6 @@ pub enum Hash {
 impl Hash {
     /// Every hash, weakest first.
     pub const ALL: [Hash; 3] = [Hash::Sha256, Hash::Sha384, Hash::Sha512];
-
-    /// From its identifier.
-    pub fn from_id(id: u8) -> Option<Hash> {
-        match id {
-            1 => Some(Hash::Sha256),
-            2 => Some(Hash::Sha384),
-            3 => Some(Hash::Sha512),
-            _ => None,
-        }
-    }
 
     /// From its name: `sha256`, `hmac(sha256)` (nvmet's form), `sha-256` and the like.
     pub fn from_name(name: &str) -> Result<Hash, AuthError> {
@@ -215,10 +188,10 @@ impl fmt::Display for Hash {
     }
 }
 
-/// A Diffie-Hellman group of DH-HMAC-CHAP (identifiers 00h to 05h): none, or an RFC 7919 group.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum DhGroup {
+wire_enum! {
+    /// A Diffie-Hellman group of DH-HMAC-CHAP (identifiers 00h to 05h): none, or an RFC 7919 group.
+    #[derive(PartialOrd, Ord)]
+    DhGroup: u8, from_id;
     /// No Diffie-Hellman exchange (00h): the challenge is used as it is.
     Null = 0,
     /// ffdhe2048 (01h).
@@ -243,11 +216,6 @@ impl DhGroup {
         DhGroup::Ffdhe6144,
         DhGroup::Ffdhe8192,
     ];
-
-    /// From its identifier.
-    pub fn from_id(id: u8) -> Option<DhGroup> {
-        DhGroup::ALL.get(usize::from(id)).copied()
-    }
 
     /// From its name: `null`, `ffdhe2048`, ... (nvmet's and SPDK's names), or the number of bits.
     pub fn from_name(name: &str) -> Result<DhGroup, AuthError> {
@@ -334,6 +302,46 @@ impl DhGroup {
                 .expect("a prime of the group's size fits its precision"),
         )
     }
+}
+
+/// What a negotiation chooses one of: a hash, a DH group.
+trait Choice: Copy + PartialEq + fmt::Debug + 'static {
+    /// Every one, weakest first.
+    const ALL: &'static [Self];
+    /// The one that secure channel concatenation cannot use: it needs a hash that TLS pairs with and a DH
+    /// exchange (whose secret keys the PSK).
+    const CONCAT_UNFIT: Self;
+    /// The failure where the host offers none that is allowed, and what its explanation calls them.
+    const UNUSABLE: (FailureReason, &'static str);
+    /// Its identifier.
+    fn id(self) -> u8;
+}
+
+impl Choice for Hash {
+    const ALL: &'static [Hash] = &Hash::ALL;
+    const CONCAT_UNFIT: Hash = Hash::Sha512;
+    const UNUSABLE: (FailureReason, &'static str) = (FailureReason::HashUnusable, "hashes");
+    fn id(self) -> u8 {
+        self as u8
+    }
+}
+
+impl Choice for DhGroup {
+    const ALL: &'static [DhGroup] = &DhGroup::ALL;
+    const CONCAT_UNFIT: DhGroup = DhGroup::Null;
+    const UNUSABLE: (FailureReason, &'static str) = (FailureReason::DhGroupUnusable, "DH groups");
+    fn id(self) -> u8 {
+        self as u8
+    }
+}
+
+/// The ones of `list` that the transaction can use: under secure channel concatenation, all but
+/// [`Choice::CONCAT_UNFIT`].
+fn usable<'a, T: Choice>(list: impl IntoIterator<Item = &'a T>, concat: bool) -> Vec<T> {
+    list.into_iter()
+        .copied()
+        .filter(|x| !concat || *x != T::CONCAT_UNFIT)
+        .collect()
 }
 
 impl fmt::Display for DhGroup {
@@ -806,34 +814,31 @@ impl fmt::Debug for Message {
 const NEGOTIATE: u8 = 0x00;
 const CHALLENGE: u8 = 0x01;
 const REPLY: u8 = 0x02;
-
-/// The one-byte length field of a hash value: see [`Message::encode`] for why it fits.
-#[allow(clippy::cast_possible_truncation)]
-fn hash_len(v: &[u8]) -> u8 {
-    debug_assert!(
-        v.len() <= usize::from(u8::MAX),
-        "hash value of {} bytes",
-        v.len()
-    );
-    v.len() as u8
-}
-
-/// The two-byte length field of a DH value: see [`Message::encode`] for why it fits.
-#[allow(clippy::cast_possible_truncation)]
-fn dh_len(v: &[u8]) -> u16 {
-    debug_assert!(
-        v.len() <= usize::from(u16::MAX),
-        "DH value of {} bytes",
-        v.len()
-    );
-    v.len() as u16
-}
 const SUCCESS1: u8 = 0x03;
 const SUCCESS2: u8 = 0x04;
 const FAILURE2: u8 = 0xf0;
 const FAILURE1: u8 = 0xf1;
 /// Size of a negotiate protocol descriptor: AUTHID, reserved, HALEN, DHLEN, 30 hash and 30 group IDs.
 const DESCRIPTOR: usize = 64;
+
+/// The length of `v`, the `what` value of a length field that holds at most `max`: see [`Message::encode`]
+/// for why it fits.
+fn field_len(v: &[u8], max: usize, what: &str) -> usize {
+    debug_assert!(v.len() <= max, "{what} value of {} bytes", v.len());
+    v.len()
+}
+
+/// The one-byte length field of a hash value.
+#[allow(clippy::cast_possible_truncation)]
+fn hash_len(v: &[u8]) -> u8 {
+    field_len(v, usize::from(u8::MAX), "hash") as u8
+}
+
+/// The two-byte length field of a DH value.
+#[allow(clippy::cast_possible_truncation)]
+fn dh_len(v: &[u8]) -> u16 {
+    field_len(v, usize::from(u16::MAX), "DH") as u16
+}
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
