@@ -57,6 +57,17 @@ const ANATT_S: u8 = 10;
 /// next poll; a host that lost a path must wait KATO and then this long before it resubmits the path's
 /// outstanding commands elsewhere.
 pub(crate) const CQT_MS: u16 = 100;
+/// ANA capabilities an I/O controller reports: every state; a namespace's group is fixed while it is attached.
+const ANACAP: u8 = IdentifyController::ANACAP_OPTIMIZED
+    | IdentifyController::ANACAP_NON_OPTIMIZED
+    | IdentifyController::ANACAP_INACCESSIBLE
+    | IdentifyController::ANACAP_PERSISTENT_LOSS
+    | IdentifyController::ANACAP_CHANGE
+    | IdentifyController::ANACAP_GRPID_STATIC;
+/// Optional NVM commands an I/O controller supports: Write Zeroes, Dataset Management, reservations.
+const ONCS: u16 = IdentifyController::ONCS_WRITE_ZEROES
+    | IdentifyController::ONCS_DSM
+    | IdentifyController::ONCS_RESERVATIONS;
 /// Composite temperature reported (Kelvin): 35 °C.
 const TEMPERATURE_K: u16 = 308;
 /// Critical temperature (Kelvin): 85 °C.
@@ -231,7 +242,8 @@ pub(crate) fn connect(
         );
         return invalid(refusal, InvalidParameter::SQSIZE, reason);
     }
-    if c.qid == 0 {
+    // The admin queue makes a new controller, an I/O queue joins a live one.
+    let ctrl = if c.qid == 0 {
         let kato = if subsys.kind == Kind::Discovery && c.kato == 0 {
             DISCOVERY_KATO_MS
         } else {
@@ -258,45 +270,37 @@ pub(crate) fn connect(
             let reason = "no controller ID is free in the subsystem".into();
             return refuse(refusal, Status::CONNECT_CONTROLLER_BUSY, reason);
         };
-        return Ok(proven_by_tls(
-            Queue::new(
-                0,
-                c.sqsize,
-                c.cattr,
-                subsys,
-                ctrl,
-                target.limits.auth_step_timeout,
-            ),
-            identity,
-        ));
-    }
-    let Some(ctrl) = subsys.controller(cd.cntlid).filter(|c| !c.is_dead()) else {
-        let reason = format!("no live controller {} in the subsystem", cd.cntlid);
-        return invalid(refusal, InvalidParameter::CNTLID, reason);
+        ctrl
+    } else {
+        let Some(ctrl) = subsys.controller(cd.cntlid).filter(|c| !c.is_dead()) else {
+            let reason = format!("no live controller {} in the subsystem", cd.cntlid);
+            return invalid(refusal, InvalidParameter::CNTLID, reason);
+        };
+        if ctrl.hostnqn != cd.hostnqn {
+            let reason = format!(
+                "controller {} belongs to host '{}', not to this one",
+                cd.cntlid, ctrl.hostnqn
+            );
+            return invalid(refusal, InvalidParameter::HOSTNQN, reason);
+        }
+        if !ctrl.is_ready() {
+            let status = Status::COMMAND_SEQUENCE_ERROR.with_dnr();
+            let reason = format!(
+                "controller {} is not enabled (CC.EN) or not ready yet",
+                cd.cntlid
+            );
+            return refuse(refusal, status, reason);
+        }
+        if !ctrl.claim_io_queue(c.qid) {
+            let reason = format!(
+                "I/O queue {} is in use or beyond the {} I/O queues granted",
+                c.qid,
+                ctrl.max_io_queues()
+            );
+            return invalid(refusal, InvalidParameter::QID, reason);
+        }
+        ctrl
     };
-    if ctrl.hostnqn != cd.hostnqn {
-        let reason = format!(
-            "controller {} belongs to host '{}', not to this one",
-            cd.cntlid, ctrl.hostnqn
-        );
-        return invalid(refusal, InvalidParameter::HOSTNQN, reason);
-    }
-    if !ctrl.is_ready() {
-        let status = Status::COMMAND_SEQUENCE_ERROR.with_dnr();
-        let reason = format!(
-            "controller {} is not enabled (CC.EN) or not ready yet",
-            cd.cntlid
-        );
-        return refuse(refusal, status, reason);
-    }
-    if !ctrl.claim_io_queue(c.qid) {
-        let reason = format!(
-            "I/O queue {} is in use or beyond the {} I/O queues granted",
-            c.qid,
-            ctrl.max_io_queues()
-        );
-        return invalid(refusal, InvalidParameter::QID, reason);
-    }
     Ok(proven_by_tls(
         Queue::new(
             c.qid,
@@ -504,17 +508,7 @@ fn identify_controller(
         // Keep-alive granularity: 100 ms.
         kas: 1,
         anatt: if discovery { 0 } else { ANATT_S },
-        // Every state; a namespace's group is fixed while it is attached.
-        anacap: if discovery {
-            0
-        } else {
-            IdentifyController::ANACAP_OPTIMIZED
-                | IdentifyController::ANACAP_NON_OPTIMIZED
-                | IdentifyController::ANACAP_INACCESSIBLE
-                | IdentifyController::ANACAP_PERSISTENT_LOSS
-                | IdentifyController::ANACAP_CHANGE
-                | IdentifyController::ANACAP_GRPID_STATIC
-        },
+        anacap: if discovery { 0 } else { ANACAP },
         anagrpmax: if discovery { 0 } else { ANA_GROUP_MAX },
         nanagrpid: if discovery { 0 } else { ANA_GROUP_MAX },
         cqt: if discovery { 0 } else { CQT_MS },
@@ -524,13 +518,7 @@ fn identify_controller(
         nn: if discovery { 0 } else { MAX_NAMESPACES },
         // Every namespace may be attached (Linux wants MNAN set, and at most NN, to size its ANA log).
         mnan: if discovery { 0 } else { MAX_NAMESPACES },
-        oncs: if discovery {
-            0
-        } else {
-            IdentifyController::ONCS_WRITE_ZEROES
-                | IdentifyController::ONCS_DSM
-                | IdentifyController::ONCS_RESERVATIONS
-        },
+        oncs: if discovery { 0 } else { ONCS },
         vwc: u8::from(!discovery),
         // SGLs without alignment rules, offset addressing (in-capsule data), transport data blocks.
         sgls: 1 | 1 << 20 | 1 << 21,
