@@ -660,6 +660,12 @@ impl Shared {
         }
     }
 
+    /// Reports the change `line` and answers `true`, as the methods that change something do.
+    fn applied(&self, line: String) -> Result<Value, RpcError> {
+        self.changed(line);
+        Ok(Value::Bool(true))
+    }
+
     fn call(&self, method: &str, p: Value) -> Result<Value, RpcError> {
         let _one_at_a_time = self.serial.lock().unwrap_or_else(|e| e.into_inner());
         let h = &self.handle;
@@ -688,8 +694,7 @@ impl Shared {
             "listener_remove" => {
                 let p: AddressParams = params(&p)?;
                 h.remove_listener(p.address.0).map_err(RpcError::refused)?;
-                self.changed(format!("listener_remove {}", p.address.0));
-                Ok(Value::Bool(true))
+                self.applied(format!("listener_remove {}", p.address.0))
             }
             "subsystem_list" => {
                 params::<NoParams>(&p)?;
@@ -705,14 +710,12 @@ impl Shared {
                 let cfg = config::parse_subsystem(&p, &listeners, &*self.options.pcie)
                     .map_err(|e| RpcError::params(e.to_string()))?;
                 h.add_subsystem(&cfg).map_err(RpcError::refused)?;
-                self.changed(format!("subsystem_add {}", cfg.nqn));
-                Ok(Value::Bool(true))
+                self.applied(format!("subsystem_add {}", cfg.nqn))
             }
             "subsystem_remove" => {
                 let p: NqnParams = params(&p)?;
                 h.remove_subsystem(&p.nqn).map_err(RpcError::refused)?;
-                self.changed(format!("subsystem_remove {}", p.nqn));
-                Ok(Value::Bool(true))
+                self.applied(format!("subsystem_remove {}", p.nqn))
             }
             "namespace_add" => {
                 let Value::Object(mut object) = p else {
@@ -733,8 +736,7 @@ impl Shared {
                 let p: NamespaceIdParams = params(&p)?;
                 h.remove_namespace(&p.nqn, p.nsid)
                     .map_err(RpcError::refused)?;
-                self.changed(format!("namespace_remove {} nsid {}", p.nqn, p.nsid));
-                Ok(Value::Bool(true))
+                self.applied(format!("namespace_remove {} nsid {}", p.nqn, p.nsid))
             }
             "host_add" => {
                 let p: HostParams = params(&p)?;
@@ -756,8 +758,7 @@ impl Shared {
                 } else {
                     ""
                 };
-                self.changed(format!("host_add {} host {}{with}", p.nqn, p.host));
-                Ok(Value::Bool(true))
+                self.applied(format!("host_add {} host {}{with}", p.nqn, p.host))
             }
             "host_remove" => {
                 let p: HostNameParams = params(&p)?;
@@ -781,8 +782,7 @@ impl Shared {
                     h.remove_host_key(&p.nqn, &p.host)
                         .map_err(RpcError::refused)?;
                 }
-                self.changed(format!("host_remove {} host {}", p.nqn, p.host));
-                Ok(Value::Bool(true))
+                self.applied(format!("host_remove {} host {}", p.nqn, p.host))
             }
             "subsystem_set_max_io_queues" => {
                 let p: MaxIoQueuesParams = params(&p)?;
@@ -799,22 +799,19 @@ impl Shared {
                 let p: AllowAnyParams = params(&p)?;
                 h.set_allow_any_host(&p.nqn, p.allow)
                     .map_err(RpcError::refused)?;
-                self.changed(format!("subsystem_allow_any_host {} {}", p.nqn, p.allow));
-                Ok(Value::Bool(true))
+                self.applied(format!("subsystem_allow_any_host {} {}", p.nqn, p.allow))
             }
             "key_set" => {
                 let p: KeyParams = params(&p)?;
                 let key = host_key(&p.host, &p.psk_file)?;
                 h.set_host_key(&p.nqn, key).map_err(RpcError::refused)?;
-                self.changed(format!("key_set {} host {}", p.nqn, p.host));
-                Ok(Value::Bool(true))
+                self.applied(format!("key_set {} host {}", p.nqn, p.host))
             }
             "key_remove" => {
                 let p: HostNameParams = params(&p)?;
                 h.remove_host_key(&p.nqn, &p.host)
                     .map_err(RpcError::refused)?;
-                self.changed(format!("key_remove {} host {}", p.nqn, p.host));
-                Ok(Value::Bool(true))
+                self.applied(format!("key_remove {} host {}", p.nqn, p.host))
             }
             "dhchap_key_set" => {
                 let p: DhchapKeyParams = params(&p)?;
@@ -834,7 +831,7 @@ impl Shared {
                     concat: p.concat,
                 };
                 h.set_dhchap_key(&p.nqn, key).map_err(RpcError::refused)?;
-                self.changed(format!(
+                self.applied(format!(
                     "dhchap_key_set {} host {}{}",
                     p.nqn,
                     p.host,
@@ -843,15 +840,13 @@ impl Shared {
                     } else {
                         ""
                     }
-                ));
-                Ok(Value::Bool(true))
+                ))
             }
             "dhchap_key_remove" => {
                 let p: HostNameParams = params(&p)?;
                 h.remove_dhchap_key(&p.nqn, &p.host)
                     .map_err(RpcError::refused)?;
-                self.changed(format!("dhchap_key_remove {} host {}", p.nqn, p.host));
-                Ok(Value::Bool(true))
+                self.applied(format!("dhchap_key_remove {} host {}", p.nqn, p.host))
             }
             "subsystem_set_dhchap" => {
                 let p: DhchapPolicyParams = params(&p)?;
@@ -870,11 +865,10 @@ impl Shared {
                 }
                 h.set_dhchap_policy(&p.nqn, policy)
                     .map_err(RpcError::refused)?;
-                self.changed(format!(
+                self.applied(format!(
                     "subsystem_set_dhchap {} hashes {:?} dhgroups {:?}",
                     p.nqn, p.hashes, p.dhgroups
-                ));
-                Ok(Value::Bool(true))
+                ))
             }
             "ana_state_set" => {
                 let p: AnaStateParams = params(&p)?;
