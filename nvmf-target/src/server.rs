@@ -531,14 +531,11 @@ impl TargetHandle {
 
     /// Removes a host's TLS PSK for subsystem `nqn` (sessions already made stay).
     pub fn remove_host_key(&self, nqn: &str, hostnqn: &str) -> Result<(), Error> {
-        if self.nvm_subsystem(nqn)?.remove_key(hostnqn) {
-            Ok(())
-        } else {
-            Err(Error::NoHostKey {
-                nqn: nqn.to_string(),
-                host: hostnqn.to_string(),
-            })
-        }
+        let removed = self.nvm_subsystem(nqn)?.remove_key(hostnqn);
+        key_removed(removed, nqn, hostnqn, |nqn, host| Error::NoHostKey {
+            nqn,
+            host,
+        })
     }
 }
 
@@ -551,14 +548,11 @@ impl TargetHandle {
 
     /// Removes a host's DH-HMAC-CHAP keys on subsystem `nqn`: its new queues no longer authenticate.
     pub fn remove_dhchap_key(&self, nqn: &str, hostnqn: &str) -> Result<(), Error> {
-        if self.nvm_subsystem(nqn)?.remove_dhchap_key(hostnqn) {
-            Ok(())
-        } else {
-            Err(Error::NoDhchapKey {
-                nqn: nqn.to_string(),
-                host: hostnqn.to_string(),
-            })
-        }
+        let removed = self.nvm_subsystem(nqn)?.remove_dhchap_key(hostnqn);
+        key_removed(removed, nqn, hostnqn, |nqn, host| Error::NoDhchapKey {
+            nqn,
+            host,
+        })
     }
 
     /// Sets the DH-HMAC-CHAP hashes and groups subsystem `nqn` allows (empty lists: all), for the next
@@ -566,6 +560,20 @@ impl TargetHandle {
     pub fn set_dhchap_policy(&self, nqn: &str, policy: crate::DhchapPolicy) -> Result<(), Error> {
         self.nvm_subsystem(nqn)?.set_dhchap_allowed(policy);
         Ok(())
+    }
+}
+
+/// `Ok` where a key of host `hostnqn` on subsystem `nqn` was removed, else the error `none` makes of the two.
+fn key_removed(
+    removed: bool,
+    nqn: &str,
+    hostnqn: &str,
+    none: fn(String, String) -> Error,
+) -> Result<(), Error> {
+    if removed {
+        Ok(())
+    } else {
+        Err(none(nqn.to_string(), hostnqn.to_string()))
     }
 }
 

@@ -893,19 +893,12 @@ impl Subsystem {
 
     /// Sets (or replaces) `hostnqn`'s PSK.
     pub(crate) fn set_key(&self, key: HostKey) -> Result<(), Error> {
-        check_nqn(&key.hostnqn)?;
-        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
-        keys.retain(|k| k.hostnqn != key.hostnqn);
-        keys.push(key);
-        Ok(())
+        set_host_entry(&self.keys, key, |k| &k.hostnqn)
     }
 
     /// Removes `hostnqn`'s PSK; `false` if it had none. Connections already made stay.
     pub(crate) fn remove_key(&self, hostnqn: &str) -> bool {
-        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
-        let before = keys.len();
-        keys.retain(|k| k.hostnqn != hostnqn);
-        keys.len() != before
+        remove_host_entry(&self.keys, hostnqn, |k| &k.hostnqn)
     }
 
     /// What `hostnqn` must prove in band, if it has DH-HMAC-CHAP keys here (read at each transaction, so a
@@ -929,19 +922,12 @@ impl Subsystem {
     /// Sets (or replaces) a host's DH-HMAC-CHAP keys; live queues keep their authentication, and the host's
     /// next transaction (a re-authentication or a new queue) uses the new keys.
     pub(crate) fn set_dhchap_key(&self, key: DhchapKey) -> Result<(), Error> {
-        check_nqn(&key.hostnqn)?;
-        let mut keys = self.dhchap_keys.write().unwrap_or_else(|e| e.into_inner());
-        keys.retain(|k| k.hostnqn != key.hostnqn);
-        keys.push(key);
-        Ok(())
+        set_host_entry(&self.dhchap_keys, key, |k| &k.hostnqn)
     }
 
     /// Removes a host's DH-HMAC-CHAP keys (its new queues no longer authenticate); `false` if it had none.
     pub(crate) fn remove_dhchap_key(&self, hostnqn: &str) -> bool {
-        let mut keys = self.dhchap_keys.write().unwrap_or_else(|e| e.into_inner());
-        let before = keys.len();
-        keys.retain(|k| k.hostnqn != hostnqn);
-        keys.len() != before
+        remove_host_entry(&self.dhchap_keys, hostnqn, |k| &k.hostnqn)
     }
 
     /// Keeps the TLS PSK a secure channel concatenation of `hostnqn` generated; returns its identity. A host
@@ -1032,6 +1018,27 @@ impl Subsystem {
     pub(crate) fn remove_controller(&self, cntlid: u16) {
         lock(&self.controllers).live.remove(&cntlid);
     }
+}
+
+/// Puts `entry` in a list of one entry a host (`host` names its host), in place of the host's old one.
+fn set_host_entry<T>(
+    list: &RwLock<Vec<T>>,
+    entry: T,
+    host: fn(&T) -> &String,
+) -> Result<(), Error> {
+    check_nqn(host(&entry))?;
+    let mut list = list.write().unwrap_or_else(|e| e.into_inner());
+    list.retain(|e| host(e) != host(&entry));
+    list.push(entry);
+    Ok(())
+}
+
+/// Removes `hostnqn`'s entry from a list of one entry a host; `false` if it had none.
+fn remove_host_entry<T>(list: &RwLock<Vec<T>>, hostnqn: &str, host: fn(&T) -> &String) -> bool {
+    let mut list = list.write().unwrap_or_else(|e| e.into_inner());
+    let before = list.len();
+    list.retain(|e| host(e) != hostnqn);
+    list.len() != before
 }
 
 /// The least a subsystem asks of an NQN given in code: it fits the Connect field (the configuration file and the
