@@ -606,6 +606,27 @@ fn target(doc: &TargetDoc, ctx: &Ctx<'_>) -> Result<TargetConfig, Problem> {
     Ok(cfg)
 }
 
+/// The things `list` (the field at `at`) names, each as `from_name` reads it; an empty list is refused
+/// (`none` says what it lacks), as leaving the field out is how to allow all.
+fn named<T, E: std::fmt::Display>(
+    at: &FieldPath,
+    list: &[String],
+    from_name: fn(&str) -> Result<T, E>,
+    none: &str,
+) -> Result<Vec<T>, Problem> {
+    let mut out = Vec::with_capacity(list.len());
+    for (i, n) in list.iter().enumerate() {
+        out.push(from_name(n).map_err(|e| Problem::new(at.index(i), e.to_string()))?);
+    }
+    if out.is_empty() {
+        return Err(Problem::new(
+            at.clone(),
+            format!("{none}: leave the field out to allow all"),
+        ));
+    }
+    Ok(out)
+}
+
 fn check_text(at: FieldPath, what: &str, s: &str, max: usize) -> Result<(), Problem> {
     if s.is_empty() || s.len() > max || !s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
         return Err(Problem::new(
@@ -684,30 +705,17 @@ fn subsystem(
         }
     }
     if let Some(list) = &doc.dhchap_hashes {
-        for (i, n) in list.iter().enumerate() {
-            let h = nvpoll_wire::dhchap::Hash::from_name(n)
-                .map_err(|e| Problem::new(at.key("dhchap_hashes").index(i), e.to_string()))?;
-            cfg.dhchap.hashes.push(h);
-        }
-        if cfg.dhchap.hashes.is_empty() {
-            return Err(Problem::new(
-                at.key("dhchap_hashes"),
-                "no hash: leave the field out to allow all",
-            ));
-        }
+        let at = at.key("dhchap_hashes");
+        cfg.dhchap.hashes = named(&at, list, nvpoll_wire::dhchap::Hash::from_name, "no hash")?;
     }
     if let Some(list) = &doc.dhchap_dhgroups {
-        for (i, n) in list.iter().enumerate() {
-            let g = nvpoll_wire::dhchap::DhGroup::from_name(n)
-                .map_err(|e| Problem::new(at.key("dhchap_dhgroups").index(i), e.to_string()))?;
-            cfg.dhchap.groups.push(g);
-        }
-        if cfg.dhchap.groups.is_empty() {
-            return Err(Problem::new(
-                at.key("dhchap_dhgroups"),
-                "no group: leave the field out to allow all",
-            ));
-        }
+        let at = at.key("dhchap_dhgroups");
+        cfg.dhchap.groups = named(
+            &at,
+            list,
+            nvpoll_wire::dhchap::DhGroup::from_name,
+            "no group",
+        )?;
     }
     cfg.hosts = if doc.allow_any_host {
         HostAccess::AnyHost
