@@ -12,7 +12,7 @@
 
 use std::fmt;
 
-use super::common::{Core, HandshakeState, Negotiated};
+use super::common::{expect, Core, HandshakeState, Negotiated, AFTER_FINISHED};
 use super::error::TlsError;
 use super::keys::Psk;
 use super::kx::{Group, KeyPair};
@@ -254,15 +254,15 @@ impl ClientHs {
     ) -> Result<bool, TlsError> {
         match self.state {
             State::WaitServerHello { retried } => {
-                if typ != ht::SERVER_HELLO {
-                    return Err(TlsError::UnexpectedMessage("expected ServerHello"));
-                }
+                expect(typ, ht::SERVER_HELLO, "expected ServerHello")?;
                 self.server_hello(core, msg, retried, out)
             }
             State::WaitEncryptedExtensions => {
-                if typ != ht::ENCRYPTED_EXTENSIONS {
-                    return Err(TlsError::UnexpectedMessage("expected EncryptedExtensions"));
-                }
+                expect(
+                    typ,
+                    ht::ENCRYPTED_EXTENSIONS,
+                    "expected EncryptedExtensions",
+                )?;
                 check_encrypted_extensions(msg)?;
                 self.transcript.add(msg);
                 self.state = State::WaitFinished;
@@ -270,15 +270,11 @@ impl ClientHs {
             }
             State::WaitFinished => {
                 // A PSK handshake has no Certificate or CertificateRequest.
-                if typ != ht::FINISHED {
-                    return Err(TlsError::UnexpectedMessage("expected Finished"));
-                }
+                expect(typ, ht::FINISHED, "expected Finished")?;
                 self.finished(core, msg, out)?;
                 Ok(true)
             }
-            State::Done => Err(TlsError::UnexpectedMessage(
-                "handshake message after Finished",
-            )),
+            State::Done => Err(AFTER_FINISHED),
         }
     }
 

@@ -126,6 +126,20 @@ impl Core {
     }
 }
 
+/// Checks that a handshake message is of the type `want` the state waits for; `expected` is the error's
+/// words for another.
+pub(crate) fn expect(typ: u8, want: u8, expected: &'static str) -> Result<(), TlsError> {
+    if typ == want {
+        Ok(())
+    } else {
+        Err(TlsError::UnexpectedMessage(expected))
+    }
+}
+
+/// What either side says to a handshake message after its handshake is done.
+pub(crate) const AFTER_FINISHED: TlsError =
+    TlsError::UnexpectedMessage("handshake message after Finished");
+
 /// An alert record's body as an error (any alert during the handshake ends it).
 pub(crate) fn alert_error(body: &[u8]) -> TlsError {
     if body.len() != 2 {

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::common::{Core, HandshakeState, Negotiated};
+use super::common::{expect, Core, HandshakeState, Negotiated, AFTER_FINISHED};
 use super::error::TlsError;
 use super::keys::Psk;
 use super::kx::{Group, KeyPair};
@@ -108,15 +108,11 @@ impl ServerHs {
     ) -> Result<bool, TlsError> {
         match self.state {
             State::WaitClientHello | State::WaitSecondClientHello { .. } => {
-                if typ != ht::CLIENT_HELLO {
-                    return Err(TlsError::UnexpectedMessage("expected ClientHello"));
-                }
+                expect(typ, ht::CLIENT_HELLO, "expected ClientHello")?;
                 self.client_hello(core, msg, out)
             }
             State::WaitFinished => {
-                if typ != ht::FINISHED {
-                    return Err(TlsError::UnexpectedMessage("expected Finished"));
-                }
+                expect(typ, ht::FINISHED, "expected Finished")?;
                 let body = &msg[4..];
                 if body.len() != self.expected_finished.len() {
                     return Err(TlsError::Decode("Finished length"));
@@ -133,9 +129,7 @@ impl ServerHs {
                 self.state = State::Done;
                 Ok(true)
             }
-            State::Done => Err(TlsError::UnexpectedMessage(
-                "handshake message after Finished",
-            )),
+            State::Done => Err(AFTER_FINISHED),
         }
     }
 
