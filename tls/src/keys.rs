@@ -549,29 +549,37 @@ mod tests {
         assert!(!e.to_string().contains("VRL"));
     }
 
+    /// Checks the RFC 8446 derivations of configured key `key` against published vectors: the retained PSK,
+    /// and the TLS PSK of the v1 identity (`id1`) and of the v0 one; returns the key, the retained key and the v0
+    /// identity for further checks.
+    fn check_vectors(
+        key: &str,
+        retained: &str,
+        id1: &str,
+        psk1: &str,
+        psk0: &str,
+    ) -> (ConfiguredKey, RetainedKey, String) {
+        let k = ConfiguredKey::parse(key).unwrap();
+        let r = k.retained(HOST, Derivation::Rfc8446);
+        assert_eq!(r.dangerous_as_bytes(), hex(retained));
+        let identity1 = r.identity(IdentityVersion::V1, HOST, SUBSYS);
+        assert_eq!(identity1, id1);
+        assert_eq!(r.tls_psk(&identity1).dangerous_as_bytes(), hex(psk1));
+        let id0 = r.identity(IdentityVersion::V0, HOST, SUBSYS);
+        assert_eq!(r.tls_psk(&id0).dangerous_as_bytes(), hex(psk0));
+        (k, r, id0)
+    }
+
     #[test]
     fn sha256_derivation_vectors() {
-        let k = ConfiguredKey::parse(IK32).unwrap();
-        let r = k.retained(HOST, Derivation::Rfc8446);
-        assert_eq!(
-            r.dangerous_as_bytes(),
-            hex("073311dec37e219ff3acd43f130130c5bdd443c066e1cc3424e49030234ff7d5")
+        let (k, r, id0) = check_vectors(
+            IK32,
+            "073311dec37e219ff3acd43f130130c5bdd443c066e1cc3424e49030234ff7d5",
+            "NVMe1R01 nqn.psk-test-host nqn.psk-test-subsys iSbjiStwJ/1TrTvDlt2fjFmzvsytOJelidNnA+X5lEU=",
+            "8fc3c0badfd4c0c66fa3ca33aadd0314f85536cc9bc47338b60f3e6e563786ca",
+            "05c6503551ad136e6ee32e6eeb3f6d500b69701d84ec71e328f65c7f51566f68",
         );
-        let id1 = r.identity(IdentityVersion::V1, HOST, SUBSYS);
-        assert_eq!(
-            id1,
-            "NVMe1R01 nqn.psk-test-host nqn.psk-test-subsys iSbjiStwJ/1TrTvDlt2fjFmzvsytOJelidNnA+X5lEU="
-        );
-        assert_eq!(
-            r.tls_psk(&id1).dangerous_as_bytes(),
-            hex("8fc3c0badfd4c0c66fa3ca33aadd0314f85536cc9bc47338b60f3e6e563786ca")
-        );
-        let id0 = r.identity(IdentityVersion::V0, HOST, SUBSYS);
         assert_eq!(id0, "NVMe0R01 nqn.psk-test-host nqn.psk-test-subsys");
-        assert_eq!(
-            r.tls_psk(&id0).dangerous_as_bytes(),
-            hex("05c6503551ad136e6ee32e6eeb3f6d500b69701d84ec71e328f65c7f51566f68")
-        );
         let (id, psk) = k.derive(IdentityVersion::V0, HOST, SUBSYS, Derivation::Rfc8446);
         assert_eq!(id, id0);
         assert_eq!(psk.hash(), HashAlg::Sha256);
@@ -580,25 +588,12 @@ mod tests {
 
     #[test]
     fn sha384_derivation_vectors() {
-        let k = ConfiguredKey::parse(IK48).unwrap();
-        let r = k.retained(HOST, Derivation::Rfc8446);
-        assert_eq!(
-            r.dangerous_as_bytes(),
-            hex("73973a1b51a9acdde29a0610ac6a3ef852cf45936cca6830a661d18f68502f1a4c7a8ecb37524e0b1f7087cb4d680ad9")
-        );
-        let id1 = r.identity(IdentityVersion::V1, HOST, SUBSYS);
-        assert_eq!(
-            id1,
-            "NVMe1R02 nqn.psk-test-host nqn.psk-test-subsys QhW2+Rp6RzHlNtCslyRxMnwJ11tKKhz8JCAQpQ+XUD8f9td1VeH5h53yz2wKJG1a"
-        );
-        assert_eq!(
-            r.tls_psk(&id1).dangerous_as_bytes(),
-            hex("a2b2f943f479fc682555cec89857c80ed004ce92f32a973d5764155bb7e36b17a85368a0666d250afac9282dda2e62ca")
-        );
-        let id0 = r.identity(IdentityVersion::V0, HOST, SUBSYS);
-        assert_eq!(
-            r.tls_psk(&id0).dangerous_as_bytes(),
-            hex("f42ba63824cdfe421914c582921f85b5b5b7e2d4df084caeedc9be20b212e8bb0fe8a23e9d59a1c8fc6449da4970a78d")
+        let (_, r, id0) = check_vectors(
+            IK48,
+            "73973a1b51a9acdde29a0610ac6a3ef852cf45936cca6830a661d18f68502f1a4c7a8ecb37524e0b1f7087cb4d680ad9",
+            "NVMe1R02 nqn.psk-test-host nqn.psk-test-subsys QhW2+Rp6RzHlNtCslyRxMnwJ11tKKhz8JCAQpQ+XUD8f9td1VeH5h53yz2wKJG1a",
+            "a2b2f943f479fc682555cec89857c80ed004ce92f32a973d5764155bb7e36b17a85368a0666d250afac9282dda2e62ca",
+            "f42ba63824cdfe421914c582921f85b5b5b7e2d4df084caeedc9be20b212e8bb0fe8a23e9d59a1c8fc6449da4970a78d",
         );
         assert_eq!(r.tls_psk(&id0).hash(), HashAlg::Sha384);
     }
