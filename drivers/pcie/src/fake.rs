@@ -647,6 +647,29 @@ impl State {
         id.to_bytes()
     }
 
+    /// The queue ID of a Create I/O CQ or SQ command, if it is one of the granted I/O queues and `queues` has no
+    /// queue of that ID yet.
+    fn new_qid<Q>(&self, sqe: &Sqe, queues: &[Option<Q>]) -> Option<usize> {
+        let qid = (sqe.cdw10 & 0xffff) as usize;
+        (qid != 0 && qid <= usize::from(self.granted) && queues[qid].is_none()).then_some(qid)
+    }
+
+    /// The base address and the size (entries) of the queue that a Create I/O CQ or SQ command with entries of
+    /// `entry_size` bytes asks for: a size the controller supports, in physically contiguous, page-aligned
+    /// memory that the host mapped.
+    fn queue_memory(&self, sqe: &Sqe, entry_size: usize) -> Result<(u64, u32), Status> {
+        let size = (sqe.cdw10 >> 16) + 1;
+        if size < 2 || size > u32::from(self.cfg.mqes) + 1 {
+            return Err(Status::INVALID_QUEUE_SIZE);
+        }
+        let base = sqe.dptr1;
+        let bytes = size as usize * entry_size;
+        if sqe.cdw11 & 1 == 0 || base % PAGE_SIZE != 0 || !self.mem.contains(base, bytes) {
+            return Err(Status::INVALID_FIELD);
+        }
+        Ok((base, size))
+    }
+
     fn admin_command(&mut self, sqe: &Sqe) -> (Status, u32) {
         match sqe.opcode {
             admin::IDENTIFY => {
@@ -699,19 +722,13 @@ impl State {
                 (Status::SUCCESS, g | g << 16)
             }
             admin::CREATE_IO_CQ => {
-                let qid = (sqe.cdw10 & 0xffff) as usize;
-                let size = (sqe.cdw10 >> 16) + 1;
-                if qid == 0 || qid > usize::from(self.granted) || self.cqs[qid].is_some() {
+                let Some(qid) = self.new_qid(sqe, &self.cqs) else {
                     return (Status::INVALID_QUEUE_ID, 0);
-                }
-                if size < 2 || size > u32::from(self.cfg.mqes) + 1 {
-                    return (Status::INVALID_QUEUE_SIZE, 0);
-                }
-                let base = sqe.dptr1;
-                let bytes = size as usize * CQE_SIZE;
-                if sqe.cdw11 & 1 == 0 || base % PAGE_SIZE != 0 || !self.mem.contains(base, bytes) {
-                    return (Status::INVALID_FIELD, 0);
-                }
+                };
+                let (base, size) = match self.queue_memory(sqe, CQE_SIZE) {
+                    Ok(m) => m,
+                    Err(status) => return (status, 0),
+                };
                 self.cqs[qid] = Some(Cq {
                     base,
                     entries: size as u16,
@@ -722,23 +739,17 @@ impl State {
                 (Status::SUCCESS, 0)
             }
             admin::CREATE_IO_SQ => {
-                let qid = (sqe.cdw10 & 0xffff) as usize;
-                let size = (sqe.cdw10 >> 16) + 1;
                 let cqid = (sqe.cdw11 >> 16) as usize;
-                if qid == 0 || qid > usize::from(self.granted) || self.sqs[qid].is_some() {
+                let Some(qid) = self.new_qid(sqe, &self.sqs) else {
                     return (Status::INVALID_QUEUE_ID, 0);
-                }
+                };
                 if cqid == 0 || self.cqs.get(cqid).is_none_or(|c| c.is_none()) {
                     return (Status::CQ_INVALID, 0);
                 }
-                if size < 2 || size > u32::from(self.cfg.mqes) + 1 {
-                    return (Status::INVALID_QUEUE_SIZE, 0);
-                }
-                let base = sqe.dptr1;
-                let bytes = size as usize * SQE_SIZE;
-                if sqe.cdw11 & 1 == 0 || base % PAGE_SIZE != 0 || !self.mem.contains(base, bytes) {
-                    return (Status::INVALID_FIELD, 0);
-                }
+                let (base, size) = match self.queue_memory(sqe, SQE_SIZE) {
+                    Ok(m) => m,
+                    Err(status) => return (status, 0),
+                };
                 self.sqs[qid] = Some(Sq {
                     base,
                     entries: size as u16,
