@@ -29,6 +29,8 @@
 #   SPDK_RPC_PYTHON          the python3 that runs rpc.py (default /usr/bin/python3)
 #   NVPOLL_BIN_DIR      folder with our built perf and target (default: cargo build --release)
 #   INTEROP_TIME=2           seconds per cell
+#   INTEROP_KEY_UPDATE       TLS cells renew their keys after this many records (our perf's --tls-key-update,
+#                            our target's tls_key_update); default: ours renew at 2^23 and SPDK's never start
 #   INTEROP_WORKLOAD=randrw  randrw (50% reads) | randread | randwrite | read | write
 #   INTEROP_DIRECTIONS       ours-spdk,spdk-ours (default both; "" runs only nvme_fuzz)
 #   INTEROP_SIZES            512,4k,128k,1m
@@ -50,6 +52,8 @@ PROG=interop-spdk
 command -v timeout >/dev/null 2>&1 || die "timeout not found: apt-get install coreutils"
 
 TIME=${INTEROP_TIME:-2}
+KEY_UPDATE=${INTEROP_KEY_UPDATE:-}
+[ -z "$KEY_UPDATE" ] || [[ "$KEY_UPDATE" =~ ^[0-9]+$ ]] || die "INTEROP_KEY_UPDATE must be a number of records"
 WORKLOAD=${INTEROP_WORKLOAD:-randrw}
 case "$WORKLOAD" in randrw|randread|randwrite|read|write) ;; *) die "INTEROP_WORKLOAD: unknown workload '$WORKLOAD'" ;; esac
 [[ "$TIME" =~ ^[0-9]+$ ]] && [ "$TIME" -gt 0 ] || die "INTEROP_TIME must be a whole number of seconds"
@@ -138,6 +142,7 @@ start_our_target() {
     local conf=$WORK/our-target.json
     cat > "$conf" <<JSON
 {
+  ${KEY_UPDATE:+\"tls_key_update\": $KEY_UPDATE,}
   "listeners": [
     { "address": "127.0.0.1:$OUR_PLAIN_PORT", "tls": "off" },
     { "address": "127.0.0.1:$OUR_TLS_PORT", "tls": "required" }
@@ -172,7 +177,7 @@ record() {   # direction security digests size qd qpairs iops mibs result
 ours_to_spdk() {   # sec dg size qd qp
     local sec=$1 dg=$2 size=$3 qd=$4 qp=$5 port=$SPDK_PLAIN_PORT sub=$SUBNQN args=()
     local per=$(( qd / qp )); [ "$per" -ge 1 ] || per=1
-    [ "$sec" = tls ] && { port=$SPDK_TLS_PORT; sub=$SUBNQN_TLS; args+=(--psk "$KEY" --psk-identity-version 0); }
+    [ "$sec" = tls ] && { port=$SPDK_TLS_PORT; sub=$SUBNQN_TLS; args+=(--psk "$KEY" --psk-identity-version 0 ${KEY_UPDATE:+--tls-key-update "$KEY_UPDATE"}); }
     [ "$dg" = hd ] && args+=(--header-digest --data-digest)
     local log=$WORK/ours-spdk-$sec-$dg-$size-$qd-$qp.log rc=0
     run_bounded "$log" "$BIN/nvpoll-perf" --trid "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$sub" \
