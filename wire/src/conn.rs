@@ -661,10 +661,7 @@ impl Conn {
         self.stats.key_updates_received = tls.session.stats().key_updates_received;
         if tls.session.peer_key_overdue() {
             self.closed = true;
-            return Err(Error::Rekey(match self.renewal.method {
-                crate::RenewBy::Reconnect => crate::RekeyCause::Planned,
-                crate::RenewBy::KeyUpdate => crate::RekeyCause::PeerDidNotRenew,
-            }));
+            return Err(self.key_limit(crate::RekeyCause::PeerDidNotRenew));
         }
         if tls.session.has_pending() && read_error.is_none() {
             // A KeyUpdate reply is owed.
@@ -836,6 +833,15 @@ impl Conn {
         }
     }
 
+    /// A key reached its limit: the planned end of a connection that renews by reconnecting, or else
+    /// `unrenewed` (a KeyUpdate that should have come did not).
+    fn key_limit(&self, unrenewed: crate::RekeyCause) -> Error {
+        Error::Rekey(match self.renewal.method {
+            crate::RenewBy::Reconnect => crate::RekeyCause::Planned,
+            crate::RenewBy::KeyUpdate => unrenewed,
+        })
+    }
+
     /// A TLS connection's failure, said for what it is: a key limit becomes [`Error::Rekey`], and a
     /// connection the peer ended right after our KeyUpdate (never having sent one) [`Error::KeyUpdateRefused`].
     #[cold]
@@ -845,10 +851,7 @@ impl Conn {
         };
         match e {
             Error::Tls(nvpoll_tls::TlsError::KeyLimitReached) => {
-                Error::Rekey(match self.renewal.method {
-                    crate::RenewBy::Reconnect => crate::RekeyCause::Planned,
-                    crate::RenewBy::KeyUpdate => crate::RekeyCause::HardLimit,
-                })
+                self.key_limit(crate::RekeyCause::HardLimit)
             }
             Error::Closed | Error::Io { .. } | Error::Tls(nvpoll_tls::TlsError::PeerAlert(_))
                 if tls.session.peer_update_awaited()

@@ -199,9 +199,16 @@ impl std::fmt::Debug for Session {
     }
 }
 
-/// Why a connection of a host that takes no KeyUpdate closed at its record count (an ordinary close).
-pub(crate) const RENEWED_BY_CLOSE: &str =
-    "closed to renew the TLS keys (the host takes no KeyUpdate)";
+/// Why a connection that failed with `e` closes, in words: a connection of a host that takes no KeyUpdate,
+/// closed at its record count, says so as an ordinary close.
+fn close_reason(e: &Error) -> String {
+    match e {
+        Error::Rekey(nvpoll_wire::RekeyCause::Planned) => {
+            "closed to renew the TLS keys (the host takes no KeyUpdate)".to_string()
+        }
+        e => e.to_string(),
+    }
+}
 
 /// The receive buffer of a connection before Fabrics Connect.
 const SETUP_RX_BUFFER: usize = 8192;
@@ -390,8 +397,7 @@ impl Session {
         self.note_conn_failure(&e);
         let why = match e {
             Error::Closed => "closed by the host".to_string(),
-            Error::Rekey(nvpoll_wire::RekeyCause::Planned) => RENEWED_BY_CLOSE.to_string(),
-            e => e.to_string(),
+            e => close_reason(&e),
         };
         self.close(None, why);
         Progress::Busy

@@ -118,12 +118,7 @@ impl Session {
             self.next_key_check_ms = now_ms + 1000;
             if let Err(e) = self.conn.renew_keys_if_due(Instant::now()) {
                 self.note_conn_failure(&e);
-                return Some(match e {
-                    nvpoll_wire::Error::Rekey(nvpoll_wire::RekeyCause::Planned) => {
-                        super::RENEWED_BY_CLOSE.to_string()
-                    }
-                    e => e.to_string(),
-                });
+                return Some(super::close_reason(&e));
             }
         }
         None
