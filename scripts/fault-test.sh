@@ -16,7 +16,10 @@
 #   blackhole           all traffic of the target's port is dropped for 4 s, longer than a 2 s KATO
 #   lossy link          netem delay 5ms loss 2% on the namespace's veth for the whole run (without netem in the
 #                       kernel: 2% random loss with nft/iptables and a 40 Mbit/s tbf instead, said loudly)
-#   kill -9 + restart, TLS   as the first, with a TLS PSK: the reconnects redo the handshake
+#   TLS                 kill -9 + restart, kill -9 never back, tcp reset, blackhole (and, on request, the lossy
+#                       link) again with a TLS PSK required, and both sides renewing their TLS keys every
+#                       NVPOLL_FAULT_KEY_UPDATE records (1,000): the reconnects redo the handshake, KeyUpdates
+#                       cross the faults, and each TLS run must have renewed keys in both directions
 # and, with `perf --multipath` over two paths (two target processes on ports 4420 and 4421 in the namespace,
 # exporting one subsystem from the same file, with disjoint controller IDs):
 #   multipath kill -9   the first target is killed mid-run and restarted 1 s later: its commands wait KATO
@@ -33,8 +36,11 @@
 #   NVPOLL_FAULT_PROFILE     debug | release: the profile to build when NVPOLL_BIN_DIR is unset (debug)
 #   NVPOLL_FAULT_KEEP=0      1: keep the work folder (perf and target logs)
 #   NVPOLL_FAULT_SCENARIOS   comma-separated subset of: kill, kill-fail-fast, gone, reset, blackhole, lossy,
-#                            kill-tls, lossy-tls, mp-kill, mp-ana, mp-blackhole (default: all but lossy-tls,
-#                            in that order)
+#                            kill-tls, gone-tls, reset-tls, blackhole-tls, lossy-tls, mp-kill, mp-ana,
+#                            mp-blackhole (default: all but lossy-tls, in that order)
+#   NVPOLL_FAULT_KEY_UPDATE=1000  TLS scenarios: records under one key before a KeyUpdate, on both sides
+#                            (perf and target --tls-key-update); 0: the built-in default (2^23 records or an
+#                            hour, never reached here), and no renewal is required
 #   NVPOLL_FAULT_NETEM=any   require: a missing sch_netem is an error instead of the nft + tbf substitute
 # Needs: root, ip (iproute2, with network namespace and veth support), tc, nft (nftables) or iptables.
 set -euo pipefail
@@ -46,11 +52,13 @@ NQN=nqn.2024-01.io.nvpoll:fault-test
 # Test vector of the NVMe TLS PSK interchange format (shared/notes/tls-psk.md); a test-only key.
 PSK='NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:'
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:$(cat /proc/sys/kernel/random/uuid)
+KEY_UPDATE=${NVPOLL_FAULT_KEY_UPDATE:-1000}
 
 die() { echo "$PROG: error: $*" >&2; exit 2; }
 say() { echo "$PROG: $*"; }
 
 PATH=$PATH:/usr/sbin:/sbin   # ip, tc, nft live there
+[[ "$KEY_UPDATE" =~ ^[0-9]+$ ]] || die "NVPOLL_FAULT_KEY_UPDATE must be a number of records, not '$KEY_UPDATE'"
 [ "$(id -u)" = 0 ] || die "must run as root (it creates a network namespace and a veth pair)"
 for c in ip tc ss; do command -v "$c" >/dev/null 2>&1 || die "'$c' not found: apt-get install iproute2"; done
 command -v timeout >/dev/null 2>&1 || die "'timeout' not found: apt-get install coreutils"
@@ -268,7 +276,7 @@ lossy_off() {
 # one scenario: perf in the background, the fault from here, then checks
 # ---------------------------------------------------------------------------------------------------------------
 ROWS=() FAILS=0 RUNS=0
-row() { ROWS+=("$(printf '| %-42s | %9s | %9s | %6s | %7s | %4s | %10s | %9s | %19s | %12s | %-6s |' "$@")"); }
+row() { ROWS+=("$(printf '| %-42s | %9s | %9s | %6s | %7s | %4s | %10s | %9s | %19s | %12s | %11s | %-6s |' "$@")"); }
 FAULT_T0='' FAULT_SECS=''
 fault_begin() { FAULT_T0=$EPOCHREALTIME; }
 fault_end() { FAULT_SECS=$(awk -v a="$FAULT_T0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }'); }
@@ -308,7 +316,7 @@ run_scenario() {   # LABEL POLICY EXPECT SECONDS INJECT [perf args...]
     local why=()
     if [ -z "$line" ]; then
         why+=("perf printed no faults line (exit status $rc)")
-        row "$label ($policy)" - - - - - - - - - FAIL
+        row "$label ($policy)" - - - - - - - - - - FAIL
     else
         echo "  $line"
         local re='submitted ([0-9]+), ok ([0-9]+), failed ([0-9]+), refused ([0-9]+), retried ([0-9]+), lost ([0-9]+), mismatches ([0-9]+), longest stall ([0-9.]+) s'
@@ -317,11 +325,21 @@ run_scenario() {   # LABEL POLICY EXPECT SECONDS INJECT [perf args...]
         local retried=${BASH_REMATCH[5]} lost=${BASH_REMATCH[6]} mism=${BASH_REMATCH[7]} stall=${BASH_REMATCH[8]}
         local failover=-
         if [ "$MP" = 1 ] && [[ "$line" =~ failover\ ([0-9.]+)\ s ]]; then failover=${BASH_REMATCH[1]}; fi
+        local updates=- ku_sent=0 ku_recv=0
+        if [[ "$line" =~ key\ updates\ ([0-9]+)/([0-9]+) ]]; then
+            ku_sent=${BASH_REMATCH[1]} ku_recv=${BASH_REMATCH[2]}
+            [ ${#PERF_TLS[@]} = 0 ] || updates=$ku_sent/$ku_recv
+        fi
         [ "$rc" = 0 ] || why+=("perf exit status $rc")
         [ "$lost" = 0 ] || why+=("$lost I/Os lost")
         [ "$mism" = 0 ] || why+=("$mism verify mismatches")
         [ "$sub" = $((ok + failed + lost)) ] || why+=("submitted $sub != ok + failed + lost")
         [ "$ok" -gt 0 ] || why+=("no I/O completed")
+        if [ ${#PERF_TLS[@]} -gt 0 ] && [ "$KEY_UPDATE" != 0 ]; then
+            # Both directions renewed: ours sent, and the target's received (it asks on its own count).
+            [ "$ku_sent" -gt 0 ] || why+=("perf sent no TLS KeyUpdate (renewal every $KEY_UPDATE records)")
+            [ "$ku_recv" -gt 0 ] || why+=("perf received no TLS KeyUpdate from the target")
+        fi
         case "$expect" in
             failed) [ $((failed + refused)) -gt 0 ] || why+=("fail-fast failed no I/O: did the fault hit?") ;;
             *) [ "$failed" = 0 ] || why+=("$failed I/Os failed under the retry policy") ;;
@@ -336,7 +354,7 @@ run_scenario() {   # LABEL POLICY EXPECT SECONDS INJECT [perf args...]
         esac
         local verdict=ok
         [ ${#why[@]} = 0 ] || verdict=FAIL
-        row "$label ($policy)" "$sub" "$ok" "$failed" "$retried" "$lost" "$mism" "$FAULT_SECS" "$stall" "$failover" "$verdict"
+        row "$label ($policy)" "$sub" "$ok" "$failed" "$retried" "$lost" "$mism" "$FAULT_SECS" "$stall" "$failover" "$updates" "$verdict"
     fi
     if [ ${#why[@]} -gt 0 ]; then
         FAILS=$((FAILS + 1))
@@ -421,17 +439,22 @@ inject_blackhole_path() {
 # ---------------------------------------------------------------------------------------------------------------
 # the scenarios
 # ---------------------------------------------------------------------------------------------------------------
-SCENARIOS=${NVPOLL_FAULT_SCENARIOS:-kill,kill-fail-fast,gone,reset,blackhole,lossy,kill-tls,mp-kill,mp-ana,mp-blackhole}
+ALL_SCENARIOS='kill, kill-fail-fast, gone, reset, blackhole, lossy, kill-tls, gone-tls, reset-tls, blackhole-tls, lossy-tls, mp-kill, mp-ana, mp-blackhole'
+SCENARIOS=${NVPOLL_FAULT_SCENARIOS:-kill,kill-fail-fast,gone,reset,blackhole,lossy,kill-tls,gone-tls,reset-tls,blackhole-tls,mp-kill,mp-ana,mp-blackhole}
 for sc in ${SCENARIOS//,/ }; do
-    case "$sc" in
-        kill | kill-fail-fast | gone | reset | blackhole | lossy | kill-tls | lossy-tls | mp-kill | mp-ana | mp-blackhole) ;;
-        *) die "NVPOLL_FAULT_SCENARIOS: unknown scenario '$sc' (kill, kill-fail-fast, gone, reset, blackhole, lossy, kill-tls, lossy-tls, mp-kill, mp-ana, mp-blackhole)" ;;
+    case ", $ALL_SCENARIOS, " in
+        *", $sc, "*) ;;
+        *) die "NVPOLL_FAULT_SCENARIOS: unknown scenario '$sc' ($ALL_SCENARIOS)" ;;
     esac
 done
 T0=$SECONDS
 for sc in ${SCENARIOS//,/ }; do
     case "$sc" in
-        *-tls) TLS_ARGS=(--psk "$HOSTNQN=$PSK" --tls required); PERF_TLS=(--psk "$PSK") ;;
+        *-tls)
+            TLS_ARGS=(--psk "$HOSTNQN=$PSK" --tls required); PERF_TLS=(--psk "$PSK")
+            if [ "$KEY_UPDATE" != 0 ]; then
+                TLS_ARGS+=(--tls-key-update "$KEY_UPDATE"); PERF_TLS+=(--tls-key-update "$KEY_UPDATE")
+            fi ;;
         *) TLS_ARGS=(); PERF_TLS=() ;;
     esac
     case "$sc" in mp-*) MP=1 ;; *) MP=0 ;; esac
@@ -444,6 +467,10 @@ for sc in ${SCENARIOS//,/ }; do
         reset) run_scenario "tcp resets" retry reconnected 10 inject_reset ;;
         blackhole) run_scenario "blackhole 4 s, KATO 2 s" retry stall 12 inject_blackhole --kato 2s --io-timeout 15s ;;
         kill-tls) run_scenario "kill -9 + restart, TLS" retry retried 10 inject_kill_restart "${PERF_TLS[@]}" ;;
+        gone-tls) run_scenario "kill -9, never back, TLS" retry failed 10 inject_kill_for_good --ctrl-loss-tmo 3s "${PERF_TLS[@]}" ;;
+        reset-tls) run_scenario "tcp resets, TLS" retry reconnected 10 inject_reset "${PERF_TLS[@]}" ;;
+        blackhole-tls)
+            run_scenario "blackhole 4 s, KATO 2 s, TLS" retry stall 12 inject_blackhole --kato 2s --io-timeout 15s "${PERF_TLS[@]}" ;;
         mp-kill) run_scenario "multipath: kill -9 one target" retry retried 10 inject_kill_restart --kato 2s ;;
         mp-ana) run_scenario "multipath: ANA inaccessible 3 s" retry retried 10 inject_ana --kato 2s ;;
         mp-blackhole) run_scenario "multipath: blackhole one path 4 s" retry retried 12 inject_blackhole_path --kato 2s --io-timeout 15s ;;
@@ -459,8 +486,8 @@ for sc in ${SCENARIOS//,/ }; do
 done
 
 echo
-echo "| fault                                      | submitted |        ok | failed | retried | lost | mismatches | fault (s) | time to recover (s) | failover (s) | result |"
-echo "|--------------------------------------------|-----------|-----------|--------|---------|------|------------|-----------|---------------------|--------------|--------|"
+echo "| fault                                      | submitted |        ok | failed | retried | lost | mismatches | fault (s) | time to recover (s) | failover (s) | key updates | result |"
+echo "|--------------------------------------------|-----------|-----------|--------|---------|------|------------|-----------|---------------------|--------------|-------------|--------|"
 printf '%s\n' "${ROWS[@]}"
 echo
 echo "fault-test: $((SECONDS - T0)) s; fault = how long the fault lasted (kill to listening again, reset or blackhole"
@@ -468,5 +495,6 @@ echo "fault-test: rule on to off; '-': the whole run); time to recover = perf's 
 echo "fault-test: I/O was outstanding), which includes the fault itself; failover (multipath) = the longest a command"
 echo "fault-test: waited between the failure that took it off a path and its send on the other (KATO + CQT after a"
 echo "fault-test: lost connection, ~0 after an ANA refusal)"
+[ "$KEY_UPDATE" = 0 ] || echo "fault-test: key updates (TLS) = KeyUpdates perf sent / received over the run, both sides renewing every $KEY_UPDATE records"
 echo "fault-test: $((RUNS - FAILS)) passed, $FAILS failed"
 [ "$FAILS" = 0 ]

@@ -279,14 +279,16 @@ pub struct QueueStats {
     pub key_updates_received: u64,
     /// Commands submitted again after the transport recovered from a lost connection.
     pub retried: u64,
+    /// Times the transport connected the queue pair again after its connection ended (a fault, or a TLS
+    /// key renewal by reconnecting); 0 for PCIe.
+    pub reconnects: u64,
     /// Over the queue pair's life: the longest a command waited between the failure that took it off a path
     /// and its send on another (multipath's time to fail over; zero for a single path).
     pub longest_failover: std::time::Duration,
 }
 
 impl QueueStats {
-    /// `self - earlier`, field by field (saturating: a transport that reconnected starts its connection
-    /// counters again).
+    /// `self - earlier`, field by field (saturating, should a transport's counter ever start again).
     pub fn since(&self, earlier: &QueueStats) -> QueueStats {
         QueueStats {
             commands: self.commands.saturating_sub(earlier.commands),
@@ -303,6 +305,7 @@ impl QueueStats {
                 .key_updates_received
                 .saturating_sub(earlier.key_updates_received),
             retried: self.retried.saturating_sub(earlier.retried),
+            reconnects: self.reconnects.saturating_sub(earlier.reconnects),
             // A maximum, not a count: the later sample's.
             longest_failover: self.longest_failover,
         }

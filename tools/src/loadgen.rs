@@ -92,6 +92,7 @@ struct JobResult<Q> {
     rejected: u64,
     lost: u64,
     retried: u64,
+    reconnects: u64,
     key_updates: (u64, u64),
     max_stall: Duration,
     failover: Duration,
@@ -149,6 +150,9 @@ pub struct RunResult {
     pub rejected: u64,
     /// Commands the transport submitted again after recovering a lost connection.
     pub retried: u64,
+    /// Times the queue pairs connected again after losing their connection, over the whole run (faults, or
+    /// TLS keys renewed by reconnecting where the target refused a KeyUpdate).
+    pub reconnects: u64,
     /// TLS KeyUpdates the queue pairs sent over the whole run (our keys renewed).
     pub key_updates_sent: u64,
     /// TLS KeyUpdates they received (the target's keys renewed).
@@ -399,6 +403,7 @@ impl<Q: QueuePair> Job<Q> {
                 .map(|q| q.stats().since(&self.base))
                 .unwrap_or_default();
             let retried = over_run.retried;
+            let reconnects = over_run.reconnects;
             let key_updates = (over_run.key_updates_sent, over_run.key_updates_received);
             let failover = self
                 .qp
@@ -419,6 +424,7 @@ impl<Q: QueuePair> Job<Q> {
                 rejected: self.rejected,
                 lost,
                 retried,
+                reconnects,
                 key_updates,
                 max_stall: self.max_stall,
                 failover,
@@ -805,6 +811,7 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
             max_stall = max_stall.max(r.max_stall);
             failover = failover.max(r.failover);
             qs.retried += r.retried;
+            qs.reconnects += r.reconnects;
             qs.key_updates_sent += r.key_updates.0;
             qs.key_updates_received += r.key_updates.1;
             qs.writes += r.stats.writes;
@@ -848,6 +855,7 @@ impl<Q: QueuePair + Send + 'static> LoadGen<Q> {
             completed_ok,
             rejected,
             retried: qs.retried,
+            reconnects: qs.reconnects,
             key_updates_sent: qs.key_updates_sent,
             key_updates_received: qs.key_updates_received,
             lost,
@@ -876,12 +884,14 @@ pub struct Row {
     pub runs: Vec<RunResult>,
 }
 
-/// The rows as a Markdown table. Where any run renewed TLS keys, a last column counts the KeyUpdates sent
-/// and received (`sent/received`, over the whole run).
+/// The rows as a Markdown table. Where any run renewed TLS keys, a column counts the KeyUpdates sent and
+/// received (`sent/received`, over the whole run); where any queue pair reconnected, a last column counts
+/// its reconnects (a fault, or keys renewed by reconnecting).
 pub fn table(rows: &[Row]) -> String {
     let renewed = rows
         .iter()
         .any(|r| r.result.key_updates_sent + r.result.key_updates_received > 0);
+    let reconnected = rows.iter().any(|r| r.result.reconnects > 0);
     let mut s = String::new();
     let _ = write!(
         s,
@@ -901,6 +911,9 @@ pub fn table(rows: &[Row]) -> String {
     if renewed {
         let _ = write!(s, " {:>13} |", "key updates");
     }
+    if reconnected {
+        let _ = write!(s, " {:>10} |", "reconnects");
+    }
     let _ = write!(
         s,
         "\n|{:-<26}|{:-<10}|{:->11}|{:->10}|{:->10}|{:->10}|{:->10}|{:->12}|{:->12}|{:->13}|{:->11}|",
@@ -908,6 +921,9 @@ pub fn table(rows: &[Row]) -> String {
     );
     if renewed {
         let _ = write!(s, "{:->15}|", "");
+    }
+    if reconnected {
+        let _ = write!(s, "{:->12}|", "");
     }
     s.push('\n');
     for r in rows {
@@ -930,6 +946,9 @@ pub fn table(rows: &[Row]) -> String {
         if renewed {
             let updates = format!("{}/{}", x.key_updates_sent, x.key_updates_received);
             let _ = write!(s, " {updates:>13} |");
+        }
+        if reconnected {
+            let _ = write!(s, " {:>10} |", x.reconnects);
         }
         s.push('\n');
     }
@@ -958,6 +977,7 @@ struct JsonRun {
     completed_ok: u64,
     rejected: u64,
     retried: u64,
+    reconnects: u64,
     key_updates: JsonKeyUpdates,
     lost: u64,
     max_stall_s: f64,
@@ -993,6 +1013,7 @@ impl From<&RunResult> for JsonRun {
             completed_ok: x.completed_ok,
             rejected: x.rejected,
             retried: x.retried,
+            reconnects: x.reconnects,
             key_updates: JsonKeyUpdates {
                 sent: x.key_updates_sent,
                 received: x.key_updates_received,

@@ -629,6 +629,7 @@ impl<D: Device> QueuePair for PcieQueuePair<D> {
             key_updates_sent: 0,
             key_updates_received: 0,
             retried: self.rstats.retried,
+            reconnects: 0,
             longest_failover: std::time::Duration::ZERO,
         }
     }

@@ -621,6 +621,7 @@ impl QueuePair for MultipathQueuePair {
             s.key_updates_sent += q.key_updates_sent;
             s.key_updates_received += q.key_updates_received;
             s.retried += q.retried;
+            s.reconnects += q.reconnects;
         }
         s.retried += self.stats.retried;
         s.longest_failover = self.stats.longest_failover;

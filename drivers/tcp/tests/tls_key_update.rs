@@ -185,6 +185,12 @@ fn a_target_that_cannot_take_a_key_update_is_renewed_by_reconnecting() {
     assert!(ctrl.reconnects() >= 4, "reconnects {}", ctrl.reconnects());
     let r = qp.recovery_stats();
     assert_eq!(r.failed, 0, "{r:?}");
+    // The queue pair's counters go on across its reconnects: each one counted, and every command sent
+    // (1,200, and the retried ones again) in records that are not lost from the count when a connection ends.
+    assert_eq!(s.reconnects, r.reconnects, "{s:?} {r:?}");
+    assert!(s.reconnects >= 2, "{s:?}");
+    assert!(s.commands >= 1200, "{s:?}");
+    assert!(s.records >= 1200, "{s:?}");
 }
 
 #[test]

@@ -348,7 +348,8 @@ where
                     if m.faults {
                         println!(
                             "faults: {label} {mode}: submitted {}, ok {}, failed {}, refused {}, retried {}, lost {}, \
-                             mismatches {}, longest stall {:.3} s, failover {:.3} s",
+                             mismatches {}, longest stall {:.3} s, failover {:.3} s, reconnects {}, \
+                             key updates {}/{}",
                             r.submitted,
                             r.completed_ok,
                             r.errors,
@@ -357,7 +358,10 @@ where
                             r.lost,
                             r.mismatches,
                             r.max_stall.as_secs_f64(),
-                            r.failover.as_secs_f64()
+                            r.failover.as_secs_f64(),
+                            r.reconnects,
+                            r.key_updates_sent,
+                            r.key_updates_received
                         );
                     }
                     for f in &r.failures {

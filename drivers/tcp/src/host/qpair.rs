@@ -30,8 +30,63 @@ pub struct RecoveryStats {
     pub failed: u64,
     /// Commands that timed out (an Abort was requested for each).
     pub timeouts: u64,
-    /// TLS KeyUpdates sent and received on connections that are gone (the live one counts its own).
-    pub key_updates_past: (u64, u64),
+    /// The transport counters of connections that are gone (commands, PDUs, writes, reads, records,
+    /// flushes, key updates); the live connection counts its own, and [`QueuePair::stats`] adds the two.
+    pub past: ConnCounters,
+}
+
+/// A connection's transport counters, as [`QueueStats`] names them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnCounters {
+    /// Commands submitted.
+    pub commands: u64,
+    /// PDUs sent.
+    pub pdus: u64,
+    /// Send system calls that sent something.
+    pub writes: u64,
+    /// Receive system calls.
+    pub reads: u64,
+    /// TLS records sealed.
+    pub records: u64,
+    /// Plaintext bytes in those records.
+    pub record_bytes: u64,
+    /// End-of-iteration flushes that sent something.
+    pub flushes: u64,
+    /// TLS KeyUpdates sent.
+    pub key_updates_sent: u64,
+    /// TLS KeyUpdates received.
+    pub key_updates_received: u64,
+}
+
+impl ConnCounters {
+    fn of(q: &HostQueue) -> ConnCounters {
+        let c = q.conn_stats();
+        ConnCounters {
+            commands: q.commands(),
+            pdus: c.pdus_tx,
+            writes: c.writes,
+            reads: c.reads,
+            records: c.records,
+            record_bytes: c.record_bytes,
+            flushes: c.flushes,
+            key_updates_sent: c.key_updates_sent,
+            key_updates_received: c.key_updates_received,
+        }
+    }
+
+    fn plus(self, o: ConnCounters) -> ConnCounters {
+        ConnCounters {
+            commands: self.commands + o.commands,
+            pdus: self.pdus + o.pdus,
+            writes: self.writes + o.writes,
+            reads: self.reads + o.reads,
+            records: self.records + o.records,
+            record_bytes: self.record_bytes + o.record_bytes,
+            flushes: self.flushes + o.flushes,
+            key_updates_sent: self.key_updates_sent + o.key_updates_sent,
+            key_updates_received: self.key_updates_received + o.key_updates_received,
+        }
+    }
 }
 
 /// A queue pair's connection, or what it keeps while it has none.
@@ -200,9 +255,7 @@ impl TcpQueuePair {
             QueueState::Connected(q) => {
                 self.recovery.failed += q.commands_failed();
                 self.recovery.losses += 1;
-                let c = q.conn_stats();
-                self.recovery.key_updates_past.0 += c.key_updates_sent;
-                self.recovery.key_updates_past.1 += c.key_updates_received;
+                self.recovery.past = self.recovery.past.plus(ConnCounters::of(&q));
                 self.next_attempt = Instant::now();
                 QueueState::Reconnecting(q.park())
             }
@@ -459,28 +512,25 @@ impl QueuePair for TcpQueuePair {
         Ok(())
     }
 
+    /// Over the queue pair's life: the connections that are gone and the live one, added (so that a reconnect,
+    /// planned or not, does not make the counters start again).
     fn stats(&self) -> QueueStats {
-        let Some(q) = self.live() else {
-            // Reconnecting: no connection counters, but the recovery's own count goes on.
-            return QueueStats {
-                retried: self.recovery.retried,
-                key_updates_sent: self.recovery.key_updates_past.0,
-                key_updates_received: self.recovery.key_updates_past.1,
-                ..QueueStats::default()
-            };
+        let c = match self.live() {
+            Some(q) => self.recovery.past.plus(ConnCounters::of(q)),
+            None => self.recovery.past,
         };
-        let c = q.conn_stats();
         QueueStats {
-            commands: q.commands(),
-            pdus: c.pdus_tx,
+            commands: c.commands,
+            pdus: c.pdus,
             writes: c.writes,
             reads: c.reads,
             records: c.records,
             record_bytes: c.record_bytes,
             flushes: c.flushes,
             retried: self.recovery.retried,
-            key_updates_sent: self.recovery.key_updates_past.0 + c.key_updates_sent,
-            key_updates_received: self.recovery.key_updates_past.1 + c.key_updates_received,
+            reconnects: self.recovery.reconnects,
+            key_updates_sent: c.key_updates_sent,
+            key_updates_received: c.key_updates_received,
             longest_failover: Duration::ZERO,
         }
     }
