@@ -1,6 +1,7 @@
 //! Client and server handshakes reading arbitrary bytes (optionally after a genuine ClientHello, for the
-//! server), split in two reads: never panic, never consume more than given, and once failed, stay failed
-//! with the same error.
+//! server, and optionally after a KeyUpdate in the clear, which no handshake may take), split in two reads:
+//! never panic, never consume more than given, once failed stay failed with the same error, and a KeyUpdate
+//! before the handshake has ended fails it at once.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -12,6 +13,9 @@ const ID: &str = "NVMe0R01 nqn.fuzz-host nqn.fuzz-subsys";
 
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, rest)) = data.split_first() else {
+        return;
+    };
+    let Some((&sel2, rest)) = rest.split_first() else {
         return;
     };
     let hash = if sel & 2 == 0 { HashAlg::Sha256 } else { HashAlg::Sha384 };
@@ -40,12 +44,19 @@ fuzz_target!(|data: &[u8]| {
         cfg.groups = groups;
         Handshake::client(cfg).unwrap().0
     };
+    // A KeyUpdate (update_not_requested, update_requested, or a value no peer may send) where a handshake
+    // message belongs.
+    let key_update = sel2 & 1 != 0;
+    if key_update {
+        buf.extend_from_slice(&[22, 3, 3, 0, 5, 24, 0, 0, 1, (sel2 >> 1) % 3]);
+    }
     let split = if rest.is_empty() { 0 } else { usize::from(sel >> 5) * rest.len() / 8 };
     let mut out = Vec::new();
     for chunk in [&rest[..split], &rest[split..]] {
         buf.extend_from_slice(chunk);
         match hs.read(&buf, &mut out) {
             Ok(p) => {
+                assert!(!key_update, "a handshake took a KeyUpdate before it ended");
                 assert!(p.consumed <= buf.len());
                 buf.drain(..p.consumed);
                 if p.done {
