@@ -618,6 +618,22 @@ mod tests {
         assert_ne!(r.tls_psk(&id), rfc.tls_psk(&id));
     }
 
+    /// NQNs may be 223 bytes, so a v0 identity (the context of the TLS PSK's derivation) may pass the 255
+    /// bytes HkdfLabel's context length can say: the derivation keeps the length mod 256, as it always has
+    /// (a panic in debug builds until 2026-12), and still tells the identities apart.
+    #[test]
+    fn v0_identity_longer_than_255_bytes() {
+        let k = ConfiguredKey::parse(IK32).unwrap();
+        let host = format!("nqn.2014-08.org.nvmexpress:uuid:{}", "a".repeat(223 - 32));
+        let sub = |c: &str| format!("nqn.2024-01.io.nvpoll:{}", c.repeat(223 - 21));
+        let (id, psk) = k.derive(IdentityVersion::V0, &host, &sub("x"), Derivation::Rfc8446);
+        assert!(id.len() > 255, "{}", id.len());
+        let (_, again) = k.derive(IdentityVersion::V0, &host, &sub("x"), Derivation::Rfc8446);
+        assert!(psk == again, "the derivation is deterministic");
+        let (_, other) = k.derive(IdentityVersion::V0, &host, &sub("y"), Derivation::Rfc8446);
+        assert!(psk != other, "another subsystem, another PSK");
+    }
+
     #[test]
     fn spdk_vector() {
         let host = "nqn.2016-06.io.spdk:host1";

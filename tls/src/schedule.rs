@@ -121,7 +121,7 @@ fn expand(prk: &hkdf::Prk, info: &[&[u8]], len: usize) -> Secret {
 /// HKDF-Expand-Label(prk, label, ctx, len) of RFC 8446 §7.1: the info is
 /// `u16be len || u8 len("tls13 " + label) || "tls13 " + label || u8 len(ctx) || ctx`.
 pub(crate) fn expand_label_prk(prk: &hkdf::Prk, label: &[u8], ctx: &[u8], len: usize) -> Secret {
-    debug_assert!(label.len() + 6 <= 255 && ctx.len() <= 255 && len <= 0xffff);
+    debug_assert!(label.len() + 6 <= 255 && len <= 0xffff);
     // len is at most 255 * HashLen (expand fails beyond), and labels are short constants. A context over
     // 255 bytes (the RFC's context<0..255>) keeps its length mod 256, as it always has: keys derived
     // from such an identity stay what they were.
