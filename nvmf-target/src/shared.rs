@@ -123,6 +123,9 @@ counters! {
         key_updates_sent,
         /// TLS KeyUpdates received (a host renewed its key).
         key_updates_received,
+        /// Times a session stopped taking commands because its host was not reading its responses (more
+        /// than a few MiB of them waited to be sent); it goes on when the host reads.
+        held_back,
     }
     target {
         /// TCP connections accepted.
@@ -154,7 +157,8 @@ impl fmt::Display for TargetCounters {
             "connections {} accepted, {} closed, {} dropped; commands {} ({} errors); reads {} ({:.1} MiB); \
              writes {} ({:.1} MiB); R2T {}; C2HTermReq {}; connects refused {}; keep-alive expiries {}; \
              internal errors {}; AERs retired {}; aborted after Disconnect {}; authenticated {}, \
-             authentication failures {}; TLS key updates {} sent, {} received",
+             authentication failures {}; TLS key updates {} sent, {} received; held back for unread \
+             responses {}",
             self.accepted,
             self.closed,
             self.dropped,
@@ -174,7 +178,8 @@ impl fmt::Display for TargetCounters {
             self.authentications,
             self.auth_failures,
             self.key_updates_sent,
-            self.key_updates_received
+            self.key_updates_received,
+            self.held_back
         )
     }
 }

@@ -322,17 +322,25 @@ fn a_host_that_does_not_read_its_responses() {
         sqe.set_sgl(&nvpoll::spec::SglDescriptor::transport_data_block(1 << 20));
         pdu::encode_capsule_cmd(&mut batch, &sqe, &[], Digests::NONE, 0);
     }
-    let before = t
-        .wait_counters("the connects to be counted", |c| c.commands >= 3)
-        .commands;
+    let held_before = t.wait_counters("the connects to be counted", |c| c.commands >= 3);
+    let before = held_before.commands;
     q.send(&batch);
-    std::thread::sleep(Duration::from_millis(1500));
-    let taken = t.counters().commands - before;
+    // The session says when it stops taking commands; it must have stopped well short of all 200, and
+    // still be stopped once another host has been served meanwhile.
+    let held = t.wait_counters("the session to hold back", |c| c.held_back > 0);
+    let taken = held.commands - before;
     assert!(
         taken < 100,
         "the target took {taken} of 200 commands from a host that reads nothing"
     );
     still_serves(&t);
+    // Reads answered into the send buffer: the held host's, and the one read of still_serves.
+    let c = t.counters();
+    let answered = c.reads - held_before.reads - 1;
+    assert!(
+        answered < 100,
+        "the target went on taking reads from a host that reads nothing ({answered}): {c}"
+    );
     let mut done = 0;
     let mut bytes = 0usize;
     while done < 200 {

@@ -37,7 +37,9 @@ impl Session {
     pub(super) fn handle_received(&mut self) -> Result<(), Fatal> {
         loop {
             if self.conn.tx_pending() > TX_HIGH_WATER {
-                // Responses pile up unsent: leave the rest for when the host has read them.
+                // Responses pile up unsent: leave the rest for when the host has read them. (Once per
+                // episode: the poll reads nothing more until the host has drained them.)
+                self.stats.held_back += 1;
                 return Ok(());
             }
             let rx = self.conn.rx_data();
