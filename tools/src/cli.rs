@@ -237,12 +237,12 @@ pub fn shutdown<C: Controller>(ctrl: C) -> Result<(), CliError> {
 }
 
 /// `--tls-key-update RECORDS` (perf and the target): a record count a TLS key renewal takes (1 to 2^23).
-pub fn parse_key_update(s: &str) -> Result<u64, String> {
+pub fn parse_key_update(s: &str) -> Result<u64, CliError> {
     let n: u64 = s
         .parse()
-        .map_err(|_| format!("{s:?} is not a number of records"))?;
+        .map_err(|e| CliError::new("a number of records", e))?;
     nvpoll_tcp::KeyRenewal::after(n)
         .check()
         .map(|()| n)
-        .map_err(str::to_string)
+        .map_err(|why| CliError::new("records", why))
 }
