@@ -20,6 +20,7 @@
 // Unsafe code lives in `mem` only (pinned DMA memory), which allows it for itself.
 #![deny(unsafe_code)]
 
+pub mod aio;
 pub mod api;
 mod error;
 pub mod mem;

@@ -36,7 +36,7 @@
 use std::any::Any;
 use std::cell::Cell;
 use std::fmt;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::str::FromStr;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -231,7 +231,7 @@ pub struct WakeSources<'a> {
 }
 
 impl<'a> WakeSources<'a> {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         WakeSources {
             fds: Vec::new(),
             interest: Vec::new(),
@@ -255,6 +255,19 @@ impl<'a> WakeSources<'a> {
     /// Wake no later than `at` (the earliest of all the deadlines given counts).
     pub fn deadline(&mut self, at: Instant) {
         self.deadline = Some(self.deadline.map_or(at, |d| d.min(at)));
+    }
+
+    /// The descriptors given, each with what it is watched for.
+    pub(crate) fn watched(&self) -> impl Iterator<Item = (BorrowedFd<'_>, PollFlags)> + '_ {
+        self.fds
+            .iter()
+            .map(PollFd::as_fd)
+            .zip(self.interest.iter().copied())
+    }
+
+    /// The earliest deadline given.
+    pub(crate) fn deadline_at(&self) -> Option<Instant> {
+        self.deadline
     }
 }
 

@@ -1,0 +1,873 @@
+//! An async interface over any [`QueuePair`]: each command a future that resolves to its completion.
+//!
+//! [`AsyncQueue`] wraps one queue pair on the thread that owns it (it is neither `Send` nor `Sync`: a queue
+//! pair belongs to one reactor). Its methods ([`read`](AsyncQueue::read), [`write`](AsyncQueue::write),
+//! [`flush`](AsyncQueue::flush), [`write_zeroes`](AsyncQueue::write_zeroes), or any [`IoRequest`] through
+//! [`submit`](AsyncQueue::submit)) return an [`Io`] future. Nothing happens until the future is polled: its
+//! first poll hands the command to the queue pair, or waits for room when the queue is full; it resolves to
+//! the command's [`Completion`], its buffer handed back, exactly once.
+//!
+//! **Who drives it.** A future is woken by the pass that reaps its completion: [`AsyncQueue::poll`] sends
+//! what the futures submitted (one flush for all of them, as a reactor's end of iteration does) and reaps
+//! completions. Three ways to call it:
+//! - on our reactors, a [`LocalExecutor`] runs the futures (which need not be `Send`) and drives the queues
+//!   registered with it, as a [`Poller`]: one reactor, one thread, no locks;
+//! - standalone, [`LocalExecutor::block_on`] does the same on the calling thread;
+//! - from another executor (tokio, or any), a driver task calls [`AsyncQueue::poll`] and, when there is
+//!   nothing to do, sleeps on [`AsyncQueue::completion_fd`] after [`AsyncQueue::arm`], having left its waker
+//!   with [`AsyncQueue::set_driver_waker`] so that a new submission wakes it to send.
+//!
+//! **Costs.** No allocation per command in steady state: the slots that pair completions with futures are
+//! allocated once, at the queue pair's depth, and a future is a plain value inside its caller's future. A
+//! dropped future whose command is in flight leaves its slot reserved until the completion arrives; the
+//! completion, and its buffer, are then dropped (the buffer goes back to its pool).
+//!
+//! ```no_run
+//! # fn demo<Q: nvpoll::api::QueuePair + 'static>(qp: Q, pool: nvpoll::mem::DmaPool) -> nvpoll::Result<()> {
+//! use nvpoll::aio::{AsyncQueue, LocalExecutor};
+//! let q = AsyncQueue::new(qp);
+//! let mut ex = LocalExecutor::new();
+//! ex.drive(&q);
+//! let buf = pool.alloc(4096)?;
+//! let done = ex.block_on(q.read(1, 0, 8, buf))?;
+//! done.result?;
+//! # Ok(()) }
+//! ```
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Instant;
+
+use crossbeam_queue::SegQueue;
+use rustix::event::epoll;
+
+use crate::api::{Completion, IoOp, IoRequest, QueuePair, Rejected};
+use crate::mem::DmaBuf;
+use crate::reactor::{PollStatus, Poller, ReactorContext, WakeSources};
+use crate::{Error, Result};
+
+/// What pairs a command in flight with its future.
+enum Slot {
+    /// Not in use.
+    Free,
+    /// In flight; the future's waker (once it has been polled after submitting) and the caller's tag.
+    Waiting { waker: Option<Waker>, tag: u64 },
+    /// Completed, not yet taken by its future.
+    Ready(Completion),
+    /// In flight, its future dropped: the completion is dropped when it comes.
+    Abandoned,
+}
+
+struct State<Q> {
+    qp: Q,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// Futures waiting for a free slot (the queue was full when they were polled).
+    room: VecDeque<Waker>,
+    /// The task that drives this queue from another executor: woken when a future submits.
+    driver: Option<Waker>,
+    /// Commands submitted since the last flush.
+    unsent: bool,
+    /// Wakers to wake once the state is no longer borrowed (kept to reuse its capacity).
+    to_wake: Vec<Waker>,
+    /// The completion fd: an epoll set of what can wake the queue pair (made on first use).
+    epoll: Option<OwnedFd>,
+}
+
+/// A queue pair's async interface (see the [module](self)). Cloning gives another handle to the same queue.
+pub struct AsyncQueue<Q: QueuePair> {
+    state: Rc<RefCell<State<Q>>>,
+}
+
+impl<Q: QueuePair> Clone for AsyncQueue<Q> {
+    fn clone(&self) -> Self {
+        AsyncQueue {
+            state: Rc::clone(&self.state),
+        }
+    }
+}
+
+impl<Q: QueuePair> AsyncQueue<Q> {
+    /// Wraps `qp`: as many commands may be in flight as its depth.
+    pub fn new(qp: Q) -> AsyncQueue<Q> {
+        let depth = qp.depth().max(1);
+        let slots = (0..depth).map(|_| Slot::Free).collect();
+        // Handed out lowest first.
+        let free = (0..depth as u32).rev().collect();
+        AsyncQueue {
+            state: Rc::new(RefCell::new(State {
+                qp,
+                slots,
+                free,
+                room: VecDeque::with_capacity(depth),
+                driver: None,
+                unsent: false,
+                to_wake: Vec::with_capacity(depth),
+                epoll: None,
+            })),
+        }
+    }
+
+    /// Reads `blocks` blocks at `lba` of namespace `nsid` into `buf`.
+    pub fn read(&self, nsid: u32, lba: u64, blocks: u32, buf: DmaBuf) -> Io<Q> {
+        self.io(IoOp::Read, nsid, lba, blocks, Some(buf))
+    }
+
+    /// Writes `blocks` blocks from `buf` at `lba` of namespace `nsid`.
+    pub fn write(&self, nsid: u32, lba: u64, blocks: u32, buf: DmaBuf) -> Io<Q> {
+        self.io(IoOp::Write, nsid, lba, blocks, Some(buf))
+    }
+
+    /// Flushes namespace `nsid`'s volatile write cache.
+    pub fn flush(&self, nsid: u32) -> Io<Q> {
+        self.io(IoOp::Flush, nsid, 0, 0, None)
+    }
+
+    /// Writes zeroes to `blocks` blocks at `lba` of namespace `nsid`, with no data transfer.
+    pub fn write_zeroes(&self, nsid: u32, lba: u64, blocks: u32) -> Io<Q> {
+        self.io(IoOp::WriteZeroes, nsid, lba, blocks, None)
+    }
+
+    fn io(&self, op: IoOp, nsid: u32, lba: u64, blocks: u32, buf: Option<DmaBuf>) -> Io<Q> {
+        self.submit(IoRequest {
+            op,
+            nsid,
+            lba,
+            blocks,
+            buf,
+            tag: 0,
+        })
+    }
+
+    /// Any request; its `tag` comes back in the [`Completion`].
+    pub fn submit(&self, req: IoRequest) -> Io<Q> {
+        Io {
+            state: Rc::clone(&self.state),
+            stage: Stage::New(Some(req)),
+        }
+    }
+
+    /// One pass of the driver: sends what the futures submitted, reaps up to `max` completions and wakes their
+    /// futures. Returns how many completed. An error is the queue pair's own (its connection failed for good,
+    /// say); the commands it fails still complete, each with its error.
+    pub fn poll(&self, max: usize) -> Result<usize> {
+        let mut first_err = None;
+        let mut n = 0;
+        let (polled, mut to_wake) = {
+            let mut guard = self.state.borrow_mut();
+            let st = &mut *guard;
+            if std::mem::take(&mut st.unsent) {
+                if let Err(e) = st.qp.flush() {
+                    first_err = Some(e);
+                }
+            }
+            let polled = st.qp.poll(max);
+            while let Some(c) = st.qp.pop_completion() {
+                n += 1;
+                st.complete(c);
+            }
+            (polled, std::mem::take(&mut st.to_wake))
+        };
+        drop_borrow_then_wake(&self.state, &mut to_wake);
+        match (polled, first_err) {
+            (Err(e), _) | (Ok(_), Some(e)) => Err(e),
+            (Ok(_), None) => Ok(n),
+        }
+    }
+
+    /// Sends what the futures submitted, without reaping.
+    pub fn send(&self) -> Result<()> {
+        let mut st = self.state.borrow_mut();
+        if std::mem::take(&mut st.unsent) {
+            st.qp.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Commands handed to the queue pair and not yet reaped (abandoned ones included).
+    pub fn outstanding(&self) -> usize {
+        let st = self.state.borrow();
+        st.slots.len() - st.free.len()
+    }
+
+    /// Whether a pass of [`poll`](Self::poll) has something to send.
+    pub fn has_unsent(&self) -> bool {
+        self.state.borrow().unsent
+    }
+
+    /// For a driver on another executor: `waker` is woken whenever a future submits a command (which the
+    /// driver then sends with [`poll`](Self::poll)). Replaces the previous one.
+    pub fn set_driver_waker(&self, waker: &Waker) {
+        let mut st = self.state.borrow_mut();
+        match &st.driver {
+            Some(w) if w.will_wake(waker) => {}
+            _ => st.driver = Some(waker.clone()),
+        }
+    }
+
+    /// Before a driver sleeps on [`completion_fd`](Self::completion_fd): points it at what can wake the queue
+    /// pair now (its socket may have changed after a reconnect) and returns the latest time to poll again
+    /// (keep-alive, reconnect timers). `Ok(None)` with nothing timed; `Err` if the queue pair cannot say what
+    /// wakes it (a PCIe queue without interrupts): poll it again without sleeping then.
+    pub fn arm(&self) -> Result<Option<Instant>> {
+        let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        st.epoll_fd()?;
+        let ep = st.epoll.as_ref().expect("made above");
+        let mut w = WakeSources::new();
+        if !st.qp.wake_sources(&mut w) {
+            return Err(Error::InvalidArgument(
+                "this queue pair cannot say what wakes it: poll it without sleeping".into(),
+            ));
+        }
+        for (fd, interest) in w.watched() {
+            let mut flags = epoll::EventFlags::empty();
+            if interest.contains(rustix::event::PollFlags::IN) {
+                flags |= epoll::EventFlags::IN;
+            }
+            if interest.contains(rustix::event::PollFlags::OUT) {
+                flags |= epoll::EventFlags::OUT;
+            }
+            let data = epoll::EventData::new_u64(0);
+            // Modified if registered, else added: a closed socket leaves the set by itself, and its number may
+            // come back as the new connection's.
+            match epoll::modify(ep, fd, data, flags) {
+                Ok(()) => {}
+                Err(rustix::io::Errno::NOENT) => epoll::add(ep, fd, data, flags)
+                    .map_err(|e| Error::os("epoll_ctl for the completion fd", e.into()))?,
+                Err(e) => return Err(Error::os("epoll_ctl for the completion fd", e.into())),
+            }
+        }
+        Ok(w.deadline_at())
+    }
+
+    /// A descriptor that becomes readable when the queue pair may have completions, for a driver on another
+    /// executor to sleep on (tokio's `AsyncFd`, say): a duplicate of the queue's epoll set, which
+    /// [`arm`](Self::arm) points at the queue pair's sockets before each sleep. Level-triggered: it stays
+    /// readable until [`poll`](Self::poll) has read what arrived. The caller owns (and closes) it.
+    pub fn completion_fd(&self) -> Result<OwnedFd> {
+        let mut st = self.state.borrow_mut();
+        let ep = st.epoll_fd()?;
+        ep.try_clone_to_owned()
+            .map_err(|e| Error::os("dup of the completion fd", e))
+    }
+
+    /// Runs `f` on the queue pair (its statistics, its send mode), outside any pass.
+    pub fn with_queue_pair<R>(&self, f: impl FnOnce(&mut Q) -> R) -> R {
+        f(&mut self.state.borrow_mut().qp)
+    }
+}
+
+fn drop_borrow_then_wake<Q>(state: &RefCell<State<Q>>, to_wake: &mut Vec<Waker>) {
+    for w in to_wake.drain(..) {
+        w.wake();
+    }
+    // Give the (now empty) vector's capacity back.
+    if let Ok(mut st) = state.try_borrow_mut() {
+        if st.to_wake.capacity() < to_wake.capacity() {
+            st.to_wake = std::mem::take(to_wake);
+        }
+    }
+}
+
+impl<Q: QueuePair> State<Q> {
+    /// The completion fd's epoll set, made on first use.
+    fn epoll_fd(&mut self) -> Result<BorrowedFd<'_>> {
+        if self.epoll.is_none() {
+            let ep = epoll::create(epoll::CreateFlags::CLOEXEC)
+                .map_err(|e| Error::os("epoll_create for the completion fd", e.into()))?;
+            self.epoll = Some(ep);
+        }
+        Ok(self.epoll.as_ref().expect("made above").as_fd())
+    }
+
+    /// Routes `c` to its slot; collects the wakers to wake.
+    fn complete(&mut self, mut c: Completion) {
+        let Ok(i) = usize::try_from(c.tag) else {
+            return;
+        };
+        let Some(slot) = self.slots.get_mut(i) else {
+            log::error!(
+                "nvpoll::aio: a completion with tag {} that no slot has",
+                c.tag
+            );
+            return;
+        };
+        match std::mem::replace(slot, Slot::Free) {
+            Slot::Waiting { waker, tag } => {
+                c.tag = tag;
+                *slot = Slot::Ready(c);
+                if let Some(w) = waker {
+                    self.to_wake.push(w);
+                }
+            }
+            Slot::Abandoned => self.release(i as u32),
+            other => {
+                *slot = other;
+                log::error!("nvpoll::aio: a second completion for slot {i}");
+            }
+        }
+    }
+
+    /// Frees slot `i` and wakes one future waiting for room.
+    fn release(&mut self, i: u32) {
+        self.slots[i as usize] = Slot::Free;
+        self.free.push(i);
+        if let Some(w) = self.room.pop_front() {
+            self.to_wake.push(w);
+        }
+    }
+}
+
+enum Stage {
+    /// Not submitted yet (the request, until it is).
+    New(Option<IoRequest>),
+    /// In flight in this slot.
+    InFlight(u32),
+    /// Resolved.
+    Done,
+}
+
+/// One command as a future (see [`AsyncQueue`]): resolves to its [`Completion`], with the buffer handed back.
+/// A request the queue pair refuses outright (a bad namespace, blocks beyond its end) resolves at once, its
+/// error in the completion.
+#[must_use = "a command is submitted only when its future is polled"]
+pub struct Io<Q: QueuePair> {
+    state: Rc<RefCell<State<Q>>>,
+    stage: Stage,
+}
+
+impl<Q: QueuePair> Unpin for Io<Q> {}
+
+impl<Q: QueuePair> Future for Io<Q> {
+    type Output = Completion;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Completion> {
+        let this = &mut *self;
+        match &mut this.stage {
+            Stage::New(req) => {
+                let mut st = this.state.borrow_mut();
+                let Some(slot) = st.free.pop() else {
+                    st.room.push_back(cx.waker().clone());
+                    return Poll::Pending;
+                };
+                let mut r = req.take().expect("a new stage holds its request");
+                let tag = r.tag;
+                r.tag = u64::from(slot);
+                match st.qp.submit(r) {
+                    Ok(()) => {
+                        st.slots[slot as usize] = Slot::Waiting {
+                            waker: Some(cx.waker().clone()),
+                            tag,
+                        };
+                        st.unsent = true;
+                        let driver = st.driver.clone();
+                        drop(st);
+                        this.stage = Stage::InFlight(slot);
+                        if let Some(d) = driver {
+                            d.wake();
+                        }
+                        Poll::Pending
+                    }
+                    Err(Rejected { error, mut request }) => {
+                        st.free.push(slot);
+                        request.tag = tag;
+                        if matches!(error, Error::QueueFull) {
+                            // The queue pair has fewer entries free than we have slots (commands of its own in
+                            // flight): wait for a completion.
+                            *req = Some(request);
+                            st.room.push_back(cx.waker().clone());
+                            return Poll::Pending;
+                        }
+                        drop(st);
+                        this.stage = Stage::Done;
+                        Poll::Ready(Completion {
+                            tag,
+                            buf: request.buf,
+                            result: Err(error),
+                        })
+                    }
+                }
+            }
+            Stage::InFlight(slot) => {
+                let i = *slot;
+                let mut st = this.state.borrow_mut();
+                match &mut st.slots[i as usize] {
+                    Slot::Waiting { waker, .. } => {
+                        match waker {
+                            Some(w) if w.will_wake(cx.waker()) => {}
+                            _ => *waker = Some(cx.waker().clone()),
+                        }
+                        Poll::Pending
+                    }
+                    Slot::Ready(_) => {
+                        let Slot::Ready(c) =
+                            std::mem::replace(&mut st.slots[i as usize], Slot::Free)
+                        else {
+                            unreachable!("matched Ready above")
+                        };
+                        st.release(i);
+                        let mut to_wake = std::mem::take(&mut st.to_wake);
+                        drop(st);
+                        this.stage = Stage::Done;
+                        drop_borrow_then_wake(&this.state, &mut to_wake);
+                        Poll::Ready(c)
+                    }
+                    Slot::Free | Slot::Abandoned => {
+                        unreachable!("a live future's slot is never freed or abandoned")
+                    }
+                }
+            }
+            Stage::Done => panic!("an nvpoll::aio::Io future polled after it completed"),
+        }
+    }
+}
+
+impl<Q: QueuePair> Drop for Io<Q> {
+    fn drop(&mut self) {
+        let Stage::InFlight(i) = self.stage else {
+            return;
+        };
+        let Ok(mut st) = self.state.try_borrow_mut() else {
+            return;
+        };
+        match &st.slots[i as usize] {
+            Slot::Waiting { .. } => st.slots[i as usize] = Slot::Abandoned,
+            Slot::Ready(_) => {
+                st.release(i);
+                let mut to_wake = std::mem::take(&mut st.to_wake);
+                drop(st);
+                drop_borrow_then_wake(&self.state, &mut to_wake);
+            }
+            Slot::Free | Slot::Abandoned => {}
+        }
+    }
+}
+
+/// What a [`LocalExecutor`] drives: a queue's passes, whatever its queue pair type.
+trait Driven {
+    fn pass(&self, max: usize) -> Result<usize>;
+    fn send(&self) -> Result<()>;
+    fn outstanding(&self) -> usize;
+}
+
+impl<Q: QueuePair> Driven for AsyncQueue<Q> {
+    fn pass(&self, max: usize) -> Result<usize> {
+        self.poll(max)
+    }
+    fn send(&self) -> Result<()> {
+        AsyncQueue::send(self)
+    }
+    fn outstanding(&self) -> usize {
+        AsyncQueue::outstanding(self)
+    }
+}
+
+/// A task's waker: puts the task's number on the executor's ready queue (once until it is polled again).
+struct TaskWaker {
+    id: usize,
+    queued: AtomicBool,
+    ready: Arc<SegQueue<usize>>,
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        if !self.queued.swap(true, Ordering::AcqRel) {
+            self.ready.push(self.id);
+        }
+    }
+}
+
+struct Task {
+    fut: Pin<Box<dyn Future<Output = ()>>>,
+    waker: Arc<TaskWaker>,
+}
+
+/// A single-threaded executor for futures that need not be `Send`, and the driver of the [`AsyncQueue`]s
+/// registered with it: each [`pass`](Self::pass) polls the tasks that were woken, then sends what they
+/// submitted and reaps completions, which wakes their tasks for the next pass. Spawning allocates the task;
+/// running it does not. As a [`Poller`] it runs on one of our reactors.
+pub struct LocalExecutor {
+    tasks: Vec<Option<Task>>,
+    free: Vec<usize>,
+    ready: Arc<SegQueue<usize>>,
+    queues: Vec<Box<dyn Driven>>,
+    /// Completions reaped per queue per pass, at most.
+    batch: usize,
+    live: Rc<Cell<usize>>,
+    /// The first error a queue's pass returned since [`take_error`](Self::take_error).
+    error: Option<Error>,
+}
+
+impl Default for LocalExecutor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LocalExecutor {
+    /// An executor with no tasks and no queues.
+    pub fn new() -> LocalExecutor {
+        LocalExecutor {
+            tasks: Vec::new(),
+            free: Vec::new(),
+            ready: Arc::new(SegQueue::new()),
+            queues: Vec::new(),
+            batch: 64,
+            live: Rc::new(Cell::new(0)),
+            error: None,
+        }
+    }
+
+    /// Drives `q` in every pass from now on.
+    pub fn drive<Q: QueuePair + 'static>(&mut self, q: &AsyncQueue<Q>) {
+        self.queues.push(Box::new(q.clone()));
+    }
+
+    /// Runs `fut` to its end in the passes to come.
+    pub fn spawn(&mut self, fut: impl Future<Output = ()> + 'static) {
+        let id = self.free.pop().unwrap_or(self.tasks.len());
+        let waker = Arc::new(TaskWaker {
+            id,
+            queued: AtomicBool::new(true),
+            ready: Arc::clone(&self.ready),
+        });
+        let task = Task {
+            fut: Box::pin(fut),
+            waker,
+        };
+        if id == self.tasks.len() {
+            self.tasks.push(Some(task));
+        } else {
+            self.tasks[id] = Some(task);
+        }
+        self.live.set(self.live.get() + 1);
+        self.ready.push(id);
+    }
+
+    /// Tasks not yet finished.
+    pub fn tasks(&self) -> usize {
+        self.live.get()
+    }
+
+    /// One pass: the woken tasks, then every queue's send and reap. Says whether anything happened.
+    pub fn pass(&mut self) -> bool {
+        let mut busy = false;
+        // Only those woken before the pass began: a task that wakes itself waits for the next one.
+        for _ in 0..self.ready.len() {
+            let Some(id) = self.ready.pop() else { break };
+            busy = true;
+            let Some(task) = self.tasks.get_mut(id).and_then(Option::as_mut) else {
+                continue;
+            };
+            task.waker.queued.store(false, Ordering::Release);
+            let waker = Waker::from(Arc::clone(&task.waker));
+            let mut cx = Context::from_waker(&waker);
+            if task.fut.as_mut().poll(&mut cx).is_ready() {
+                self.tasks[id] = None;
+                self.free.push(id);
+                self.live.set(self.live.get() - 1);
+            }
+        }
+        for q in &self.queues {
+            match q.pass(self.batch) {
+                Ok(n) => busy |= n > 0,
+                Err(e) => {
+                    self.error.get_or_insert(e);
+                }
+            }
+            busy |= q.outstanding() > 0;
+        }
+        busy
+    }
+
+    /// The first error a driven queue returned (the commands it failed complete with their own errors).
+    pub fn take_error(&mut self) -> Option<Error> {
+        self.error.take()
+    }
+
+    /// Runs `fut` on this thread, with the spawned tasks and the driven queues, until it resolves.
+    pub fn block_on<T: 'static>(&mut self, fut: impl Future<Output = T> + 'static) -> T {
+        let out = Rc::new(RefCell::new(None));
+        let slot = Rc::clone(&out);
+        self.spawn(async move {
+            let v = fut.await;
+            *slot.borrow_mut() = Some(v);
+        });
+        loop {
+            self.pass();
+            if let Some(v) = out.borrow_mut().take() {
+                return v;
+            }
+        }
+    }
+}
+
+impl Poller for LocalExecutor {
+    fn poll(&mut self, _ctx: &mut ReactorContext) -> PollStatus {
+        PollStatus::busy_if(self.pass())
+    }
+
+    fn flush(&mut self, _ctx: &mut ReactorContext) {
+        for q in &self.queues {
+            if let Err(e) = q.send() {
+                self.error.get_or_insert(e);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::QueueStats;
+    use crate::mem::DmaPool;
+
+    /// A queue pair that completes what it was sent (on `flush`) at the next `poll`, in order; it refuses
+    /// namespace 9 and takes at most `room` commands at a time.
+    struct Fake {
+        depth: usize,
+        room: usize,
+        queued: Vec<IoRequest>,
+        sent: VecDeque<IoRequest>,
+        done: VecDeque<Completion>,
+        flushes: usize,
+        /// Complete at most this many per poll.
+        per_poll: usize,
+    }
+
+    impl Fake {
+        fn new(depth: usize) -> Fake {
+            Fake {
+                depth,
+                room: depth,
+                queued: Vec::new(),
+                sent: VecDeque::new(),
+                done: VecDeque::new(),
+                flushes: 0,
+                per_poll: usize::MAX,
+            }
+        }
+        fn in_flight(&self) -> usize {
+            self.queued.len() + self.sent.len() + self.done.len()
+        }
+    }
+
+    impl QueuePair for Fake {
+        fn submit(&mut self, req: IoRequest) -> std::result::Result<(), Rejected> {
+            if req.nsid == 9 {
+                return Err(Rejected {
+                    error: Error::InvalidArgument("namespace 9 is not active".into()),
+                    request: req,
+                });
+            }
+            if self.in_flight() >= self.room {
+                return Err(Rejected {
+                    error: Error::QueueFull,
+                    request: req,
+                });
+            }
+            self.queued.push(req);
+            Ok(())
+        }
+        fn flush(&mut self) -> Result<()> {
+            self.flushes += 1;
+            self.sent.extend(self.queued.drain(..));
+            Ok(())
+        }
+        fn poll(&mut self, max: usize) -> Result<usize> {
+            let n = self.sent.len().min(max).min(self.per_poll);
+            for r in self.sent.drain(..n) {
+                self.done.push_back(Completion {
+                    tag: r.tag,
+                    buf: r.buf,
+                    result: Ok(()),
+                });
+            }
+            Ok(n)
+        }
+        fn pop_completion(&mut self) -> Option<Completion> {
+            self.done.pop_front()
+        }
+        fn outstanding(&self) -> usize {
+            self.in_flight()
+        }
+        fn depth(&self) -> usize {
+            self.depth
+        }
+        fn stats(&self) -> QueueStats {
+            QueueStats::default()
+        }
+    }
+
+    fn pool() -> DmaPool {
+        DmaPool::builder()
+            .class(4096, 64)
+            .build()
+            .expect("a small DMA pool")
+    }
+
+    #[test]
+    fn a_read_resolves_with_its_buffer_and_tag() {
+        let q = AsyncQueue::new(Fake::new(4));
+        let mut ex = LocalExecutor::new();
+        ex.drive(&q);
+        let p = pool();
+        let mut buf = p.alloc(4096).unwrap();
+        buf.as_mut_slice()[0] = 7;
+        let req = IoRequest {
+            op: IoOp::Read,
+            nsid: 1,
+            lba: 3,
+            blocks: 1,
+            buf: Some(buf),
+            tag: 42,
+        };
+        let c = ex.block_on(q.submit(req));
+        assert_eq!(c.tag, 42);
+        c.result.unwrap();
+        assert_eq!(c.buf.unwrap().as_slice()[0], 7, "the same buffer back");
+        assert_eq!(q.outstanding(), 0);
+        assert_eq!(ex.tasks(), 0);
+    }
+
+    #[test]
+    fn more_commands_than_slots_wait_for_room_and_all_complete_once() {
+        let q = AsyncQueue::new(Fake::new(4));
+        q.with_queue_pair(|f| f.per_poll = 1);
+        let mut ex = LocalExecutor::new();
+        ex.drive(&q);
+        let done = Rc::new(RefCell::new(Vec::new()));
+        for i in 0..40u64 {
+            let (q, done) = (q.clone(), Rc::clone(&done));
+            ex.spawn(async move {
+                let c = q
+                    .submit(IoRequest {
+                        op: IoOp::Flush,
+                        nsid: 1,
+                        lba: 0,
+                        blocks: 0,
+                        buf: None,
+                        tag: i,
+                    })
+                    .await;
+                c.result.unwrap();
+                done.borrow_mut().push(c.tag);
+            });
+        }
+        let mut passes = 0;
+        while ex.tasks() > 0 {
+            ex.pass();
+            assert!(q.outstanding() <= 4, "never more in flight than slots");
+            passes += 1;
+            assert!(passes < 1000, "stuck with {} tasks", ex.tasks());
+        }
+        let mut tags = done.borrow().clone();
+        tags.sort_unstable();
+        assert_eq!(tags, (0..40).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_queue_pairs_own_queue_full_waits_too() {
+        let q = AsyncQueue::new(Fake::new(8));
+        // The queue pair has room for 2 although it says depth 8 (commands of its own in flight, say).
+        q.with_queue_pair(|f| f.room = 2);
+        let mut ex = LocalExecutor::new();
+        ex.drive(&q);
+        let n = Rc::new(Cell::new(0));
+        for _ in 0..10 {
+            let (q, n) = (q.clone(), Rc::clone(&n));
+            ex.spawn(async move {
+                q.write_zeroes(1, 0, 1).await.result.unwrap();
+                n.set(n.get() + 1);
+            });
+        }
+        for _ in 0..200 {
+            if ex.tasks() == 0 {
+                break;
+            }
+            ex.pass();
+        }
+        assert_eq!(n.get(), 10);
+    }
+
+    #[test]
+    fn a_refused_request_resolves_at_once_with_its_error_and_buffer() {
+        let q = AsyncQueue::new(Fake::new(4));
+        let mut ex = LocalExecutor::new();
+        ex.drive(&q);
+        let p = pool();
+        let buf = p.alloc(4096).unwrap();
+        let c = ex.block_on(q.write(9, 0, 1, buf));
+        assert!(matches!(c.result, Err(Error::InvalidArgument(_))), "{c:?}");
+        assert!(c.buf.is_some(), "the buffer comes back");
+        assert_eq!(q.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_dropped_future_keeps_its_slot_until_the_completion_comes() {
+        let q = AsyncQueue::new(Fake::new(2));
+        let p = pool();
+        let before = p.available(4096);
+        let mut io = Box::pin(q.read(1, 0, 1, p.alloc(4096).unwrap()));
+        let waker = Waker::from(Arc::new(TaskWaker {
+            id: 0,
+            queued: AtomicBool::new(false),
+            ready: Arc::new(SegQueue::new()),
+        }));
+        let mut cx = Context::from_waker(&waker);
+        assert!(io.as_mut().poll(&mut cx).is_pending(), "submitted");
+        drop(io);
+        assert_eq!(
+            q.outstanding(),
+            1,
+            "the slot stays taken while the command is in flight"
+        );
+        q.poll(8).unwrap();
+        assert_eq!(q.outstanding(), 0, "freed when the completion came");
+        assert_eq!(
+            p.available(4096),
+            before,
+            "and its buffer went back to the pool"
+        );
+    }
+
+    #[test]
+    fn a_submission_wakes_the_driver_and_one_flush_sends_a_batch() {
+        struct Flag(AtomicBool);
+        impl Wake for Flag {
+            fn wake(self: Arc<Self>) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let q = AsyncQueue::new(Fake::new(8));
+        let flag = Arc::new(Flag(AtomicBool::new(false)));
+        q.set_driver_waker(&Waker::from(Arc::clone(&flag)));
+        let mut ex = LocalExecutor::new();
+        for _ in 0..5 {
+            let q = q.clone();
+            ex.spawn(async move { q.flush(1).await.result.unwrap() });
+        }
+        ex.pass(); // the tasks submit; nothing drives the queue from this executor
+        assert!(flag.0.load(Ordering::SeqCst), "the driver was woken");
+        assert!(q.has_unsent());
+        q.poll(64).unwrap();
+        assert_eq!(
+            q.with_queue_pair(|f| f.flushes),
+            1,
+            "one flush for the five"
+        );
+        ex.pass();
+        assert_eq!(ex.tasks(), 0);
+    }
+}
