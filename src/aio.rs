@@ -259,6 +259,15 @@ impl<Q: QueuePair> AsyncQueue<Q> {
             .map_err(|e| Error::os("dup of the completion fd", e))
     }
 
+    /// The queue pair back, if this is the last handle (every future and executor that held one dropped);
+    /// else the handle itself.
+    pub fn into_queue_pair(self) -> std::result::Result<Q, AsyncQueue<Q>> {
+        match Rc::try_unwrap(self.state) {
+            Ok(state) => Ok(state.into_inner().qp),
+            Err(state) => Err(AsyncQueue { state }),
+        }
+    }
+
     /// Runs `f` on the queue pair (its statistics, its send mode), outside any pass.
     pub fn with_queue_pair<R>(&self, f: impl FnOnce(&mut Q) -> R) -> R {
         f(&mut self.state.borrow_mut().qp)

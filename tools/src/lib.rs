@@ -10,3 +10,9 @@ pub mod cli;
 pub mod loadgen;
 pub mod logging;
 pub mod machine;
+
+/// The embedding guide, docs/embedding.md: its Rust examples compile as this crate's doctests, so that the
+/// guide cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/embedding.md")]
+pub struct EmbeddingGuide;
