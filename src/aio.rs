@@ -50,7 +50,7 @@ use rustix::event::epoll;
 
 use crate::api::{Completion, IoOp, IoRequest, QueuePair, Rejected};
 use crate::mem::DmaBuf;
-use crate::reactor::{PollStatus, Poller, ReactorContext, WakeSources};
+use crate::reactor::{PollStatus, Poller, ReactorContext, ReactorWaker, WakeSources};
 use crate::{Error, Result};
 
 /// What pairs a command in flight with its future.
@@ -465,17 +465,65 @@ trait Driven {
     fn pass(&self, max: usize) -> Result<usize>;
     fn send(&self) -> Result<()>;
     fn outstanding(&self) -> usize;
+    /// For a sleeping reactor: what wakes this queue (its completion fd, armed, and its deadline); `false`
+    /// when it cannot say or has something to send.
+    fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool;
 }
 
-impl<Q: QueuePair> Driven for AsyncQueue<Q> {
+/// A queue as a [`LocalExecutor`] holds it, with its own handle on the completion fd (made on first sleep).
+struct DrivenQueue<Q: QueuePair> {
+    q: AsyncQueue<Q>,
+    fd: std::cell::OnceCell<OwnedFd>,
+}
+
+impl<Q: QueuePair> Driven for DrivenQueue<Q> {
     fn pass(&self, max: usize) -> Result<usize> {
-        self.poll(max)
+        self.q.poll(max)
     }
     fn send(&self) -> Result<()> {
-        AsyncQueue::send(self)
+        self.q.send()
     }
     fn outstanding(&self) -> usize {
-        AsyncQueue::outstanding(self)
+        self.q.outstanding()
+    }
+    fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
+        if self.q.has_unsent() {
+            return false;
+        }
+        let Ok(deadline) = self.q.arm() else {
+            return false;
+        };
+        if self.fd.get().is_none() {
+            match self.q.completion_fd() {
+                Ok(fd) => {
+                    let _ = self.fd.set(fd);
+                }
+                Err(_) => return false,
+            }
+        }
+        if let Some(fd) = self.fd.get() {
+            w.readable(fd);
+        }
+        if let Some(d) = deadline {
+            w.deadline(d);
+        }
+        true
+    }
+}
+
+/// The executor's ready queue, and the reactor to kick when a task is woken from elsewhere (another thread,
+/// or while the reactor sleeps).
+struct Ready {
+    ids: SegQueue<usize>,
+    kick: std::sync::OnceLock<ReactorWaker>,
+}
+
+impl Ready {
+    fn new() -> Ready {
+        Ready {
+            ids: SegQueue::new(),
+            kick: std::sync::OnceLock::new(),
+        }
     }
 }
 
@@ -483,7 +531,7 @@ impl<Q: QueuePair> Driven for AsyncQueue<Q> {
 struct TaskWaker {
     id: usize,
     queued: AtomicBool,
-    ready: Arc<SegQueue<usize>>,
+    ready: Arc<Ready>,
 }
 
 impl Wake for TaskWaker {
@@ -492,7 +540,10 @@ impl Wake for TaskWaker {
     }
     fn wake_by_ref(self: &Arc<Self>) {
         if !self.queued.swap(true, Ordering::AcqRel) {
-            self.ready.push(self.id);
+            self.ready.ids.push(self.id);
+            if let Some(k) = self.ready.kick.get() {
+                k.wake();
+            }
         }
     }
 }
@@ -509,7 +560,7 @@ struct Task {
 pub struct LocalExecutor {
     tasks: Vec<Option<Task>>,
     free: Vec<usize>,
-    ready: Arc<SegQueue<usize>>,
+    ready: Arc<Ready>,
     queues: Vec<Box<dyn Driven>>,
     /// Completions reaped per queue per pass, at most.
     batch: usize,
@@ -530,7 +581,7 @@ impl LocalExecutor {
         LocalExecutor {
             tasks: Vec::new(),
             free: Vec::new(),
-            ready: Arc::new(SegQueue::new()),
+            ready: Arc::new(Ready::new()),
             queues: Vec::new(),
             batch: 64,
             live: Rc::new(Cell::new(0)),
@@ -540,7 +591,10 @@ impl LocalExecutor {
 
     /// Drives `q` in every pass from now on.
     pub fn drive<Q: QueuePair + 'static>(&mut self, q: &AsyncQueue<Q>) {
-        self.queues.push(Box::new(q.clone()));
+        self.queues.push(Box::new(DrivenQueue {
+            q: q.clone(),
+            fd: std::cell::OnceCell::new(),
+        }));
     }
 
     /// Runs `fut` to its end in the passes to come.
@@ -561,7 +615,7 @@ impl LocalExecutor {
             self.tasks[id] = Some(task);
         }
         self.live.set(self.live.get() + 1);
-        self.ready.push(id);
+        self.ready.ids.push(id);
     }
 
     /// Tasks not yet finished.
@@ -573,8 +627,10 @@ impl LocalExecutor {
     pub fn pass(&mut self) -> bool {
         let mut busy = false;
         // Only those woken before the pass began: a task that wakes itself waits for the next one.
-        for _ in 0..self.ready.len() {
-            let Some(id) = self.ready.pop() else { break };
+        for _ in 0..self.ready.ids.len() {
+            let Some(id) = self.ready.ids.pop() else {
+                break;
+            };
             busy = true;
             let Some(task) = self.tasks.get_mut(id).and_then(Option::as_mut) else {
                 continue;
@@ -623,7 +679,10 @@ impl LocalExecutor {
 }
 
 impl Poller for LocalExecutor {
-    fn poll(&mut self, _ctx: &mut ReactorContext) -> PollStatus {
+    fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus {
+        if self.ready.kick.get().is_none() {
+            let _ = self.ready.kick.set(ctx.waker());
+        }
         PollStatus::busy_if(self.pass())
     }
 
@@ -633,6 +692,15 @@ impl Poller for LocalExecutor {
                 self.error.get_or_insert(e);
             }
         }
+    }
+
+    /// A hybrid reactor may sleep once no task is woken and every driven queue has said what wakes it (its
+    /// completion fd, which [`AsyncQueue::arm`] points at the queue pair's sockets, and its deadline).
+    fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
+        if !self.ready.ids.is_empty() {
+            return false;
+        }
+        self.queues.iter().all(|q| q.wake_sources(w))
     }
 }
 
@@ -832,7 +900,7 @@ mod tests {
         let waker = Waker::from(Arc::new(TaskWaker {
             id: 0,
             queued: AtomicBool::new(false),
-            ready: Arc::new(SegQueue::new()),
+            ready: Arc::new(Ready::new()),
         }));
         let mut cx = Context::from_waker(&waker);
         assert!(io.as_mut().poll(&mut cx).is_pending(), "submitted");

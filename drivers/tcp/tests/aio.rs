@@ -6,12 +6,14 @@ use nvpoll_testkit::target as target_common;
 use std::cell::Cell;
 use std::future::poll_fn;
 use std::rc::Rc;
+use std::sync::mpsc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use nvpoll::aio::{AsyncQueue, LocalExecutor};
 use nvpoll::api::{Controller, Namespace, QueuePair};
 use nvpoll::mem::DmaPool;
+use nvpoll::reactor::{CoreList, IdlePolicy, ReactorStats, Reactors};
 use nvpoll_target::TargetTls;
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
@@ -200,4 +202,68 @@ fn futures_on_tokio_through_the_completion_fd() {
     assert_eq!(q.outstanding(), 0);
     drop(q);
     ctrl.shutdown().unwrap();
+}
+
+/// The executor as a poller on one of our reactors, with the queue pair moved there: 8 tasks write and read
+/// back on a reactor that polls, and on one in hybrid idle mode, which sleeps between commands on the queue's
+/// completion fd (the executor says what wakes it) and is woken by the socket.
+fn on_a_reactor(idle: IdlePolicy) -> ReactorStats {
+    let t = TestTarget::start(|c| c);
+    let mut ctrl = connect(&t, false);
+    let ns = ctrl.namespaces()[0].clone();
+    let p = ctrl.pool().clone();
+    let qp = ctrl.create_queue_pair(8).unwrap();
+    let reactors = Reactors::builder()
+        .idle(idle)
+        .start(&CoreList::parse("0").unwrap())
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    reactors
+        .send(0, move |ctx| {
+            let q = AsyncQueue::new(qp);
+            let mut ex = LocalExecutor::new();
+            ex.drive(&q);
+            let done = Rc::new(Cell::new(0));
+            workers(&mut |f| ex.spawn(f), &q, &p, &ns, 8, 10, &done);
+            // One more task reports when the others are done, from the reactor, and lets the queue go.
+            let q2 = q.clone();
+            ex.spawn(async move {
+                while done.get() < 8 * 10 * 2 {
+                    // Paced by the completions: each await gives the others their turn.
+                    let c = q2.flush(1).await;
+                    c.result.expect("a flush");
+                }
+                tx.send(done.get()).unwrap();
+            });
+            ctx.add_poller(ex);
+        })
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let n = loop {
+        ctrl.poll_admin().unwrap();
+        match rx.recv_timeout(Duration::from_millis(10)) {
+            Ok(n) => break n,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                assert!(Instant::now() < deadline, "the tasks did not finish")
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(n, 8 * 10 * 2);
+    let stats = reactors.stop().unwrap();
+    ctrl.shutdown().unwrap();
+    stats[0]
+}
+
+#[test]
+fn futures_on_a_polling_reactor() {
+    on_a_reactor(IdlePolicy::Poll);
+}
+
+#[test]
+fn futures_on_a_hybrid_reactor_that_sleeps_between_commands() {
+    let s = on_a_reactor(IdlePolicy::Hybrid {
+        quiet: Duration::from_micros(50),
+    });
+    assert!(s.sleeps > 0, "the reactor never slept: {s:?}");
 }
