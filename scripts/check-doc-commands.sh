@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Proves that the commands README.md and docs/*.md show still exist as written, so the docs cannot rot:
 #  - in ```sh blocks, every `cargo run [--release] [-p PKG] --bin NAME -- ARGS` (continuation lines joined):
-#    NAME is a binary of the workspace, and every --flag in ARGS is in `NAME --help` (for nvpoll-setup, in
+#    NAME is a binary of the workspace, and every --flag in ARGS is in `NAME --help` (for nvpoll-setup and nvpoll-kv, in
 #    `nvpoll-setup SUBCOMMAND --help`, the subcommand being the first word after `--`);
 #  - anywhere (blocks and inline code), every `cargo bench [-p PKG] --bench NAME` names a bench target of the
 #    workspace, and every `scripts/...` path that ends in .sh is a file of the repository.
@@ -58,7 +58,7 @@ while IFS=$'\t' read -r where cmd; do
     args=""
     [[ "$rest" =~ ^[[:space:]]*--[[:space:]](.*)$ ]] && args=${BASH_REMATCH[1]}
     sub=""
-    if [ "$name" = nvpoll-setup ] && [[ "$args" =~ ^[[:space:]]*([a-z][a-z-]*) ]]; then sub=${BASH_REMATCH[1]}; fi
+    if { [ "$name" = nvpoll-setup ] || [ "$name" = nvpoll-kv ]; } && [[ "$args" =~ ^[[:space:]]*([a-z][a-z-]*) ]]; then sub=${BASH_REMATCH[1]}; fi
     help=$(help_of "$name" "$sub")
     [ -n "$help" ] || { echo "check-doc-commands: $where: $name ${sub:+$sub }--help failed"; bad=1; continue; }
     # the flags: words that start with -- outside quotes (a quoted argument may hold anything)

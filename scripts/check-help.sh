@@ -10,7 +10,7 @@ source scripts/debug-bins.sh
 # every package's description, one a line
 descs=$(grep -o '"description":"[^"]*"' <<< "$meta" | sed 's/^"description":"//; s/"$//')
 bad=0 n=0
-for exe in "$bin"/nvpoll-{perf,identify,hello-world,target,rpc,setup,core-rtt}; do
+for exe in "$bin"/nvpoll-{perf,identify,hello-world,target,rpc,setup,core-rtt,kv}; do
     [ -x "$exe" ] || die "$exe was not built"
     help=$("$exe" --help) || die "$exe --help failed"
     first=$(head -n 1 <<< "$help")

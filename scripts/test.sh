@@ -49,6 +49,8 @@ step "fuzz (briefly)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-15} scripts/fuzz.sh
 step "fault injection"
 scripts/fault-test.sh
+step "the example engine survives kill -9 mid-write (scripts/kv-crash-test.sh, TCP with TLS)"
+scripts/kv-crash-test.sh
 # Hostile hosts against our target while a good host runs: the run fails if the good host sees an error, a
 # hostile connection is left open or the target panics. The throughput ratios are printed, not asserted
 # (performance belongs to benchmarks; a brief run on a shared CI machine is a rough look).
