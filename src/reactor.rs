@@ -257,8 +257,9 @@ impl<'a> WakeSources<'a> {
         self.deadline = Some(self.deadline.map_or(at, |d| d.min(at)));
     }
 
-    /// The descriptors given, each with what it is watched for.
-    pub(crate) fn watched(&self) -> impl Iterator<Item = (BorrowedFd<'_>, PollFlags)> + '_ {
+    /// The descriptors given, each with what it is watched for: for a caller that waits outside a reactor
+    /// (the async interface's completion fd, the C interface's).
+    pub fn watched(&self) -> impl Iterator<Item = (BorrowedFd<'_>, PollFlags)> + '_ {
         self.fds
             .iter()
             .map(PollFd::as_fd)
@@ -266,8 +267,15 @@ impl<'a> WakeSources<'a> {
     }
 
     /// The earliest deadline given.
-    pub(crate) fn deadline_at(&self) -> Option<Instant> {
+    pub fn deadline_at(&self) -> Option<Instant> {
         self.deadline
+    }
+}
+
+/// An empty set, for a caller that asks a queue pair outside a reactor what would wake it.
+impl Default for WakeSources<'_> {
+    fn default() -> Self {
+        WakeSources::new()
     }
 }
 
