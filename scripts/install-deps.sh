@@ -20,6 +20,7 @@ command -v c++ >/dev/null 2>&1 || need+=(g++)                     # libFuzzer (s
 # scripts/fault-test.sh: network namespaces, veth, tc (iproute2) and firewall rules (nftables)
 { command -v ip && command -v tc && command -v ss; } >/dev/null 2>&1 || need+=(iproute2)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v valgrind >/dev/null 2>&1 || need+=(valgrind)         # the C interface's example (scripts/capi-test.sh)
 # The fio ioengine (fio-engine/): fio itself, libclang for bindgen, dpkg-dev for `apt-get source fio`
 # (scripts/fio-source.sh brings fio's source).
 command -v fio >/dev/null 2>&1 || need+=(fio)

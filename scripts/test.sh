@@ -44,6 +44,8 @@ scripts/check-docs.sh
 scripts/check-doc-commands.sh
 step "a refused Connect says why in perf, identify and hello_world"
 scripts/check-refused-connect.sh
+step "the C interface from C: the example plain and with TLS, under valgrind (scripts/capi-test.sh)"
+scripts/capi-test.sh
 step "Miri over the pure logic of the unsafe modules (scripts/miri.sh)"
 scripts/miri.sh
 step "fuzz (briefly)"
