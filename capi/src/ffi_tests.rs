@@ -389,3 +389,70 @@ fn tls_with_the_key_and_refused_without_it() {
     // SAFETY: a live pool.
     assert_eq!(unsafe { nvpoll_pool_free(pool) }, 0);
 }
+
+/// Whether `fd` is readable within `ms` milliseconds.
+fn readable(fd: c_int, ms: c_int) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    assert!(r >= 0);
+    r == 1
+}
+
+#[test]
+fn the_completion_fd_sleeps_while_idle_and_wakes_for_a_completion() {
+    let t = TestTarget::start(|c| c);
+    let pool = pool();
+    let ctrl = open(&t, pool, None).unwrap_or_else(|e| panic!("{e}: {}", last()));
+    // SAFETY: live handles and valid pointers throughout.
+    unsafe {
+        let mut qp = null_mut();
+        assert_eq!(nvpoll_qpair_create(ctrl, 4, &mut qp), 0, "{}", last());
+        let fd = nvpoll_qpair_completion_fd(qp);
+        assert!(fd >= 0, "{}", last());
+        // The same descriptor every time.
+        assert_eq!(nvpoll_qpair_completion_fd(qp), fd);
+        // Nothing outstanding: nothing to wake for.
+        assert!(!readable(fd, 50));
+        let b = buf(pool, 4096);
+        let mut log = Log::default();
+        let arg = (&raw mut log).cast::<c_void>();
+        assert_eq!(nvpoll_submit_read(qp, 1, 0, 8, b, Some(record_cb), arg), 0);
+        assert_eq!(nvpoll_qpair_flush(qp), 0);
+        assert!(readable(fd, 10_000), "the completion fd did not wake");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while log.statuses.is_empty() {
+            assert!(Instant::now() < deadline);
+            assert!(nvpoll_qpair_process_completions(qp, 0) >= 0, "{}", last());
+            readable(fd, 100);
+        }
+        assert_eq!(log.statuses, [0]);
+        // Delivered: quiet again.
+        assert!(!readable(fd, 50));
+        // A completion left for reaping keeps it readable until it is reaped.
+        assert_eq!(nvpoll_submit_read(qp, 1, 0, 8, b, None, null_mut()), 0);
+        assert_eq!(nvpoll_qpair_flush(qp), 0);
+        assert!(readable(fd, 10_000));
+        // Processing moves a completion without a callback to the reap list.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while nvpoll_qpair_process_completions(qp, 0) == 0 {
+            assert!(Instant::now() < deadline);
+            readable(fd, 100);
+        }
+        assert_eq!(nvpoll_qpair_outstanding(qp), 1);
+        assert!(readable(fd, 100), "a completion waits to be reaped");
+        assert!(readable(fd, 100), "still waiting");
+        let mut out = [NvpollCompletion::default(); 1];
+        assert_eq!(nvpoll_qpair_reap(qp, out.as_mut_ptr(), 1), 1);
+        assert_eq!(out[0].status, 0);
+        assert!(!readable(fd, 50));
+        assert_eq!(nvpoll_buf_free(b), 0);
+        assert_eq!(nvpoll_qpair_free(qp), 0);
+        assert_eq!(nvpoll_ctrl_close(ctrl), 0);
+        assert_eq!(nvpoll_pool_free(pool), 0);
+    }
+}
