@@ -37,7 +37,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,9 +46,9 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Instant;
 
 use crossbeam_queue::SegQueue;
-use rustix::event::epoll;
 
 use crate::api::{Completion, IoOp, IoRequest, QueuePair, Rejected};
+pub use crate::completion_fd::CompletionFd;
 use crate::mem::DmaBuf;
 use crate::reactor::{PollStatus, Poller, ReactorContext, ReactorWaker, WakeSources};
 use crate::{Error, Result};
@@ -77,8 +77,8 @@ struct State<Q> {
     unsent: bool,
     /// Wakers to wake once the state is no longer borrowed (kept to reuse its capacity).
     to_wake: Vec<Waker>,
-    /// The completion fd: an epoll set of what can wake the queue pair (made on first use).
-    epoll: Option<OwnedFd>,
+    /// The completion fd (made on first use).
+    waiter: Option<CompletionFd>,
 }
 
 /// A queue pair's async interface (see the [module](self)). Cloning gives another handle to the same queue.
@@ -110,7 +110,7 @@ impl<Q: QueuePair> AsyncQueue<Q> {
                 driver: None,
                 unsent: false,
                 to_wake: Vec::with_capacity(depth),
-                epoll: None,
+                waiter: None,
             })),
         }
     }
@@ -213,49 +213,31 @@ impl<Q: QueuePair> AsyncQueue<Q> {
     }
 
     /// Before a driver sleeps on [`completion_fd`](Self::completion_fd): points it at what can wake the queue
-    /// pair now (its socket may have changed after a reconnect) and returns the latest time to poll again
-    /// (keep-alive, reconnect timers). `Ok(None)` with nothing timed; `Err` if the queue pair cannot say what
-    /// wakes it (a PCIe queue without interrupts): poll it again without sleeping then.
+    /// pair now (its socket may have changed after a reconnect) and at its next deadline (keep-alive,
+    /// reconnect timers), which it also returns. A queue pair that cannot say what wakes it makes the
+    /// descriptor readable at once (poll it again then).
     pub fn arm(&self) -> Result<Option<Instant>> {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
-        st.epoll_fd()?;
-        let ep = st.epoll.as_ref().expect("made above");
-        let mut w = WakeSources::new();
-        if !st.qp.wake_sources(&mut w) {
-            return Err(Error::InvalidArgument(
-                "this queue pair cannot say what wakes it: poll it without sleeping".into(),
-            ));
-        }
-        for (fd, interest) in w.watched() {
-            let mut flags = epoll::EventFlags::empty();
-            if interest.contains(rustix::event::PollFlags::IN) {
-                flags |= epoll::EventFlags::IN;
-            }
-            if interest.contains(rustix::event::PollFlags::OUT) {
-                flags |= epoll::EventFlags::OUT;
-            }
-            let data = epoll::EventData::new_u64(0);
-            // Modified if registered, else added: a closed socket leaves the set by itself, and its number may
-            // come back as the new connection's.
-            match epoll::modify(ep, fd, data, flags) {
-                Ok(()) => {}
-                Err(rustix::io::Errno::NOENT) => epoll::add(ep, fd, data, flags)
-                    .map_err(|e| Error::os("epoll_ctl for the completion fd", e.into()))?,
-                Err(e) => return Err(Error::os("epoll_ctl for the completion fd", e.into())),
-            }
-        }
-        Ok(w.deadline_at())
+        let fd = match &mut st.waiter {
+            Some(fd) => fd,
+            None => st.waiter.insert(CompletionFd::new()?),
+        };
+        fd.arm(&st.qp, false)
     }
 
     /// A descriptor that becomes readable when the queue pair may have completions, for a driver on another
-    /// executor to sleep on (tokio's `AsyncFd`, say): a duplicate of the queue's epoll set, which
-    /// [`arm`](Self::arm) points at the queue pair's sockets before each sleep. Level-triggered: it stays
-    /// readable until [`poll`](Self::poll) has read what arrived. The caller owns (and closes) it.
+    /// executor to sleep on (tokio's `AsyncFd`, say): a duplicate of the queue's [`CompletionFd`], which
+    /// [`arm`](Self::arm) points at the queue pair's sockets and deadline before each sleep. Level-triggered:
+    /// it stays readable until [`poll`](Self::poll) has read what arrived. The caller owns (and closes) it.
     pub fn completion_fd(&self) -> Result<OwnedFd> {
         let mut st = self.state.borrow_mut();
-        let ep = st.epoll_fd()?;
-        ep.try_clone_to_owned()
+        let fd = match &mut st.waiter {
+            Some(fd) => fd,
+            None => st.waiter.insert(CompletionFd::new()?),
+        };
+        fd.as_fd()
+            .try_clone_to_owned()
             .map_err(|e| Error::os("dup of the completion fd", e))
     }
 
@@ -287,16 +269,6 @@ fn drop_borrow_then_wake<Q>(state: &RefCell<State<Q>>, to_wake: &mut Vec<Waker>)
 }
 
 impl<Q: QueuePair> State<Q> {
-    /// The completion fd's epoll set, made on first use.
-    fn epoll_fd(&mut self) -> Result<BorrowedFd<'_>> {
-        if self.epoll.is_none() {
-            let ep = epoll::create(epoll::CreateFlags::CLOEXEC)
-                .map_err(|e| Error::os("epoll_create for the completion fd", e.into()))?;
-            self.epoll = Some(ep);
-        }
-        Ok(self.epoll.as_ref().expect("made above").as_fd())
-    }
-
     /// Routes `c` to its slot; collects the wakers to wake.
     fn complete(&mut self, mut c: Completion) {
         let Ok(i) = usize::try_from(c.tag) else {

@@ -22,6 +22,7 @@
 
 pub mod aio;
 pub mod api;
+mod completion_fd;
 mod error;
 pub mod mem;
 pub mod reactor;

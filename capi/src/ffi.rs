@@ -16,7 +16,6 @@
 
 use std::any::Any;
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use nvpoll_core::api::IoOp;
@@ -141,22 +140,6 @@ unsafe fn give<T>(out: *mut *mut T, v: T) -> Result<c_int, Failure> {
     // SAFETY: the caller's promise (checked for null first).
     unsafe { *out = Box::into_raw(Box::new(v)) };
     Ok(0)
-}
-
-/// Removes `fd` from the epoll set `epoll` by number, answering nothing: the number may name a file that is
-/// closed or outside the set (the completion fd's [`crate::waiter::Waiter`] calls this for descriptors a
-/// queue pair no longer names).
-pub(crate) fn epoll_forget(epoll: BorrowedFd<'_>, fd: RawFd) {
-    // SAFETY: epoll_ctl takes two integers and, for EPOLL_CTL_DEL, ignores the event pointer (null); a stale
-    // or foreign number is answered with an error code, and no memory of ours is touched.
-    let _ = unsafe {
-        libc::epoll_ctl(
-            epoll.as_raw_fd(),
-            libc::EPOLL_CTL_DEL,
-            fd,
-            std::ptr::null_mut(),
-        )
-    };
 }
 
 // ---- errors ---------------------------------------------------------------------------------------------

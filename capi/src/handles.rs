@@ -17,7 +17,7 @@ use nvpoll_tcp::host::{ConnectOptions, TcpController};
 
 use crate::error::{invalid, Failure};
 use crate::ffi::{NvpollCb, NvpollCompletion};
-use crate::waiter::Waiter;
+use nvpoll_core::aio::CompletionFd;
 
 /// A DMA pool (`nvpoll_pool` in C): pinned memory carved into buffers of fixed size classes.
 #[derive(Debug)]
@@ -289,7 +289,7 @@ pub struct NvpollQpair {
     /// Counts this queue pair as open on its controller.
     _ctrl: Arc<()>,
     /// The completion fd, once asked for.
-    pub(crate) waiter: Option<Waiter>,
+    pub(crate) waiter: Option<CompletionFd>,
 }
 
 impl std::fmt::Debug for NvpollQpair {
@@ -431,18 +431,18 @@ impl NvpollQpair {
     /// Creates the completion fd if need be, and points it at what can now complete a request.
     pub(crate) fn arm_waiter(&mut self) -> Result<std::os::fd::RawFd, Failure> {
         if self.waiter.is_none() {
-            self.waiter =
-                Some(Waiter::new().map_err(|e| Error::os("creating the completion fd", e))?);
+            self.waiter = Some(CompletionFd::new()?);
         }
         self.rearm()?;
-        Ok(self.waiter.as_ref().map_or(-1, Waiter::fd))
+        Ok(self.waiter.as_ref().map_or(-1, |w| {
+            std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(w))
+        }))
     }
 
     /// Points the completion fd (if asked for) at what can now complete a request.
     pub(crate) fn rearm(&mut self) -> Result<(), Failure> {
         if let Some(w) = &mut self.waiter {
-            w.arm(&*self.qp, !self.ready.is_empty())
-                .map_err(|e| Error::os("arming the completion fd", e))?;
+            w.arm(&*self.qp, !self.ready.is_empty())?;
         }
         Ok(())
     }

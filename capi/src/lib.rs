@@ -22,7 +22,6 @@
 mod error;
 pub mod ffi;
 mod handles;
-mod waiter;
 
 pub use error::{NvpollError, NvpollFault, NvpollRetry};
 pub use ffi::{NvpollCb, NvpollCompletion, NvpollCtrlOpts, NvpollNsInfo};
