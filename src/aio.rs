@@ -523,6 +523,8 @@ impl Wake for TaskWaker {
 struct Task {
     fut: Pin<Box<dyn Future<Output = ()>>>,
     waker: Arc<TaskWaker>,
+    /// The same, as a `Waker`, made once (not per poll).
+    as_waker: Waker,
 }
 
 /// A single-threaded executor for futures that need not be `Send`, and the driver of the [`AsyncQueue`]s
@@ -579,6 +581,7 @@ impl LocalExecutor {
         });
         let task = Task {
             fut: Box::pin(fut),
+            as_waker: Waker::from(Arc::clone(&waker)),
             waker,
         };
         if id == self.tasks.len() {
@@ -608,8 +611,7 @@ impl LocalExecutor {
                 continue;
             };
             task.waker.queued.store(false, Ordering::Release);
-            let waker = Waker::from(Arc::clone(&task.waker));
-            let mut cx = Context::from_waker(&waker);
+            let mut cx = Context::from_waker(&task.as_waker);
             if task.fut.as_mut().poll(&mut cx).is_ready() {
                 self.tasks[id] = None;
                 self.free.push(id);
