@@ -12,6 +12,9 @@
 # and verifies. The target, its file and the work folder go away on any exit.
 #
 # Knobs: KV_ROUNDS=3  KV_MIN_ACKED=300  NVPOLL_BIN_DIR (built binaries; default: builds the debug profile)
+#        KV_TRID: run against this controller instead (no target started, no TLS), e.g. in the VM guest
+#        'trtype:pcie traddr:0000:00:04.0' (scripts/vm-tests/80-kv-engine-pcie.sh); its first namespace's log
+#        is recovered and appended to, never erased
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -48,6 +51,11 @@ trap cleanup EXIT
 KEY='NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:'
 HOSTNQN=nqn.2024-01.io.nvpoll:kv-host
 NQN=nqn.2024-01.io.nvpoll:kv
+if [ -n "${KV_TRID:-}" ]; then
+    TRID=$KV_TRID
+    CONN=(--trid "$TRID")
+    say "against $TRID"
+else
 truncate -s 64M "$WORK/ns.img"
 # A free port: the kernel picks one for a listener we close at once.
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -61,7 +69,9 @@ for _ in $(seq 200); do
 done
 [ -n "$(ss -Hltn "sport = :$PORT")" ] || die "the target did not listen on port $PORT"
 TRID="trtype:tcp traddr:127.0.0.1 trsvcid:$PORT subnqn:$NQN"
-kv() { "$bin/nvpoll-kv" "$1" --trid "$TRID" --hostnqn "$HOSTNQN" --psk "$KEY" "${@:2}"; }
+CONN=(--trid "$TRID" --hostnqn "$HOSTNQN" --psk "$KEY")
+fi
+kv() { "$bin/nvpoll-kv" "$1" "${CONN[@]}" "${@:2}"; }
 
 ACKED=$WORK/acked
 : > "$ACKED"
@@ -70,8 +80,8 @@ for r in $(seq "$ROUNDS"); do
     before=$(wc -l < "$ACKED")
     # The binary itself in the background (not through kv(): $! would be a subshell, and SIGKILL would leave
     # the engine running).
-    "$bin/nvpoll-kv" load --trid "$TRID" --hostnqn "$HOSTNQN" --psk "$KEY" --writers 16 --puts 1000000 \
-        --run "r$r" --acked "$ACKED" > "$WORK/load-$r.log" 2>&1 &
+    "$bin/nvpoll-kv" load "${CONN[@]}" --writers 16 --puts 1000000 --run "r$r-$$" --acked "$ACKED" \
+        > "$WORK/load-$r.log" 2>&1 &
     LOAD_PID=$!
     # Wait for MIN_ACKED more acknowledged keys (at most 60 s), then kill the engine mid-write.
     for _ in $(seq 1200); do
@@ -92,7 +102,7 @@ for r in $(seq "$ROUNDS"); do
     say "round $r: killed after $got more acknowledged keys; $(echo "$out" | grep -m1 '^verify:')"
     ROWS+=("| $r (kill -9) | $got | $(echo "$out" | grep -m1 'recovered' | sed 's/^nvpoll-kv: //') | ok |")
 done
-out=$(kv load --writers 16 --puts 50 --run final --acked "$ACKED" 2>&1) || { echo "$out" >&2; die "the last load failed"; }
+out=$(kv load --writers 16 --puts 50 --run "final-$$" --acked "$ACKED" 2>&1) || { echo "$out" >&2; die "the last load failed"; }
 say "last round: $(echo "$out" | grep -m1 '^load:')"
 out=$(kv verify --acked "$ACKED" 2>&1) || { echo "$out" >&2; die "the last verify failed"; }
 say "$(echo "$out" | grep -m1 '^verify:')"
