@@ -1,9 +1,4 @@
-//! A queue pair's completion fd: one epoll descriptor for the queue pair's life, for a caller that sleeps
-//! between polls (another executor, a C program's event loop, a reactor in idle mode). Its members are what
-//! the queue pair says can complete its requests ([`QueuePair::wake_sources`]: its socket, its interrupt
-//! eventfd) and a timerfd. The timer carries the queue pair's next deadline (a timeout check) and fires at
-//! once when only polling can find completions (a reconnect under way, completions already waiting), so the
-//! descriptor never sleeps through work: a caller that polls whenever it is readable misses nothing.
+//! [`CompletionFd`] (re-exported as `nvpoll::aio::CompletionFd`).
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
@@ -18,8 +13,14 @@ use crate::api::QueuePair;
 use crate::reactor::WakeSources;
 use crate::{Error, Result};
 
-/// The epoll set behind a completion fd (see the [module](self)). Level-triggered: readable while one of
-/// its members is, until the caller has polled the queue pair (and [`arm`](Self::arm)ed the set again).
+/// A queue pair's completion fd: one epoll descriptor for the queue pair's life, for a caller that sleeps
+/// between polls (another executor, a C program's event loop, a reactor in idle mode). Its members are what
+/// the queue pair says can complete its requests ([`QueuePair::wake_sources`]: its socket, its interrupt
+/// eventfd) and a timerfd. The timer carries the queue pair's next deadline (a timeout check) and fires at
+/// once when only polling can find completions (a reconnect under way, completions already waiting), so the
+/// descriptor never sleeps through work: a caller that polls whenever it is readable misses nothing.
+/// Level-triggered: readable while one of its members is, until the caller has polled the queue pair (and
+/// [`arm`](Self::arm)ed the set again).
 #[derive(Debug)]
 pub struct CompletionFd {
     epoll: OwnedFd,

@@ -12,6 +12,7 @@
 //! - **The store** is the log replayed into memory: a value is returned only from a whole record.
 #![forbid(unsafe_code)]
 
+pub mod file;
 pub mod wal;
 
 use std::collections::HashMap;

@@ -1,4 +1,4 @@
-//! The write-ahead log: 4 KiB records from LBA 0, group commit, recovery (see the [crate](crate) docs).
+//! The write-ahead log: 4 KiB records from LBA 0, group commit, recovery (see the [crate] docs).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -81,7 +81,7 @@ struct Inner<Q: QueuePair> {
     st: RefCell<State>,
 }
 
-/// The write-ahead log on one namespace (see the [crate](crate) docs). Cloning gives another handle.
+/// The write-ahead log on one namespace (see the [crate] docs). Cloning gives another handle.
 pub struct Wal<Q: QueuePair> {
     inner: Rc<Inner<Q>>,
 }

@@ -11,14 +11,18 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use nvpoll::aio::{AsyncQueue, LocalExecutor};
-use nvpoll::api::Controller;
+use nvpoll::api::{Controller, Namespace, QueuePair};
 use nvpoll::mem::DmaPool;
 use nvpoll::trid::TransportId;
+use nvpoll_kv::file::FileQueuePair;
 use nvpoll_kv::{Kv, Wal};
 use nvpoll_pcie::PcieOptions;
 use nvpoll_tools::cli as common;
 
 /// An example storage engine on nvpoll: a write-ahead log with group commit and a key-value store over it.
+///
+/// --trid may also be `file:PATH`: the same engine on a file or block device through the kernel (O_DIRECT,
+/// pwrite and fdatasync per commit), for comparison with nvpoll's path (scripts/bench-kv-guest.sh).
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -77,8 +81,14 @@ fn run(cmd: Cmd) -> Result<(), String> {
     let target = match &cmd {
         Cmd::Load { target, .. } | Cmd::Verify { target, .. } => target,
     };
-    let trid = common::parse_trid(&target.trid)?;
     let pool = common::dma_pool(512)?;
+    if let Some(path) = target.trid.strip_prefix("file:") {
+        // The kernel's block path, for comparison: the same engine on an O_DIRECT file or block device.
+        let qp = FileQueuePair::open(std::path::Path::new(path), 64).map_err(|e| e.to_string())?;
+        let ns = qp.namespace();
+        return drive(qp, ns, pool, cmd, &mut || Ok(()));
+    }
+    let trid = common::parse_trid(&target.trid)?;
     if let TransportId::Pcie { bdf } = &trid {
         let ctrl = common::open_pcie(*bdf, &pool, PcieOptions::default())?;
         return engine(ctrl, pool, cmd);
@@ -98,7 +108,23 @@ where
         .first()
         .cloned()
         .ok_or("the controller has no namespace")?;
-    let q = AsyncQueue::new(ctrl.create_queue_pair(64).map_err(|e| e.to_string())?);
+    let qp = ctrl.create_queue_pair(64).map_err(|e| e.to_string())?;
+    let result = drive(qp, ns, pool, cmd, &mut || {
+        ctrl.poll_admin().map_err(|e| e.to_string())
+    });
+    ctrl.shutdown().map_err(|e| e.to_string())?;
+    result
+}
+
+/// Recovers the log on `ns` of `qp` and runs `cmd`; `admin` is called about once a second (keep-alive).
+fn drive<Q: QueuePair + 'static>(
+    qp: Q,
+    ns: Namespace,
+    pool: DmaPool,
+    cmd: Cmd,
+    admin: &mut dyn FnMut() -> Result<(), String>,
+) -> Result<(), String> {
+    let q = AsyncQueue::new(qp);
     let mut ex = LocalExecutor::new();
     ex.drive(&q);
     let opened = Instant::now();
@@ -127,14 +153,11 @@ where
             run,
             acked,
             ..
-        } => load(
-            &mut ex, &mut ctrl, &wal, writers, puts, value_size, &run, acked,
-        ),
+        } => load(&mut ex, admin, &wal, writers, puts, value_size, &run, acked),
     };
     drop(wal);
     drop(ex);
     drop(q);
-    ctrl.shutdown().map_err(|e| e.to_string())?;
     result
 }
 
@@ -167,19 +190,16 @@ fn verify(kv: &Kv, acked: &std::path::Path) -> Result<(), String> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn load<C: Controller>(
+fn load<Q: QueuePair + 'static>(
     ex: &mut LocalExecutor,
-    ctrl: &mut C,
-    wal: &Wal<C::QueuePair>,
+    admin: &mut dyn FnMut() -> Result<(), String>,
+    wal: &Wal<Q>,
     writers: u64,
     puts: u64,
     value_size: u16,
     run: &str,
     acked: Option<std::path::PathBuf>,
-) -> Result<(), String>
-where
-    C::QueuePair: 'static,
-{
+) -> Result<(), String> {
     let acked = match acked {
         Some(p) => Some(Rc::new(RefCell::new(
             std::fs::OpenOptions::new()
@@ -243,7 +263,7 @@ where
         ex.pass();
         if last.elapsed() >= Duration::from_secs(1) {
             last = Instant::now();
-            ctrl.poll_admin().map_err(|e| e.to_string())?;
+            admin()?;
             let (records, entries) = wal.counts();
             eprintln!("nvpoll-kv: {entries} puts acknowledged in {records} records");
         }
