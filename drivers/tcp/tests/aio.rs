@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use nvpoll::aio::{AsyncQueue, LocalExecutor};
 use nvpoll::api::{Controller, Namespace, QueuePair};
 use nvpoll::mem::DmaPool;
-use nvpoll::reactor::{CoreList, IdlePolicy, ReactorStats, Reactors};
+use nvpoll::reactor::{CoreList, IdlePolicy, Reactors};
 use nvpoll_target::TargetTls;
 use nvpoll_tcp::host::{ConnectOptions, TcpController, TcpQueuePair};
 use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
@@ -205,9 +205,10 @@ fn futures_on_tokio_through_the_completion_fd() {
 }
 
 /// The executor as a poller on one of our reactors, with the queue pair moved there: 8 tasks write and read
-/// back on a reactor that polls, and on one in hybrid idle mode, which sleeps between commands on the queue's
-/// completion fd (the executor says what wakes it) and is woken by the socket.
-fn on_a_reactor(idle: IdlePolicy) -> ReactorStats {
+/// back, each reporting from the reactor when it ends. Returns the reactors, still running, and the
+/// controller (for `quiet`: the reactor must then go to sleep, which it can only do if the executor says what
+/// wakes it).
+fn on_a_reactor(idle: IdlePolicy) -> (Reactors, TcpController, TestTarget) {
     let t = TestTarget::start(|c| c);
     let mut ctrl = connect(&t, false);
     let ns = ctrl.namespaces()[0].clone();
@@ -224,46 +225,64 @@ fn on_a_reactor(idle: IdlePolicy) -> ReactorStats {
             let mut ex = LocalExecutor::new();
             ex.drive(&q);
             let done = Rc::new(Cell::new(0));
-            workers(&mut |f| ex.spawn(f), &q, &p, &ns, 8, 10, &done);
-            // One more task reports when the others are done, from the reactor, and lets the queue go.
-            let q2 = q.clone();
-            ex.spawn(async move {
-                while done.get() < 8 * 10 * 2 {
-                    // Paced by the completions: each await gives the others their turn.
-                    let c = q2.flush(1).await;
-                    c.result.expect("a flush");
-                }
-                tx.send(done.get()).unwrap();
-            });
+            // Each worker says when it ends, from the reactor (no task spins waiting for the others).
+            workers(
+                &mut |f| {
+                    let tx = tx.clone();
+                    ex.spawn(async move {
+                        f.await;
+                        tx.send(()).expect("the test waits");
+                    })
+                },
+                &q,
+                &p,
+                &ns,
+                8,
+                10,
+                &done,
+            );
             ctx.add_poller(ex);
         })
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let n = loop {
+    let mut ended = 0;
+    while ended < 8 {
         ctrl.poll_admin().unwrap();
         match rx.recv_timeout(Duration::from_millis(10)) {
-            Ok(n) => break n,
+            Ok(()) => ended += 1,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                assert!(Instant::now() < deadline, "the tasks did not finish")
+                assert!(Instant::now() < deadline, "{ended} of 8 tasks ended")
             }
             Err(e) => panic!("{e}"),
         }
-    };
-    assert_eq!(n, 8 * 10 * 2);
-    let stats = reactors.stop().unwrap();
-    ctrl.shutdown().unwrap();
-    stats[0]
+    }
+    (reactors, ctrl, t)
 }
 
 #[test]
 fn futures_on_a_polling_reactor() {
-    on_a_reactor(IdlePolicy::Poll);
+    let (reactors, ctrl, _t) = on_a_reactor(IdlePolicy::Poll);
+    reactors.stop().unwrap();
+    ctrl.shutdown().unwrap();
 }
 
+/// A hybrid reactor with the executor as its poller goes to sleep once the tasks are done: the executor says
+/// what wakes it (the queue's completion fd and deadline). Were it to say nothing, the reactor would poll on.
 #[test]
-fn futures_on_a_hybrid_reactor_that_sleeps_between_commands() {
-    let s = on_a_reactor(IdlePolicy::Hybrid {
+fn futures_on_a_hybrid_reactor_that_then_sleeps() {
+    let (reactors, mut ctrl, _t) = on_a_reactor(IdlePolicy::Hybrid {
         quiet: Duration::from_micros(50),
     });
-    assert!(s.sleeps > 0, "the reactor never slept: {s:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        ctrl.poll_admin().unwrap();
+        let s = reactors.stats()[0];
+        if s.sleeps > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the reactor never slept: {s:?}");
+        std::thread::yield_now();
+    }
+    reactors.stop().unwrap();
+    ctrl.shutdown().unwrap();
 }
