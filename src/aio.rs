@@ -29,7 +29,7 @@
 //! let mut ex = LocalExecutor::new();
 //! ex.drive(&q);
 //! let buf = pool.alloc(4096)?;
-//! let done = ex.block_on(q.read(1, 0, 8, buf))?;
+//! let done = ex.block_on(q.read(1, 0, 8, buf));
 //! done.result?;
 //! # Ok(()) }
 //! ```
