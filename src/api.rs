@@ -288,6 +288,25 @@ pub struct QueueStats {
 }
 
 impl QueueStats {
+    /// `self + other`, field by field: counters add up, `longest_failover` is the longer of the two (the
+    /// queue pairs of a multipath pair, or a queue pair's past connections and its live one).
+    pub fn plus(&self, other: &QueueStats) -> QueueStats {
+        QueueStats {
+            commands: self.commands + other.commands,
+            pdus: self.pdus + other.pdus,
+            writes: self.writes + other.writes,
+            reads: self.reads + other.reads,
+            records: self.records + other.records,
+            record_bytes: self.record_bytes + other.record_bytes,
+            flushes: self.flushes + other.flushes,
+            key_updates_sent: self.key_updates_sent + other.key_updates_sent,
+            key_updates_received: self.key_updates_received + other.key_updates_received,
+            retried: self.retried + other.retried,
+            reconnects: self.reconnects + other.reconnects,
+            longest_failover: self.longest_failover.max(other.longest_failover),
+        }
+    }
+
     /// `self - earlier`, field by field (saturating, should a transport's counter ever start again).
     pub fn since(&self, earlier: &QueueStats) -> QueueStats {
         QueueStats {

@@ -121,9 +121,12 @@ fn decode(block: &[u8], pos: u64) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
         return None;
     }
     let crc = u32::from_le_bytes(block[4..8].try_into().ok()?);
-    let mut copy = block.to_vec();
-    copy[4..8].fill(0);
-    if crc32c::crc32c(&copy) != crc || u64::from_le_bytes(block[8..16].try_into().ok()?) != pos {
+    // The CRC covers the block with its own field as zeroes (no copy of the block needed).
+    let sum = crc32c::crc32c_append(
+        crc32c::crc32c_append(crc32c::crc32c(&block[..4]), &[0; 4]),
+        &block[8..],
+    );
+    if sum != crc || u64::from_le_bytes(block[8..16].try_into().ok()?) != pos {
         return None;
     }
     let count = u16::from_le_bytes(block[16..18].try_into().ok()?);

@@ -608,24 +608,15 @@ impl QueuePair for MultipathQueuePair {
     }
 
     fn stats(&self) -> QueueStats {
-        let mut s = QueueStats::default();
-        for p in &self.paths {
-            let q = p.stats();
-            s.commands += q.commands;
-            s.pdus += q.pdus;
-            s.writes += q.writes;
-            s.reads += q.reads;
-            s.records += q.records;
-            s.record_bytes += q.record_bytes;
-            s.flushes += q.flushes;
-            s.key_updates_sent += q.key_updates_sent;
-            s.key_updates_received += q.key_updates_received;
-            s.retried += q.retried;
-            s.reconnects += q.reconnects;
+        let s = self
+            .paths
+            .iter()
+            .fold(QueueStats::default(), |s, p| s.plus(&p.stats()));
+        QueueStats {
+            retried: s.retried + self.stats.retried,
+            longest_failover: self.stats.longest_failover,
+            ..s
         }
-        s.retried += self.stats.retried;
-        s.longest_failover = self.stats.longest_failover;
-        s
     }
 }
 

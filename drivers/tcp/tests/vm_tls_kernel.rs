@@ -82,6 +82,23 @@ fn fio(dev: &str, args: &[&str]) {
     );
 }
 
+/// The kernel's host connects to our target `t` with TLS (the test key in its keyring), with `extra` options
+/// appended (",name=value..."); returns the namespace's block device.
+fn kernel_connect_tls(t: &TestTarget, hostnqn: &str, hostid: &str, extra: &str) -> String {
+    let serial = insert_psk(KEY, hostnqn, NQN);
+    let connect = format!(
+        "transport=tcp,traddr=127.0.0.1,trsvcid={},nqn={NQN},hostnqn={hostnqn},hostid={hostid},tls,tls_key={serial}{extra}",
+        t.addr.port()
+    );
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/nvme-fabrics")
+        .and_then(|mut f| f.write_all(connect.as_bytes()))
+        .expect("the kernel connects with TLS (see VM_OUT/tlshd.log)");
+    wait_disk(NQN, 1, true).expect("the kernel made a disk")
+}
+
 #[test]
 fn vm_tls_kernel_host_against_our_target() {
     if !tls_guest() {
@@ -98,18 +115,7 @@ fn vm_tls_kernel_host_against_our_target() {
         ));
         c
     });
-    let serial = insert_psk(KEY, &hostnqn, NQN);
-    let connect = format!(
-        "transport=tcp,traddr=127.0.0.1,trsvcid={},nqn={NQN},hostnqn={hostnqn},hostid={hostid},tls,tls_key={serial}",
-        t.addr.port()
-    );
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/nvme-fabrics")
-        .and_then(|mut f| f.write_all(connect.as_bytes()))
-        .expect("the kernel connects with TLS (see VM_OUT/tlshd.log)");
-    let dev = wait_disk(NQN, 1, true).expect("the kernel made a disk");
+    let dev = kernel_connect_tls(&t, &hostnqn, &hostid, "");
     // 4 KiB writes (in-capsule data) with verification, then 128 KiB reads (C2HData across many records).
     fio(
         &dev,
@@ -470,19 +476,12 @@ fn vm_tls_key_update_kernel_host_against_our_target() {
         c.tls_key_renewal.records = 300;
         c
     });
-    let serial = insert_psk(KEY, &hostnqn, NQN);
-    let connect = format!(
-        "transport=tcp,traddr=127.0.0.1,trsvcid={},nqn={NQN},hostnqn={hostnqn},hostid={hostid},tls,tls_key={serial},\
-         reconnect_delay=1,ctrl_loss_tmo=120",
-        t.addr.port()
+    let dev = kernel_connect_tls(
+        &t,
+        &hostnqn,
+        &hostid,
+        ",reconnect_delay=1,ctrl_loss_tmo=120",
     );
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/nvme-fabrics")
-        .and_then(|mut f| f.write_all(connect.as_bytes()))
-        .expect("the kernel connects with TLS (see VM_OUT/tlshd.log)");
-    let dev = wait_disk(NQN, 1, true).expect("the kernel made a disk");
     fio(
         &dev,
         &[

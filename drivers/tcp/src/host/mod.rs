@@ -34,4 +34,4 @@ mod shared;
 pub use self::ana::AnaView;
 pub use self::controller::TcpController;
 pub use self::options::{ConnectOptions, Recovery, DEFAULT_IO_QUEUES, DEFAULT_MAX_TRANSFER};
-pub use self::qpair::{ConnCounters, RecoveryStats, TcpQueuePair};
+pub use self::qpair::{RecoveryStats, TcpQueuePair};

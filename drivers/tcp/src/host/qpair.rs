@@ -32,60 +32,23 @@ pub struct RecoveryStats {
     pub timeouts: u64,
     /// The transport counters of connections that are gone (commands, PDUs, writes, reads, records,
     /// flushes, key updates); the live connection counts its own, and [`QueuePair::stats`] adds the two.
-    pub past: ConnCounters,
+    pub past: QueueStats,
 }
 
-/// A connection's transport counters, as [`QueueStats`] names them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ConnCounters {
-    /// Commands submitted.
-    pub commands: u64,
-    /// PDUs sent.
-    pub pdus: u64,
-    /// Send system calls that sent something.
-    pub writes: u64,
-    /// Receive system calls.
-    pub reads: u64,
-    /// TLS records sealed.
-    pub records: u64,
-    /// Plaintext bytes in those records.
-    pub record_bytes: u64,
-    /// End-of-iteration flushes that sent something.
-    pub flushes: u64,
-    /// TLS KeyUpdates sent.
-    pub key_updates_sent: u64,
-    /// TLS KeyUpdates received.
-    pub key_updates_received: u64,
-}
-
-impl ConnCounters {
-    fn of(q: &HostQueue) -> ConnCounters {
-        let c = q.conn_stats();
-        ConnCounters {
-            commands: q.commands(),
-            pdus: c.pdus_tx,
-            writes: c.writes,
-            reads: c.reads,
-            records: c.records,
-            record_bytes: c.record_bytes,
-            flushes: c.flushes,
-            key_updates_sent: c.key_updates_sent,
-            key_updates_received: c.key_updates_received,
-        }
-    }
-
-    fn plus(self, o: ConnCounters) -> ConnCounters {
-        ConnCounters {
-            commands: self.commands + o.commands,
-            pdus: self.pdus + o.pdus,
-            writes: self.writes + o.writes,
-            reads: self.reads + o.reads,
-            records: self.records + o.records,
-            record_bytes: self.record_bytes + o.record_bytes,
-            flushes: self.flushes + o.flushes,
-            key_updates_sent: self.key_updates_sent + o.key_updates_sent,
-            key_updates_received: self.key_updates_received + o.key_updates_received,
-        }
+/// A live connection's transport counters, as [`QueueStats`] names them.
+fn conn_counters(q: &HostQueue) -> QueueStats {
+    let c = q.conn_stats();
+    QueueStats {
+        commands: q.commands(),
+        pdus: c.pdus_tx,
+        writes: c.writes,
+        reads: c.reads,
+        records: c.records,
+        record_bytes: c.record_bytes,
+        flushes: c.flushes,
+        key_updates_sent: c.key_updates_sent,
+        key_updates_received: c.key_updates_received,
+        ..QueueStats::default()
     }
 }
 
@@ -255,7 +218,7 @@ impl TcpQueuePair {
             QueueState::Connected(q) => {
                 self.recovery.failed += q.commands_failed();
                 self.recovery.losses += 1;
-                self.recovery.past = self.recovery.past.plus(ConnCounters::of(&q));
+                self.recovery.past = self.recovery.past.plus(&conn_counters(&q));
                 self.next_attempt = Instant::now();
                 QueueState::Reconnecting(q.park())
             }
@@ -516,22 +479,13 @@ impl QueuePair for TcpQueuePair {
     /// planned or not, does not make the counters start again).
     fn stats(&self) -> QueueStats {
         let c = match self.live() {
-            Some(q) => self.recovery.past.plus(ConnCounters::of(q)),
+            Some(q) => self.recovery.past.plus(&conn_counters(q)),
             None => self.recovery.past,
         };
         QueueStats {
-            commands: c.commands,
-            pdus: c.pdus,
-            writes: c.writes,
-            reads: c.reads,
-            records: c.records,
-            record_bytes: c.record_bytes,
-            flushes: c.flushes,
             retried: self.recovery.retried,
             reconnects: self.recovery.reconnects,
-            key_updates_sent: c.key_updates_sent,
-            key_updates_received: c.key_updates_received,
-            longest_failover: Duration::ZERO,
+            ..c
         }
     }
 }
