@@ -40,12 +40,10 @@ use std::future::Future;
 use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Instant;
-
-use crossbeam_queue::SegQueue;
 
 use crate::api::{Completion, IoOp, IoRequest, QueuePair, Rejected};
 pub use crate::completion_fd::CompletionFd;
@@ -57,8 +55,8 @@ use crate::{Error, Result};
 enum Slot {
     /// Not in use.
     Free,
-    /// In flight; the future's waker (once it has been polled after submitting) and the caller's tag.
-    Waiting { waker: Option<Waker>, tag: u64 },
+    /// In flight, with the caller's tag; the future's waker is the slot's entry in `State::wakers`.
+    Waiting { tag: u64 },
     /// Completed, not yet taken by its future.
     Ready(Completion),
     /// In flight, its future dropped: the completion is dropped when it comes.
@@ -68,6 +66,10 @@ enum Slot {
 struct State<Q> {
     qp: Q,
     slots: Vec<Slot>,
+    /// Each slot's future's waker, kept after the command completes: a task that awaits one command after
+    /// another gets its slot back (the free list hands out the last slot freed) and finds its own waker there,
+    /// so a command costs no waker clone (an atomic increment, and a decrement when it is woken).
+    wakers: Vec<Option<Waker>>,
     free: Vec<u32>,
     /// Futures waiting for a free slot (the queue was full when they were polled).
     room: VecDeque<Waker>,
@@ -75,8 +77,8 @@ struct State<Q> {
     driver: Option<Waker>,
     /// Commands submitted since the last flush.
     unsent: bool,
-    /// Wakers to wake once the state is no longer borrowed (kept to reuse its capacity).
-    to_wake: Vec<Waker>,
+    /// What to wake once the state is no longer borrowed (kept to reuse its capacity).
+    to_wake: Wakes,
     /// The completion fd (made on first use).
     waiter: Option<CompletionFd>,
 }
@@ -99,17 +101,22 @@ impl<Q: QueuePair> AsyncQueue<Q> {
     pub fn new(qp: Q) -> AsyncQueue<Q> {
         let depth = qp.depth().max(1);
         let slots = (0..depth).map(|_| Slot::Free).collect();
+        let wakers = (0..depth).map(|_| None).collect();
         // Handed out lowest first.
         let free = (0..depth as u32).rev().collect();
         AsyncQueue {
             state: Rc::new(RefCell::new(State {
                 qp,
                 slots,
+                wakers,
                 free,
                 room: VecDeque::with_capacity(depth),
                 driver: None,
                 unsent: false,
-                to_wake: Vec::with_capacity(depth),
+                to_wake: Wakes {
+                    slots: Vec::with_capacity(depth),
+                    others: Vec::new(),
+                },
                 waiter: None,
             })),
         }
@@ -256,20 +263,54 @@ impl<Q: QueuePair> AsyncQueue<Q> {
     }
 }
 
-fn drop_borrow_then_wake<Q>(state: &RefCell<State<Q>>, to_wake: &mut Vec<Waker>) {
-    for w in to_wake.drain(..) {
+/// Futures to wake: those whose commands completed (by slot: their wakers stay in `State::wakers`) and those
+/// waiting for room.
+#[derive(Default)]
+struct Wakes {
+    slots: Vec<u32>,
+    others: Vec<Waker>,
+}
+
+impl Wakes {
+    fn is_empty(&self) -> bool {
+        self.slots.is_empty() && self.others.is_empty()
+    }
+}
+
+/// Wakes what `to_wake` holds, with `state` not borrowed (a waker may poll a future at once, which borrows
+/// it), then gives the lists' capacity back.
+fn drop_borrow_then_wake<Q>(state: &RefCell<State<Q>>, to_wake: &mut Wakes) {
+    for i in to_wake.slots.drain(..) {
+        // Lent out of the slot for the wake and put back after, unless the wake already put a new one there.
+        let Some(w) = state.borrow_mut().wakers[i as usize].take() else {
+            continue;
+        };
+        w.wake_by_ref();
+        state.borrow_mut().wakers[i as usize].get_or_insert(w);
+    }
+    for w in to_wake.others.drain(..) {
         w.wake();
     }
-    // Give the (now empty) vector's capacity back.
     if let Ok(mut st) = state.try_borrow_mut() {
-        if st.to_wake.capacity() < to_wake.capacity() {
-            st.to_wake = std::mem::take(to_wake);
+        // (Only into empty lists: a wake may have queued more, which the next pass wakes.)
+        if st.to_wake.is_empty() && st.to_wake.slots.capacity() < to_wake.slots.capacity() {
+            std::mem::swap(&mut st.to_wake, to_wake);
         }
+    }
+}
+
+/// Keeps `waker` as slot `i`'s, cloning it only when it is not the one kept already.
+#[inline]
+fn keep_waker(wakers: &mut [Option<Waker>], i: u32, waker: &Waker) {
+    match &mut wakers[i as usize] {
+        Some(w) if w.will_wake(waker) => {}
+        w => *w = Some(waker.clone()),
     }
 }
 
 impl<Q: QueuePair> State<Q> {
     /// Routes `c` to its slot; collects the wakers to wake.
+    #[inline]
     fn complete(&mut self, mut c: Completion) {
         let Ok(i) = usize::try_from(c.tag) else {
             return;
@@ -282,12 +323,10 @@ impl<Q: QueuePair> State<Q> {
             return;
         };
         match std::mem::replace(slot, Slot::Free) {
-            Slot::Waiting { waker, tag } => {
+            Slot::Waiting { tag } => {
                 c.tag = tag;
                 *slot = Slot::Ready(c);
-                if let Some(w) = waker {
-                    self.to_wake.push(w);
-                }
+                self.to_wake.slots.push(i as u32);
             }
             Slot::Abandoned => self.release(i as u32),
             other => {
@@ -298,11 +337,12 @@ impl<Q: QueuePair> State<Q> {
     }
 
     /// Frees slot `i` and wakes one future waiting for room.
+    #[inline]
     fn release(&mut self, i: u32) {
         self.slots[i as usize] = Slot::Free;
         self.free.push(i);
         if let Some(w) = self.room.pop_front() {
-            self.to_wake.push(w);
+            self.to_wake.others.push(w);
         }
     }
 }
@@ -344,10 +384,8 @@ impl<Q: QueuePair> Future for Io<Q> {
                 r.tag = u64::from(slot);
                 match st.qp.submit(r) {
                     Ok(()) => {
-                        st.slots[slot as usize] = Slot::Waiting {
-                            waker: Some(cx.waker().clone()),
-                            tag,
-                        };
+                        st.slots[slot as usize] = Slot::Waiting { tag };
+                        keep_waker(&mut st.wakers, slot, cx.waker());
                         st.unsent = true;
                         let driver = st.driver.clone();
                         drop(st);
@@ -379,13 +417,11 @@ impl<Q: QueuePair> Future for Io<Q> {
             }
             Stage::InFlight(slot) => {
                 let i = *slot;
-                let mut st = this.state.borrow_mut();
+                let mut guard = this.state.borrow_mut();
+                let st = &mut *guard;
                 match &mut st.slots[i as usize] {
-                    Slot::Waiting { waker, .. } => {
-                        match waker {
-                            Some(w) if w.will_wake(cx.waker()) => {}
-                            _ => *waker = Some(cx.waker().clone()),
-                        }
+                    Slot::Waiting { .. } => {
+                        keep_waker(&mut st.wakers, i, cx.waker());
                         Poll::Pending
                     }
                     Slot::Ready(_) => {
@@ -395,10 +431,13 @@ impl<Q: QueuePair> Future for Io<Q> {
                             unreachable!("matched Ready above")
                         };
                         st.release(i);
-                        let mut to_wake = std::mem::take(&mut st.to_wake);
-                        drop(st);
                         this.stage = Stage::Done;
-                        drop_borrow_then_wake(&this.state, &mut to_wake);
+                        // Someone waiting for room, now and then.
+                        if !st.to_wake.is_empty() {
+                            let mut to_wake = std::mem::take(&mut st.to_wake);
+                            drop(guard);
+                            drop_borrow_then_wake(&this.state, &mut to_wake);
+                        }
                         Poll::Ready(c)
                     }
                     Slot::Free | Slot::Abandoned => {
@@ -483,27 +522,26 @@ impl<Q: QueuePair> Driven for DrivenQueue<Q> {
     }
 }
 
-/// The executor's ready queue, and the reactor to kick when a task is woken from elsewhere (another thread,
-/// or while the reactor sleeps).
+/// The executor's ready set, one bit per task in words of 64, and the reactor to kick when a task is woken
+/// from elsewhere (another thread, or while the reactor sleeps). A wake is one atomic OR on the task's word,
+/// which also says whether the task was already queued; the executor takes a whole word of woken tasks with
+/// one swap. (A queue of task numbers cost a compare-and-swap to push, another to pop, a flag per task to
+/// keep a task queued once, and now and then a block allocation.)
 struct Ready {
-    ids: SegQueue<usize>,
+    /// The reactor to kick, set once the executor runs on one.
     kick: std::sync::OnceLock<ReactorWaker>,
 }
 
-impl Ready {
-    fn new() -> Ready {
-        Ready {
-            ids: SegQueue::new(),
-            kick: std::sync::OnceLock::new(),
-        }
-    }
+/// 64 tasks' ready bits.
+struct ReadyWord {
+    bits: AtomicU64,
+    ready: Arc<Ready>,
 }
 
-/// A task's waker: puts the task's number on the executor's ready queue (once until it is polled again).
+/// A task's waker: sets the task's bit in its word of the executor's ready set.
 struct TaskWaker {
-    id: usize,
-    queued: AtomicBool,
-    ready: Arc<Ready>,
+    mask: u64,
+    word: Arc<ReadyWord>,
 }
 
 impl Wake for TaskWaker {
@@ -511,9 +549,11 @@ impl Wake for TaskWaker {
         self.wake_by_ref();
     }
     fn wake_by_ref(self: &Arc<Self>) {
-        if !self.queued.swap(true, Ordering::AcqRel) {
-            self.ready.ids.push(self.id);
-            if let Some(k) = self.ready.kick.get() {
+        let before = self.word.bits.fetch_or(self.mask, Ordering::AcqRel);
+        // A word that had a bit set already was kicked for by whoever set it, and the executor has not taken
+        // it yet (it clears the word before polling its tasks): one kick per word per pass is enough.
+        if before == 0 {
+            if let Some(k) = self.word.ready.kick.get() {
                 k.wake();
             }
         }
@@ -522,9 +562,8 @@ impl Wake for TaskWaker {
 
 struct Task {
     fut: Pin<Box<dyn Future<Output = ()>>>,
-    waker: Arc<TaskWaker>,
-    /// The same, as a `Waker`, made once (not per poll).
-    as_waker: Waker,
+    /// Its [`TaskWaker`], made once (not per poll).
+    waker: Waker,
 }
 
 /// A single-threaded executor for futures that need not be `Send`, and the driver of the [`AsyncQueue`]s
@@ -535,6 +574,8 @@ pub struct LocalExecutor {
     tasks: Vec<Option<Task>>,
     free: Vec<usize>,
     ready: Arc<Ready>,
+    /// The ready set: task `i`'s bit is bit `i % 64` of word `i / 64`.
+    words: Vec<Arc<ReadyWord>>,
     queues: Vec<Box<dyn Driven>>,
     /// Completions reaped per queue per pass, at most.
     batch: usize,
@@ -555,7 +596,10 @@ impl LocalExecutor {
         LocalExecutor {
             tasks: Vec::new(),
             free: Vec::new(),
-            ready: Arc::new(Ready::new()),
+            ready: Arc::new(Ready {
+                kick: std::sync::OnceLock::new(),
+            }),
+            words: Vec::new(),
             queues: Vec::new(),
             batch: 64,
             live: Rc::new(Cell::new(0)),
@@ -574,15 +618,19 @@ impl LocalExecutor {
     /// Runs `fut` to its end in the passes to come.
     pub fn spawn(&mut self, fut: impl Future<Output = ()> + 'static) {
         let id = self.free.pop().unwrap_or(self.tasks.len());
-        let waker = Arc::new(TaskWaker {
-            id,
-            queued: AtomicBool::new(true),
-            ready: Arc::clone(&self.ready),
-        });
+        if id / 64 == self.words.len() {
+            self.words.push(Arc::new(ReadyWord {
+                bits: AtomicU64::new(0),
+                ready: Arc::clone(&self.ready),
+            }));
+        }
+        let word = &self.words[id / 64];
         let task = Task {
             fut: Box::pin(fut),
-            as_waker: Waker::from(Arc::clone(&waker)),
-            waker,
+            waker: Waker::from(Arc::new(TaskWaker {
+                mask: 1 << (id % 64),
+                word: Arc::clone(word),
+            })),
         };
         if id == self.tasks.len() {
             self.tasks.push(Some(task));
@@ -590,7 +638,8 @@ impl LocalExecutor {
             self.tasks[id] = Some(task);
         }
         self.live.set(self.live.get() + 1);
-        self.ready.ids.push(id);
+        // Polled in the next pass (a bit of the executor's own thread: no kick needed).
+        word.bits.fetch_or(1 << (id % 64), Ordering::Release);
     }
 
     /// Tasks not yet finished.
@@ -601,21 +650,28 @@ impl LocalExecutor {
     /// One pass: the woken tasks, then every queue's send and reap. Says whether anything happened.
     pub fn pass(&mut self) -> bool {
         let mut busy = false;
-        // Only those woken before the pass began: a task that wakes itself waits for the next one.
-        for _ in 0..self.ready.ids.len() {
-            let Some(id) = self.ready.ids.pop() else {
-                break;
-            };
-            busy = true;
-            let Some(task) = self.tasks.get_mut(id).and_then(Option::as_mut) else {
+        // A word's tasks are taken at once and each polled once: a task that wakes itself (or one whose word
+        // was already taken) waits for the next pass. Words are few (a relaxed load each when nothing woke).
+        for w in 0..self.words.len() {
+            if self.words[w].bits.load(Ordering::Relaxed) == 0 {
                 continue;
-            };
-            task.waker.queued.store(false, Ordering::Release);
-            let mut cx = Context::from_waker(&task.as_waker);
-            if task.fut.as_mut().poll(&mut cx).is_ready() {
-                self.tasks[id] = None;
-                self.free.push(id);
-                self.live.set(self.live.get() - 1);
+            }
+            let mut bits = self.words[w].bits.swap(0, Ordering::AcqRel);
+            busy = true;
+            while bits != 0 {
+                let id = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                // A stale waker of a finished task may wake its number: nothing to poll then (or a spurious
+                // poll of the task that took the number, which futures allow).
+                let Some(task) = self.tasks.get_mut(id).and_then(Option::as_mut) else {
+                    continue;
+                };
+                let mut cx = Context::from_waker(&task.waker);
+                if task.fut.as_mut().poll(&mut cx).is_ready() {
+                    self.tasks[id] = None;
+                    self.free.push(id);
+                    self.live.set(self.live.get() - 1);
+                }
             }
         }
         for q in &self.queues {
@@ -671,7 +727,11 @@ impl Poller for LocalExecutor {
     /// A hybrid reactor may sleep once no task is woken and every driven queue has said what wakes it (its
     /// completion fd, which [`AsyncQueue::arm`] points at the queue pair's sockets, and its deadline).
     fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
-        if !self.ready.ids.is_empty() {
+        if self
+            .words
+            .iter()
+            .any(|w| w.bits.load(Ordering::Acquire) != 0)
+        {
             return false;
         }
         self.queues.iter().all(|q| q.wake_sources(w))
@@ -683,6 +743,7 @@ mod tests {
     use super::*;
     use crate::api::QueueStats;
     use crate::mem::DmaPool;
+    use std::sync::atomic::AtomicBool;
 
     /// A queue pair that completes what it was sent (on `flush`) at the next `poll`, in order; it refuses
     /// namespace 9 and takes at most `room` commands at a time.
@@ -872,9 +933,13 @@ mod tests {
         let before = p.available(4096);
         let mut io = Box::pin(q.read(1, 0, 1, p.alloc(4096).unwrap()));
         let waker = Waker::from(Arc::new(TaskWaker {
-            id: 0,
-            queued: AtomicBool::new(false),
-            ready: Arc::new(Ready::new()),
+            mask: 1,
+            word: Arc::new(ReadyWord {
+                bits: AtomicU64::new(0),
+                ready: Arc::new(Ready {
+                    kick: std::sync::OnceLock::new(),
+                }),
+            }),
         }));
         let mut cx = Context::from_waker(&waker);
         assert!(io.as_mut().poll(&mut cx).is_pending(), "submitted");

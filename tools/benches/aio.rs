@@ -10,7 +10,8 @@
 //! that completes every command at its next poll (no I/O, no buffers copied), nanoseconds per I/O each,
 //! and what the futures add.
 //!
-//! `cargo bench --bench aio` (NVPOLL_BENCH_TIME per run, 2s; NVPOLL_BENCH_RUNS rounds, 5).
+//! `cargo bench --bench aio` (NVPOLL_BENCH_TIME per run, 2s; NVPOLL_BENCH_RUNS rounds, 5;
+//! NVPOLL_AIO_ADAPTER_ONLY=1 stops after the adapter alone, for profiling it).
 
 mod common;
 
@@ -289,6 +290,9 @@ fn main() {
     let (icore, _tcore, _ione, tone) = common::cores();
     core_affinity::set_for_current(core_affinity::CoreId { id: icore });
     adapter_alone(knobs.runs);
+    if std::env::var_os("NVPOLL_AIO_ADAPTER_ONLY").is_some() {
+        return;
+    }
     let (_reactors, target) = common::start_target(common::ram_target(NQN, None), &tone);
     core_affinity::set_for_current(core_affinity::CoreId { id: icore });
     let pool = DmaPool::builder()
