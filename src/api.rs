@@ -11,6 +11,38 @@ use crate::spec::{CommandKind, Cqe, Sqe};
 use crate::Error;
 
 /// What an I/O request does.
+///
+/// # Examples
+///
+/// A write carries its data in the request's buffer; a write-zeroes and a flush carry none:
+///
+/// ```
+/// # mod ram { include!("doctest/ram.rs"); }
+/// use nvpoll::api::{IoOp, IoRequest, QueuePair};
+/// use nvpoll::mem::DmaPool;
+///
+/// let pool = DmaPool::builder().class(4096, 4).build()?;
+/// let mut qp = ram::RamQueuePair::new(8); // 512-byte blocks (hidden: an in-memory queue pair)
+/// let mut data = pool.alloc(1024)?;
+/// data.fill(0xab);
+/// let ops = [
+///     (IoOp::Write, 2, Some(data)),
+///     (IoOp::WriteZeroes, 1, None),
+///     (IoOp::Flush, 0, None),
+/// ];
+/// for (tag, (op, blocks, buf)) in ops.into_iter().enumerate() {
+///     let req = IoRequest { op, nsid: 1, lba: 0, blocks, buf, tag: tag as u64 };
+///     qp.submit(req).map_err(|r| r.error)?;
+/// }
+/// qp.flush()?;
+/// let mut done = 0;
+/// qp.process_completions(8, |_, c| {
+///     assert!(c.result.is_ok());
+///     done += 1;
+/// })?;
+/// assert_eq!(done, 3);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoOp {
     /// Read `blocks` logical blocks into the request's buffer.
@@ -31,6 +63,20 @@ pub enum IoOp {
 }
 
 /// One I/O request, as handed to [`QueuePair::submit`].
+///
+/// # Examples
+///
+/// A read of 8 blocks of 512 bytes needs a buffer of 4096 bytes; its `tag` comes back in the completion:
+///
+/// ```
+/// use nvpoll::api::{IoOp, IoRequest};
+/// use nvpoll::mem::DmaPool;
+///
+/// let pool = DmaPool::builder().class(4096, 4).build()?;
+/// let req = IoRequest { op: IoOp::Read, nsid: 1, lba: 64, blocks: 8, buf: Some(pool.alloc(8 * 512)?), tag: 7 };
+/// assert_eq!(req.buf.as_ref().map(|b| b.len()), Some(4096));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct IoRequest {
     /// The operation.
@@ -48,6 +94,30 @@ pub struct IoRequest {
 }
 
 /// A finished request, handed back exactly once.
+///
+/// # Examples
+///
+/// The buffer comes back whatever the outcome; `result` says whether the controller reported success:
+///
+/// ```
+/// # mod ram { include!("doctest/ram.rs"); }
+/// use nvpoll::api::{IoOp, IoRequest, QueuePair};
+/// use nvpoll::mem::DmaPool;
+///
+/// let pool = DmaPool::builder().class(4096, 4).build()?;
+/// let mut qp = ram::RamQueuePair::new(8);
+/// let buf = pool.alloc(512)?;
+/// qp.submit(IoRequest { op: IoOp::Read, nsid: 1, lba: 0, blocks: 1, buf: Some(buf), tag: 11 })
+///     .map_err(|r| r.error)?;
+/// qp.flush()?;
+/// qp.poll(8)?;
+/// let c = qp.pop_completion().ok_or("no completion")?;
+/// assert_eq!(c.tag, 11);
+/// c.result?;
+/// let buf = c.buf.ok_or("no buffer")?;
+/// assert_eq!(buf.len(), 512);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Completion {
     /// The request's tag.
@@ -62,6 +132,25 @@ impl Completion {
     /// The completion of a request whose command ended with `result`: a completion entry (success only if
     /// its status is), or the transport's reason it did not complete. Both transports hand requests back
     /// through this.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nvpoll::api::Completion;
+    /// use nvpoll::spec::{Cqe, Status};
+    /// use nvpoll::Error;
+    ///
+    /// let ok = Completion::from_result(1, None, Ok(Cqe::default()));
+    /// assert!(ok.result.is_ok());
+    ///
+    /// let mut cqe = Cqe::default();
+    /// cqe.set_status(Status::LBA_OUT_OF_RANGE, true);
+    /// let failed = Completion::from_result(2, None, Ok(cqe));
+    /// assert!(matches!(failed.result, Err(Error::Nvme(_))));
+    ///
+    /// let lost = Completion::from_result(3, None, Err(Error::Timeout));
+    /// assert!(matches!(lost.result, Err(Error::Timeout)));
+    /// ```
     #[inline]
     pub fn from_result(tag: u64, buf: Option<DmaBuf>, result: Result<Cqe, Error>) -> Completion {
         let result = match result {
@@ -77,6 +166,8 @@ impl Completion {
 pub const MAX_BLOCKS_PER_COMMAND: u32 = 0x1_0000;
 
 /// A request checked by [`check_request`]: the command to send, and how many bytes of data move with it.
+///
+/// See [`check_request`] for an example.
 #[derive(Clone, Copy, Debug)]
 pub struct Checked {
     /// The NVM command (its command ID and data pointer are the transport's to fill in).
@@ -91,6 +182,26 @@ pub struct Checked {
 /// write or write-zeroes must carry 1 to 65536 blocks within the namespace, and a read or write at most
 /// `max_transfer` bytes. The buffer is the transport's to check (where it looks at it anyway), except for a
 /// deallocate, whose range this writes into it (so it must hold one).
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::api::{check_request, IoOp, IoRequest, Namespace};
+/// use nvpoll::Error;
+///
+/// let namespaces = [Namespace { nsid: 1, block_size: 512, blocks: 1024 }];
+/// let mut req = IoRequest { op: IoOp::Read, nsid: 1, lba: 8, blocks: 8, buf: None, tag: 0 };
+/// let checked = check_request(&mut req, &namespaces, 128 * 1024)?;
+/// assert_eq!(checked.len, 4096);
+/// assert_eq!(checked.sqe.nsid, 1);
+///
+/// // Past the namespace's end, or on a namespace it does not have: refused before anything is sent.
+/// let mut beyond = IoRequest { lba: 1020, ..req };
+/// assert!(matches!(check_request(&mut beyond, &namespaces, 128 * 1024), Err(Error::InvalidArgument(_))));
+/// let mut other = IoRequest { op: IoOp::Flush, nsid: 2, lba: 0, blocks: 0, buf: None, tag: 0 };
+/// assert!(check_request(&mut other, &namespaces, 128 * 1024).is_err());
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 #[inline]
 pub fn check_request(
     req: &mut IoRequest,
@@ -188,6 +299,28 @@ fn deallocate_request(req: &mut IoRequest, ns: &Namespace) -> Result<Checked, Er
 }
 
 /// A request that was not accepted, with its buffer handed back.
+///
+/// # Examples
+///
+/// A full queue hands the request back, buffer and all, to be submitted again after completions:
+///
+/// ```
+/// # mod ram { include!("doctest/ram.rs"); }
+/// use nvpoll::api::{IoOp, IoRequest, QueuePair};
+/// use nvpoll::mem::DmaPool;
+/// use nvpoll::{Error, Retry};
+///
+/// let pool = DmaPool::builder().class(4096, 4).build()?;
+/// let mut qp = ram::RamQueuePair::new(1); // room for one request
+/// let read = |tag| IoRequest { op: IoOp::Read, nsid: 1, lba: 0, blocks: 1, buf: None, tag };
+/// qp.submit(IoRequest { buf: Some(pool.alloc(512)?), ..read(1) }).map_err(|r| r.error)?;
+/// let rejected = qp.submit(IoRequest { buf: Some(pool.alloc(512)?), ..read(2) }).unwrap_err();
+/// assert!(matches!(rejected.error, Error::QueueFull));
+/// assert_eq!(rejected.error.retry(), Retry::AfterCompletions);
+/// assert_eq!(rejected.request.tag, 2);
+/// assert!(rejected.request.buf.is_some(), "the buffer is handed back");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Rejected {
     /// Why the request was not accepted ([`Error::QueueFull`] means "try again after completions").
@@ -197,29 +330,122 @@ pub struct Rejected {
 }
 
 /// An I/O queue pair, owned by one reactor.
+///
+/// # Examples
+///
+/// Write a block, read it back, and wait for both: submit, flush once, then poll until nothing is
+/// outstanding. The queue pair here is an in-memory one (hidden lines); a TCP or PCIe queue pair is driven
+/// the same way.
+///
+/// ```
+/// # mod ram { include!("doctest/ram.rs"); }
+/// use nvpoll::api::{IoOp, IoRequest, QueuePair};
+/// use nvpoll::mem::DmaPool;
+///
+/// let pool = DmaPool::builder().class(4096, 8).build()?;
+/// let mut qp = ram::RamQueuePair::new(32);
+/// assert_eq!(qp.depth(), 32);
+///
+/// let mut data = pool.alloc(512)?;
+/// data.fill(0x5a);
+/// qp.submit(IoRequest { op: IoOp::Write, nsid: 1, lba: 3, blocks: 1, buf: Some(data), tag: 1 })
+///     .map_err(|r| r.error)?;
+/// qp.submit(IoRequest { op: IoOp::Read, nsid: 1, lba: 3, blocks: 1, buf: Some(pool.alloc(512)?), tag: 2 })
+///     .map_err(|r| r.error)?;
+/// assert_eq!(qp.outstanding(), 2);
+/// qp.flush()?;
+///
+/// let mut read_back = None;
+/// while qp.outstanding() > 0 {
+///     qp.process_completions(16, |_qp, c| {
+///         assert!(c.result.is_ok(), "tag {}: {:?}", c.tag, c.result);
+///         if c.tag == 2 {
+///             read_back = c.buf;
+///         }
+///     })?;
+/// }
+/// assert!(read_back.ok_or("no read")?.iter().all(|&b| b == 0x5a));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait QueuePair {
     /// Queues one request. With the inline send mode it may also leave at once; otherwise it leaves at the next
     /// [`QueuePair::flush`].
+    ///
+    /// A refused request comes back in the `Err` with its buffer: see [`Rejected`]'s example; an accepted one
+    /// is in [`QueuePair`]'s example.
     fn submit(&mut self, req: IoRequest) -> Result<(), Rejected>;
 
     /// Sends everything queued since the last flush (the "kick": one doorbell or one coalesced write).
+    ///
+    /// # Examples
+    ///
+    /// Several submissions, one flush: they leave together.
+    ///
+    /// ```
+    /// # mod ram { include!("doctest/ram.rs"); }
+    /// use nvpoll::api::{IoOp, IoRequest, QueuePair};
+    ///
+    /// let mut qp = ram::RamQueuePair::new(8);
+    /// for lba in 0..4 {
+    ///     let req = IoRequest { op: IoOp::WriteZeroes, nsid: 1, lba, blocks: 1, buf: None, tag: lba };
+    ///     qp.submit(req).map_err(|r| r.error)?;
+    /// }
+    /// qp.flush()?;
+    /// assert_eq!(qp.stats().writes, 1, "one write for the four commands");
+    /// assert_eq!(qp.poll(8)?, 4);
+    /// # Ok::<(), nvpoll::Error>(())
+    /// ```
     fn flush(&mut self) -> Result<(), Error>;
 
     /// Polls the transport for up to `max` completions and moves them to the queue pair's done list.
     /// Returns how many it moved. An `Err` means the queue pair has failed: every outstanding request has then
     /// been completed with an error.
+    ///
+    /// # Examples
+    ///
+    /// [`QueuePair::process_completions`] is `poll` and [`QueuePair::pop_completion`] together; apart:
+    ///
+    /// ```
+    /// # mod ram { include!("doctest/ram.rs"); }
+    /// use nvpoll::api::{IoOp, IoRequest, QueuePair};
+    ///
+    /// let mut qp = ram::RamQueuePair::new(8);
+    /// for tag in 0..3 {
+    ///     qp.submit(IoRequest { op: IoOp::Flush, nsid: 1, lba: 0, blocks: 0, buf: None, tag })
+    ///         .map_err(|r| r.error)?;
+    /// }
+    /// qp.flush()?;
+    /// assert_eq!(qp.poll(2)?, 2, "at most max");
+    /// assert_eq!(qp.poll(2)?, 1);
+    /// let tags: Vec<u64> = std::iter::from_fn(|| qp.pop_completion()).map(|c| c.tag).collect();
+    /// assert_eq!(tags, [0, 1, 2]);
+    /// assert_eq!(qp.outstanding(), 0);
+    /// # Ok::<(), nvpoll::Error>(())
+    /// ```
     fn poll(&mut self, max: usize) -> Result<usize, Error>;
 
-    /// Takes the oldest completion from the done list.
+    /// Takes the oldest completion from the done list. See [`QueuePair::poll`]'s example.
     fn pop_completion(&mut self) -> Option<Completion>;
 
-    /// Requests accepted and not yet handed back.
+    /// Requests accepted and not yet handed back. See [`QueuePair`]'s example.
     fn outstanding(&self) -> usize;
 
-    /// The most requests this queue pair accepts at once.
+    /// The most requests this queue pair accepts at once. See [`QueuePair`]'s example.
     fn depth(&self) -> usize;
 
     /// Chooses when posted commands leave (see [`crate::send`]). Transports with a single behaviour refuse.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # mod ram { include!("doctest/ram.rs"); }
+    /// use nvpoll::api::QueuePair;
+    /// use nvpoll::send::SendMode;
+    ///
+    /// let mut qp = ram::RamQueuePair::new(8); // keeps the default: one behaviour, so it refuses
+    /// let refused = qp.set_send_mode(SendMode::Inline);
+    /// assert!(matches!(refused, Err(nvpoll::Error::InvalidArgument(_))));
+    /// ```
     fn set_send_mode(&mut self, mode: SendMode) -> Result<(), Error> {
         Err(Error::InvalidArgument(format!(
             "this transport cannot switch to the {mode} send mode"
@@ -230,17 +456,80 @@ pub trait QueuePair {
     /// ([`crate::reactor::Poller::wake_sources`]): adds its file descriptors and deadlines to `w` and returns
     /// `true`, or returns `false` when only polling can find its completions (the default). A queue pair with
     /// nothing outstanding and nothing in its done list has nothing to be woken for.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # mod ram { include!("doctest/ram.rs"); }
+    /// use nvpoll::api::QueuePair;
+    /// use nvpoll::reactor::WakeSources;
+    ///
+    /// let qp = ram::RamQueuePair::new(8); // keeps the default: only polling finds its completions
+    /// let mut w = WakeSources::default();
+    /// assert!(!qp.wake_sources(&mut w));
+    /// assert_eq!(w.watched().count(), 0);
+    /// ```
     fn wake_sources<'a>(&'a self, _w: &mut crate::reactor::WakeSources<'a>) -> bool {
         false
     }
 
     /// Counters of this queue pair (zero for a transport that keeps none).
+    ///
+    /// # Examples
+    ///
+    /// Two samples give the counters of the window between them:
+    ///
+    /// ```
+    /// # mod ram { include!("doctest/ram.rs"); }
+    /// use nvpoll::api::{IoOp, IoRequest, QueuePair};
+    ///
+    /// let mut qp = ram::RamQueuePair::new(8);
+    /// let before = qp.stats();
+    /// qp.submit(IoRequest { op: IoOp::Flush, nsid: 1, lba: 0, blocks: 0, buf: None, tag: 0 })
+    ///     .map_err(|r| r.error)?;
+    /// qp.flush()?;
+    /// let window = qp.stats().since(&before);
+    /// assert_eq!(window.commands, 1);
+    /// assert_eq!(window.reconnects, 0);
+    /// # Ok::<(), nvpoll::Error>(())
+    /// ```
     fn stats(&self) -> QueueStats {
         QueueStats::default()
     }
 
     /// Polls (as [`QueuePair::poll`]) and then hands each completion to `f`, which may submit again.
     /// Returns the number of completions handed to `f`.
+    ///
+    /// # Examples
+    ///
+    /// The callback gets the queue pair, so it may submit the next request (run to completion): here each
+    /// completed write submits the write of the next block until eight are done.
+    ///
+    /// ```
+    /// # mod ram { include!("doctest/ram.rs"); }
+    /// use nvpoll::api::{IoOp, IoRequest, QueuePair};
+    /// use nvpoll::mem::DmaPool;
+    ///
+    /// let pool = DmaPool::builder().class(4096, 4).build()?;
+    /// let mut qp = ram::RamQueuePair::new(4);
+    /// let write = |lba, buf| IoRequest { op: IoOp::Write, nsid: 1, lba, blocks: 1, buf, tag: lba };
+    /// qp.submit(write(0, Some(pool.alloc(512)?))).map_err(|r| r.error)?;
+    /// qp.flush()?;
+    /// let mut written = 0;
+    /// while qp.outstanding() > 0 {
+    ///     qp.process_completions(16, |qp, c| {
+    ///         assert!(c.result.is_ok());
+    ///         written += 1;
+    ///         if c.tag < 7 {
+    ///             // The same buffer again, for the next block.
+    ///             qp.submit(write(c.tag + 1, c.buf)).expect("room for it");
+    ///         }
+    ///     })?;
+    ///     qp.flush()?;
+    /// }
+    /// assert_eq!(written, 8);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn process_completions<F>(&mut self, max: usize, mut f: F) -> Result<usize, Error>
     where
         Self: Sized,
@@ -257,6 +546,24 @@ pub trait QueuePair {
 }
 
 /// Counters of one queue pair, cumulative since it was created. Subtract two samples to get a window.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::api::QueueStats;
+/// use std::time::Duration;
+///
+/// let earlier = QueueStats { commands: 10, writes: 4, ..Default::default() };
+/// let now = QueueStats { commands: 25, writes: 6, longest_failover: Duration::from_millis(3), ..Default::default() };
+/// let window = now.since(&earlier);
+/// assert_eq!((window.commands, window.writes), (15, 2));
+///
+/// // Two paths' counters together: counts add up, the longest failover is the longer one.
+/// let other_path = QueueStats { commands: 5, longest_failover: Duration::from_millis(9), ..Default::default() };
+/// let both = now.plus(&other_path);
+/// assert_eq!(both.commands, 30);
+/// assert_eq!(both.longest_failover, Duration::from_millis(9));
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueStats {
     /// Commands submitted.
@@ -290,6 +597,7 @@ pub struct QueueStats {
 impl QueueStats {
     /// `self + other`, field by field: counters add up, `longest_failover` is the longer of the two (the
     /// queue pairs of a multipath pair, or a queue pair's past connections and its live one).
+    /// See [`QueueStats`]'s example.
     pub fn plus(&self, other: &QueueStats) -> QueueStats {
         QueueStats {
             commands: self.commands + other.commands,
@@ -308,6 +616,7 @@ impl QueueStats {
     }
 
     /// `self - earlier`, field by field (saturating, should a transport's counter ever start again).
+    /// See [`QueueStats`]'s example.
     pub fn since(&self, earlier: &QueueStats) -> QueueStats {
         QueueStats {
             commands: self.commands.saturating_sub(earlier.commands),
@@ -332,6 +641,20 @@ impl QueueStats {
 }
 
 /// What a host learns of a controller when it attaches (and again after a reset or reconnect).
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::api::{ControllerInfo, Namespace};
+///
+/// let info = ControllerInfo {
+///     namespaces: vec![Namespace { nsid: 1, block_size: 4096, blocks: 256 }],
+///     max_transfer: 128 * 1024,
+///     ..Default::default()
+/// };
+/// assert_eq!(info.namespace(1).map(|ns| ns.block_size), Some(4096));
+/// assert!(info.namespace(2).is_none());
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct ControllerInfo {
     /// The Identify Controller data.
@@ -343,13 +666,22 @@ pub struct ControllerInfo {
 }
 
 impl ControllerInfo {
-    /// The active namespace `nsid`, if there is one.
+    /// The active namespace `nsid`, if there is one. See [`ControllerInfo`]'s example.
     pub fn namespace(&self, nsid: u32) -> Option<&Namespace> {
         self.namespaces.iter().find(|n| n.nsid == nsid)
     }
 }
 
 /// A namespace as seen by the host.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::api::Namespace;
+///
+/// let ns = Namespace { nsid: 1, block_size: 512, blocks: 2048 };
+/// assert_eq!(ns.capacity_bytes(), 1024 * 1024);
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Namespace {
     /// Namespace ID.
@@ -361,6 +693,16 @@ pub struct Namespace {
 }
 
 /// Why an Identify Namespace page gives no namespace.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::api::{Namespace, NamespaceError};
+///
+/// let short_page = [0u8; 100];
+/// let err = Namespace::from_identify(1, &short_page).unwrap_err();
+/// assert!(matches!(err, NamespaceError::Parse { nsid: 1, .. }));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum NamespaceError {
@@ -384,6 +726,25 @@ pub enum NamespaceError {
 impl Namespace {
     /// The namespace an Identify Namespace page describes: `Ok(None)` for an inactive one (NSZE 0), an error
     /// naming what is wrong for a page that does not parse or whose current LBA format is invalid.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nvpoll::api::Namespace;
+    /// use nvpoll::spec::{IdentifyNamespace, LbaFormat};
+    ///
+    /// let id = IdentifyNamespace {
+    ///     nsze: 1 << 20,
+    ///     lbaf: vec![LbaFormat { ms: 0, lbads: 12, rp: 0 }], // 4 KiB blocks, format 0 current
+    ///     ..Default::default()
+    /// };
+    /// let ns = Namespace::from_identify(3, &id.to_bytes())?.ok_or("inactive")?;
+    /// assert_eq!(ns, Namespace { nsid: 3, block_size: 4096, blocks: 1 << 20 });
+    ///
+    /// let inactive = IdentifyNamespace { nsze: 0, ..id };
+    /// assert_eq!(Namespace::from_identify(3, &inactive.to_bytes())?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn from_identify(nsid: u32, page: &[u8]) -> Result<Option<Namespace>, NamespaceError> {
         let ns = crate::spec::IdentifyNamespace::parse(page)
             .map_err(|source| NamespaceError::Parse { nsid, source })?;
@@ -400,59 +761,125 @@ impl Namespace {
         }))
     }
 
-    /// Capacity in bytes.
+    /// Capacity in bytes. See [`Namespace`]'s example.
     pub fn capacity_bytes(&self) -> u64 {
         self.blocks * u64::from(self.block_size)
     }
 }
 
 /// A controller: its admin queue, what it identified as, and a factory of I/O queue pairs.
+///
+/// # Examples
+///
+/// Attach (here an in-memory controller, in the hidden lines; a TCP or PCIe one is opened by its crate), look
+/// at what it identified as, and create a queue pair for a reactor:
+///
+/// ```
+/// # mod ram { include!("doctest/ram.rs"); }
+/// use nvpoll::api::{Controller, QueuePair};
+///
+/// let mut ctrl = ram::RamController::new();
+/// assert_eq!(ctrl.identify().model, "nvpoll RAM disk");
+/// let ns = ctrl.namespaces()[0].clone();
+/// assert_eq!(ctrl.namespace(ns.nsid), Some(&ns));
+/// assert_eq!(ctrl.info().namespaces.len(), 1);
+/// assert_eq!(ctrl.max_transfer(), Some(128 * 1024));
+/// assert_eq!(ctrl.io_queues_granted(), None, "it does not say");
+///
+/// let qp = ctrl.create_queue_pair(64)?;
+/// assert_eq!(qp.depth(), 64);
+/// ctrl.poll_admin()?; // a few times a second, from a control thread or a timed poller
+/// drop(qp);
+/// ctrl.shutdown()?;
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 pub trait Controller {
     /// The queue pair type of this transport.
     type QueuePair: QueuePair;
 
     /// What attach learnt of the controller: its Identify data, its namespaces, its transfer limit.
+    ///
+    /// See [`Controller`]'s example.
     fn info(&self) -> &ControllerInfo;
 
     /// The Identify Controller data read at attach time.
+    ///
+    /// See [`Controller`]'s example.
     fn identify(&self) -> &crate::spec::IdentifyController {
         &self.info().identify
     }
 
     /// The active namespaces.
+    ///
+    /// See [`Controller`]'s example.
     fn namespaces(&self) -> &[Namespace] {
         &self.info().namespaces
     }
 
     /// The active namespace `nsid`, if there is one.
+    ///
+    /// See [`Controller`]'s example.
     fn namespace(&self, nsid: u32) -> Option<&Namespace> {
         self.info().namespace(nsid)
     }
 
     /// Largest data transfer in bytes for one command (from MDTS), if limited.
+    ///
+    /// See [`Controller`]'s example.
     fn max_transfer(&self) -> Option<u32> {
         Some(self.info().max_transfer)
     }
 
     /// Runs one admin command to completion. Meant for setup and tools, not for a reactor's hot path.
+    ///
+    /// # Examples
+    ///
+    /// Identify Controller into a buffer from the pool, then a command the controller refuses: its status
+    /// is in the completion entry, not in the `Err` (which is for a command that did not complete).
+    ///
+    /// ```
+    /// # mod ram { include!("doctest/ram.rs"); }
+    /// use nvpoll::api::Controller;
+    /// use nvpoll::mem::DmaPool;
+    /// use nvpoll::spec::{IdentifyController, Sqe, Status};
+    ///
+    /// let pool = DmaPool::builder().class(4096, 2).build()?;
+    /// let mut ctrl = ram::RamController::new();
+    /// let (cqe, buf) = ctrl.admin(Sqe::identify(1, 0), Some(pool.alloc(4096)?))?;
+    /// assert!(cqe.status().is_success());
+    /// let id = IdentifyController::parse(&buf.ok_or("no buffer")?)?;
+    /// assert_eq!(id.model, "nvpoll RAM disk");
+    ///
+    /// let (cqe, _) = ctrl.admin(Sqe { opcode: 0xc1, ..Sqe::default() }, None)?;
+    /// assert_eq!(cqe.status(), Status::INVALID_OPCODE);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn admin(&mut self, cmd: Sqe, buf: Option<DmaBuf>) -> Result<(Cqe, Option<DmaBuf>), Error>;
 
     /// How many I/O queue pairs the controller granted (Set Features, Number of Queues), if it is known:
     /// [`Controller::create_queue_pair`] fails once that many are connected.
+    ///
+    /// See [`Controller`]'s example.
     fn io_queues_granted(&self) -> Option<u16> {
         None
     }
 
     /// Creates one I/O queue pair with the given depth. The caller moves it to the reactor that will own it.
+    ///
+    /// See [`Controller`]'s example.
     fn create_queue_pair(&mut self, depth: u16) -> Result<Self::QueuePair, Error>;
 
     /// Services the admin side: keep-alive, health checks, recovery. Call it from a timed poller (or any loop)
     /// a few times a second. An `Err` means the controller is lost for good.
+    ///
+    /// See [`Controller`]'s example.
     fn poll_admin(&mut self) -> Result<(), Error> {
         Ok(())
     }
 
     /// Shuts the controller down cleanly (CC.SHN) and releases it.
+    ///
+    /// See [`Controller`]'s example.
     fn shutdown(self) -> Result<(), Error>
     where
         Self: Sized,

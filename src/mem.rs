@@ -59,6 +59,16 @@ pub const HUGEPAGE_SIZE: usize = 2 << 20;
 const HUGEPAGE_SHIFT: u8 = 21;
 
 /// Which kind of pages back a pool.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::mem::{DmaPool, HugepageMode, PageKind};
+///
+/// let pool = DmaPool::builder().class(4096, 4).hugepages(HugepageMode::Off).build()?;
+/// assert_eq!(pool.page_kind(), PageKind::Normal);
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PageKind {
     /// 2 MiB hugepages (`MAP_HUGETLB`): physically contiguous per 2 MiB and never swapped or moved.
@@ -68,6 +78,23 @@ pub enum PageKind {
 }
 
 /// Whether a pool may, must or must not use hugepages.
+///
+/// # Examples
+///
+/// With `Require`, a pool is made of hugepages or not at all; here it depends on what the kernel has free:
+///
+/// ```
+/// use nvpoll::mem::{hugepage_status, DmaPool, HugepageMode, PageKind, HUGEPAGE_SIZE};
+///
+/// let free = hugepage_status(HUGEPAGE_SIZE).map_or(0, |s| s.available());
+/// match DmaPool::builder().class(4096, 4).hugepages(HugepageMode::Require).build() {
+///     Ok(pool) => assert_eq!(pool.page_kind(), PageKind::Huge2M),
+///     Err(e) => {
+///         assert!(matches!(e, nvpoll::Error::Memory(_)), "{e}");
+///         println!("no pool of hugepages ({free} free): {e}");
+///     }
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HugepageMode {
     /// Use 2 MiB hugepages if enough are free, else ordinary pages with one warning line per process.
@@ -80,6 +107,8 @@ pub enum HugepageMode {
 }
 
 /// One virtually contiguous chunk of a pool, as a VFIO backend maps it into the IOMMU.
+///
+/// See [`DmaPool::map_iova`] for an example.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DmaRegion {
     /// Virtual address of the first byte.
@@ -91,6 +120,29 @@ pub struct DmaRegion {
 }
 
 /// Configures and creates a [`DmaPool`]; see [`DmaPool::builder`].
+///
+/// # Examples
+///
+/// Two size classes on ordinary pages, mlock not insisted on (the default: a failed `mlock` is a warning):
+///
+/// ```
+/// use nvpoll::mem::{DmaPool, HugepageMode};
+///
+/// let pool = DmaPool::builder()
+///     .class(4096, 64)
+///     .class(128 * 1024, 4)
+///     .class(4096, 64) // the same size again: 128 buffers of 4 KiB
+///     .hugepages(HugepageMode::Off)
+///     .require_mlock(false)
+///     .build()?;
+/// assert_eq!(pool.available(4096), 128);
+/// assert_eq!(pool.available(100 * 1024), 4);
+///
+/// // A size class must be a power of two of at least 4 KiB.
+/// let bad = DmaPool::builder().class(3000, 1).build();
+/// assert!(matches!(bad, Err(nvpoll::Error::InvalidArgument(_))));
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct DmaPoolBuilder {
     classes: Vec<(usize, usize)>,
@@ -101,18 +153,24 @@ pub struct DmaPoolBuilder {
 impl DmaPoolBuilder {
     /// Adds a size class of `count` buffers of `size` bytes. `size` must be a power of two of at least
     /// [`PAGE_SIZE`]; giving the same size twice adds up the counts.
+    ///
+    /// See [`DmaPoolBuilder`]'s example.
     pub fn class(mut self, size: usize, count: usize) -> Self {
         self.classes.push((size, count));
         self
     }
 
     /// Chooses whether hugepages are used ([`HugepageMode::Prefer`] by default).
+    ///
+    /// See [`DmaPoolBuilder`]'s example.
     pub fn hugepages(mut self, mode: HugepageMode) -> Self {
         self.hugepages = mode;
         self
     }
 
     /// Makes a failed `mlock` an error instead of a warning (off by default).
+    ///
+    /// See [`DmaPoolBuilder`]'s example.
     pub fn require_mlock(mut self, required: bool) -> Self {
         self.require_mlock = required;
         self
@@ -123,6 +181,8 @@ impl DmaPoolBuilder {
     /// Fails with [`Error::InvalidArgument`] for a bad class, with [`Error::Memory`] when the memory cannot be
     /// mapped (or hugepages are required and not available), and with [`Error::Os`] when `mlock` fails and was
     /// required.
+    ///
+    /// See [`DmaPoolBuilder`]'s example.
     pub fn build(self) -> Result<DmaPool> {
         let mut classes: Vec<(usize, usize)> = Vec::new();
         for &(size, count) in &self.classes {
@@ -210,6 +270,30 @@ impl DmaPoolBuilder {
 
 /// A preallocated, pinned pool of DMA buffers. Cloning it is cheap (it is reference counted), and buffers keep
 /// the memory alive after the last clone of the pool is dropped.
+///
+/// # Examples
+///
+/// Every thread allocates from the same pool; a buffer dropped goes back to it:
+///
+/// ```
+/// use nvpoll::mem::DmaPool;
+///
+/// let pool = DmaPool::builder().class(4096, 8).build()?;
+/// let other = pool.clone();
+/// let filled = std::thread::spawn(move || -> nvpoll::Result<_> {
+///     let mut buf = other.alloc(4096)?;
+///     buf.fill(7);
+///     Ok(buf)
+/// })
+/// .join()
+/// .expect("the thread ran")?;
+/// assert_eq!(pool.available(4096), 7);
+/// assert!(filled.iter().all(|&b| b == 7));
+/// drop(filled);
+/// assert_eq!(pool.available(4096), 8);
+/// println!("{pool:?}: {:?} pages, locked: {}", pool.page_kind(), pool.is_locked());
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct DmaPool {
     inner: Arc<PoolInner>,
@@ -217,7 +301,7 @@ pub struct DmaPool {
 
 impl DmaPool {
     /// Starts configuring a pool: add size classes with [`DmaPoolBuilder::class`], then call
-    /// [`DmaPoolBuilder::build`].
+    /// [`DmaPoolBuilder::build`]. See [`DmaPoolBuilder`]'s example.
     pub fn builder() -> DmaPoolBuilder {
         DmaPoolBuilder::default()
     }
@@ -227,6 +311,26 @@ impl DmaPool {
     /// Lock-free and allocation-free. Fails with [`Error::Memory`] when that class has no free buffer (the pool
     /// never falls back to a larger class, so exhaustion is predictable), and with [`Error::InvalidArgument`] when
     /// no class is large enough.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nvpoll::mem::DmaPool;
+    /// use nvpoll::{Error, Retry};
+    ///
+    /// let pool = DmaPool::builder().class(4096, 2).class(16384, 1).build()?;
+    /// let small = pool.alloc(512)?; // the 4 KiB class, 512 bytes visible
+    /// assert_eq!((small.len(), small.capacity()), (512, 4096));
+    /// let _second = pool.alloc(4096)?;
+    ///
+    /// // The 4 KiB class is empty now: no fallback to the larger class, and no waiting.
+    /// let empty = pool.alloc(4096).unwrap_err();
+    /// assert!(matches!(empty, Error::Memory(_)));
+    /// assert_eq!(empty.retry(), Retry::Later);
+    ///
+    /// assert!(matches!(pool.alloc(1 << 20), Err(Error::InvalidArgument(_))), "no class that large");
+    /// # Ok::<(), nvpoll::Error>(())
+    /// ```
     pub fn alloc(&self, len: usize) -> Result<DmaBuf> {
         let inner = &self.inner;
         let (index, class) = inner.class_for(len)?;
@@ -254,22 +358,23 @@ impl DmaPool {
     }
 
     /// How many buffers are free in the size class that [`DmaPool::alloc`] would use for `len` bytes (0 when no
-    /// class is large enough).
+    /// class is large enough). See [`DmaPool::alloc`]'s example and [`DmaPoolBuilder`]'s.
     pub fn available(&self, len: usize) -> usize {
         self.inner.class_for(len).map_or(0, |(_, c)| c.free.len())
     }
 
-    /// Which kind of pages back this pool.
+    /// Which kind of pages back this pool. See [`PageKind`]'s example.
     pub fn page_kind(&self) -> PageKind {
         self.inner.mapping.kind
     }
 
-    /// Whether the memory is mlock'ed.
+    /// Whether the memory is mlock'ed. See [`DmaPool`]'s example.
     pub fn is_locked(&self) -> bool {
         self.inner.locked
     }
 
     /// The virtually contiguous chunks of the pool, with their current IOVA. No buffer straddles two regions.
+    /// See [`DmaPool::map_iova`]'s example.
     pub fn regions(&self) -> Vec<DmaRegion> {
         let vaddr = self.inner.mapping.base() as usize;
         let iova = (vaddr as u64).wrapping_add(self.inner.iova_offset.load(Ordering::Acquire));
@@ -284,6 +389,26 @@ impl DmaPool {
     /// region; from then on [`DmaBuf::iova`] of every buffer of this pool, allocated before or after, reflects
     /// it. Call it before any I/O uses the pool. If `map` fails for a region, its IOVA is left unchanged and the
     /// error is returned.
+    ///
+    /// # Examples
+    ///
+    /// A backend that maps each region at IOVA `0x10_0000_0000` (VFIO would ask the IOMMU here):
+    ///
+    /// ```
+    /// use nvpoll::mem::DmaPool;
+    ///
+    /// let pool = DmaPool::builder().class(4096, 4).build()?;
+    /// let regions = pool.regions();
+    /// assert_eq!(regions.len(), 1);
+    /// assert_eq!(regions[0].iova, regions[0].vaddr as u64, "IOVA is the address until mapped");
+    ///
+    /// let buf = pool.alloc(4096)?;
+    /// let offset = buf.iova() - regions[0].iova;
+    /// pool.map_iova(|_region| Ok(0x10_0000_0000))?;
+    /// assert_eq!(pool.regions()[0].iova, 0x10_0000_0000);
+    /// assert_eq!(buf.iova(), 0x10_0000_0000 + offset, "buffers allocated before see it too");
+    /// # Ok::<(), nvpoll::Error>(())
+    /// ```
     pub fn map_iova(&self, mut map: impl FnMut(&DmaRegion) -> Result<u64>) -> Result<()> {
         for region in self.regions() {
             let iova = map(&region)?;
@@ -452,6 +577,23 @@ impl Mapping {
 ///
 /// For state built on one thread and then owned by a reactor on another: the allocator places consecutive
 /// allocations side by side, so buffers that two reactors write could otherwise share a cache line.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::mem::rehome_vec;
+///
+/// let mut slots: Vec<u64> = Vec::with_capacity(64);
+/// slots.extend(0..10);
+/// let moved = std::thread::spawn(move || {
+///     rehome_vec(&mut slots); // now allocated by the thread that will write it
+///     slots
+/// })
+/// .join()
+/// .expect("the thread ran");
+/// assert_eq!(moved, (0..10).collect::<Vec<u64>>());
+/// assert!(moved.capacity() >= 64);
+/// ```
 pub fn rehome_vec<T>(v: &mut Vec<T>) {
     let mut fresh = Vec::with_capacity(v.capacity());
     fresh.append(v);
@@ -476,6 +618,33 @@ fn warn_once(flag: &AtomicBool, msg: &str) {
 ///
 /// A transport hands the buffer's IOVA to the device and keeps the `DmaBuf` until the transfer is over, so no
 /// Rust reference to the memory exists while the device writes it.
+///
+/// # Examples
+///
+/// The window, its capacity and its offset:
+///
+/// ```
+/// use nvpoll::mem::DmaPool;
+///
+/// let pool = DmaPool::builder().class(4096, 4).build()?;
+/// let mut buf = pool.alloc(1024)?;
+/// assert_eq!((buf.len(), buf.capacity(), buf.offset()), (1024, 4096, 0));
+/// assert!(!buf.is_empty());
+///
+/// buf.as_mut_slice().fill(1); // or through DerefMut: buf.fill(1)
+/// buf.set_len(4096)?; // the whole buffer visible
+/// assert_eq!(buf.as_slice()[1023..1025], [1, buf[1024]]);
+///
+/// buf.set_window(512, 0)?;
+/// assert!(buf.is_empty());
+/// assert_eq!(buf.offset(), 512);
+/// assert!(buf.set_window(4000, 100).is_err(), "past the capacity");
+/// assert!(buf.set_len(8192).is_err());
+///
+/// let ptr = buf.as_mut_ptr(); // what a device's copy would write through
+/// assert_eq!(ptr as u64, buf.iova(), "IOVA is the address until a VFIO backend maps the pool");
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 pub struct DmaBuf {
     /// First byte of the whole buffer.
     ptr: NonNull<u8>,
@@ -525,16 +694,22 @@ unsafe impl Sync for DmaBuf {}
 
 impl DmaBuf {
     /// Length of the visible window in bytes.
+    ///
+    /// See [`DmaBuf`]'s example.
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether the visible window is empty.
+    ///
+    /// See [`DmaBuf`]'s example.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The visible window.
+    ///
+    /// See [`DmaBuf`]'s example.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `offset + len <= capacity` (kept by every setter), the buffer is `capacity` bytes inside the
         // mapping that `pool` keeps alive, its bytes are initialised (mapped zeroed), and this DmaBuf is their
@@ -543,29 +718,39 @@ impl DmaBuf {
     }
 
     /// The visible window, writable.
+    ///
+    /// See [`DmaBuf`]'s example.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(self.offset), self.len) }
     }
 
     /// Size of the whole buffer (its size class) in bytes.
+    ///
+    /// See [`DmaBuf`]'s example.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
     /// Where the visible window starts, in bytes from the start of the buffer.
+    ///
+    /// See [`DmaBuf`]'s example.
     pub fn offset(&self) -> usize {
         self.offset
     }
 
     /// Resizes the visible window, keeping its start. Fails with [`Error::InvalidArgument`] if it would end past
     /// the capacity.
+    ///
+    /// See [`DmaBuf`]'s example.
     pub fn set_len(&mut self, len: usize) -> Result<()> {
         self.set_window(self.offset, len)
     }
 
     /// Moves the visible window to `len` bytes starting `offset` bytes into the buffer. Fails with
     /// [`Error::InvalidArgument`] if it would end past the capacity.
+    ///
+    /// See [`DmaBuf`]'s example.
     pub fn set_window(&mut self, offset: usize, len: usize) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.capacity => {
@@ -581,6 +766,8 @@ impl DmaBuf {
     }
 
     /// The IOVA of the first visible byte: what a device is given. The window is contiguous in IOVA space.
+    ///
+    /// See [`DmaPool::map_iova`]'s example.
     pub fn iova(&self) -> u64 {
         let vaddr = self.ptr.as_ptr() as usize + self.offset;
         (vaddr as u64).wrapping_add(self.owner.pool().iova_offset.load(Ordering::Relaxed))
@@ -592,6 +779,27 @@ impl DmaBuf {
     /// This lets a caller carve one buffer into many, e.g. to hand another program one contiguous area
     /// (fio's I/O buffers) and still submit each piece as a `DmaBuf`. Fails with
     /// [`Error::InvalidArgument`] if `at` is past the window.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nvpoll::mem::DmaPool;
+    ///
+    /// let pool = DmaPool::builder().class(8192, 1).build()?;
+    /// let buf = pool.alloc(8192)?;
+    /// let base = buf.iova();
+    /// let (head, tail) = buf.split_at(4096)?;
+    /// assert_eq!((head.len(), tail.len()), (4096, 4096));
+    /// assert_eq!(tail.iova(), base + 4096);
+    /// drop(head);
+    /// assert_eq!(pool.available(8192), 0, "the buffer is back only when every part is");
+    /// drop(tail);
+    /// assert_eq!(pool.available(8192), 1);
+    ///
+    /// let whole = pool.alloc(100)?;
+    /// assert!(whole.split_at(101).is_err());
+    /// # Ok::<(), nvpoll::Error>(())
+    /// ```
     pub fn split_at(self, at: usize) -> Result<(DmaBuf, DmaBuf)> {
         if at > self.len {
             return Err(Error::InvalidArgument(format!(
@@ -637,6 +845,8 @@ impl DmaBuf {
     /// The pointer is derived from the pool's mapping, not from a borrow of the window, so writes that come
     /// later through other pointers into the same memory (a device's DMA, the test device's copies) leave it
     /// valid: Miri's aliasing model checks this in the PCIe driver's shared queue memory.
+    ///
+    /// See [`DmaBuf`]'s example.
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         // SAFETY: `offset <= capacity` (kept by `set_window` and `split_at`), so the result stays inside the
         // buffer, which lies inside the live mapping.
@@ -674,6 +884,15 @@ impl fmt::Debug for DmaBuf {
 }
 
 /// How many hugepages of one size the kernel has reserved, and how many are still free.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::mem::HugepageStatus;
+///
+/// let s = HugepageStatus { page_size: 2 << 20, total: 512, free: 100, reserved: 40, surplus: 0 };
+/// assert_eq!(s.available(), 60);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HugepageStatus {
     /// The hugepage size in bytes.
@@ -689,7 +908,7 @@ pub struct HugepageStatus {
 }
 
 impl HugepageStatus {
-    /// Pages a new mapping can still get: `free - reserved`.
+    /// Pages a new mapping can still get: `free - reserved`. See [`HugepageStatus`]'s example.
     pub fn available(&self) -> u64 {
         self.free.saturating_sub(self.reserved)
     }
@@ -708,6 +927,17 @@ impl HugepageStatus {
 ///
 /// # Panics
 /// If the lengths differ, as `copy_from_slice` does.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::mem::copy_nontemporal;
+///
+/// let block: Vec<u8> = (0..4096).map(|i| i as u8).collect();
+/// let mut namespace = vec![0u8; 64 * 1024];
+/// copy_nontemporal(&mut namespace[8192..12288], &block);
+/// assert_eq!(namespace[8192..12288], block[..]);
+/// ```
 pub fn copy_nontemporal(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy_nontemporal: lengths differ");
     #[cfg(target_arch = "x86_64")]
@@ -759,6 +989,17 @@ fn stream_lines(dst: &mut [u8], src: &[u8]) {
 /// Reads the hugepage counters for `page_size` (e.g. [`HUGEPAGE_SIZE`], or 1 GiB) from
 /// `/sys/kernel/mm/hugepages`, or from `/proc/meminfo` for the default size where sysfs is missing.
 /// Fails with [`Error::InvalidArgument`] for a size the kernel does not support.
+///
+/// # Examples
+///
+/// ```no_run
+/// use nvpoll::mem::{hugepage_status, HUGEPAGE_SIZE};
+///
+/// // Needs a kernel with hugepage support (sysfs or /proc/meminfo).
+/// let s = hugepage_status(HUGEPAGE_SIZE)?;
+/// println!("{} of {} hugepages of 2 MiB available", s.available(), s.total);
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 pub fn hugepage_status(page_size: usize) -> Result<HugepageStatus> {
     let dir = format!("/sys/kernel/mm/hugepages/hugepages-{}kB", page_size / 1024);
     let read = |name: &str| -> Result<u64> {
