@@ -1,6 +1,17 @@
 use crate::spec::{Status, StatusIn};
 
 /// A lower layer's error, kept whole as the [`std::error::Error::source`] of an [`Error`].
+///
+/// # Examples
+///
+/// ```
+/// use std::error::Error as _;
+/// use nvpoll::{BoxError, Error};
+///
+/// let cause: BoxError = "the peer sent a PDU of an unknown type".into();
+/// let err = Error::PeerProtocol(cause);
+/// assert_eq!(err.source().map(|s| s.to_string()).as_deref(), Some("the peer sent a PDU of an unknown type"));
+/// ```
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// The error type of the `nvpoll` crate and of the queue-pair API.
@@ -8,6 +19,33 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Transports have their own richer error enums and convert into this one at the API boundary, through
 /// [`Error::from_transport`]: the variant says what a caller can act on (retry elsewhere, reconnect, fix
 /// the keys, give up), and the transport's own error stays the source, with its whole chain.
+///
+/// # Examples
+///
+/// What an engine does with a failed request: [`Error::retry`] says what may be done with it,
+/// [`Error::fault`] whose the failure is.
+///
+/// ```
+/// use nvpoll::spec::{CommandKind, Status};
+/// use nvpoll::{Error, Fault, Retry};
+///
+/// fn on_failure(e: &Error) -> &'static str {
+///     match e.retry() {
+///         Retry::AfterCompletions => "process completions, then submit it again",
+///         Retry::Later => "submit it again in a while",
+///         Retry::Elsewhere => "send it on another path (reads, or writes of the same data)",
+///         Retry::Never if e.fault() == Fault::Caller => "a bug: fix the request",
+///         _ => "fail the operation",
+///     }
+/// }
+///
+/// assert_eq!(on_failure(&Error::QueueFull), "process completions, then submit it again");
+/// assert_eq!(on_failure(&Error::Timeout), "send it on another path (reads, or writes of the same data)");
+/// assert_eq!(on_failure(&Error::InvalidArgument("0 blocks".into())), "a bug: fix the request");
+/// let dnr = Error::Nvme(Status::LBA_OUT_OF_RANGE.with_dnr().named_in(CommandKind::Nvm));
+/// assert_eq!(on_failure(&dnr), "fail the operation");
+/// assert_eq!(dnr.fault(), Fault::Peer);
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -79,6 +117,17 @@ pub enum Error {
 
 impl Error {
     /// Wraps an OS error with a short description of what was being done.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nvpoll::{Error, Fault, Retry};
+    ///
+    /// let err = std::fs::read("/nonexistent/nvpoll").map_err(|e| Error::os("reading /nonexistent/nvpoll", e));
+    /// let err = err.unwrap_err();
+    /// assert!(err.to_string().contains("reading /nonexistent/nvpoll"));
+    /// assert_eq!((err.retry(), err.fault()), (Retry::Never, Fault::Ours));
+    /// ```
     pub fn os(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Os {
             context: context.into(),
@@ -88,9 +137,22 @@ impl Error {
 }
 
 /// `Result` with [`Error`].
+///
+/// # Examples
+///
+/// ```
+/// fn block_bytes(blocks: u32) -> nvpoll::Result<u32> {
+///     blocks.checked_mul(512).ok_or_else(|| nvpoll::Error::InvalidArgument(format!("{blocks} blocks")))
+/// }
+/// assert_eq!(block_bytes(8)?, 4096);
+/// assert!(block_bytes(u32::MAX).is_err());
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What a transport's error means to a caller of the queue API ([`TransportError::class`]).
+///
+/// See [`TransportError`] for an example.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ErrorClass {
@@ -118,13 +180,48 @@ pub enum ErrorClass {
 
 /// A transport's error type: it says once what each of its errors means ([`ErrorClass`]), and
 /// [`Error::from_transport`] is the one conversion every transport uses.
+///
+/// # Examples
+///
+/// A transport's error says what each of its cases means once; the conversion keeps it as the source:
+///
+/// ```
+/// use std::error::Error as _;
+/// use nvpoll::{Error, ErrorClass, Retry, TransportError};
+///
+/// #[derive(Debug, thiserror::Error)]
+/// enum LinkError {
+///     #[error("the link went down")]
+///     Down,
+///     #[error("transfer of {0} bytes is too large")]
+///     TooLarge(u32),
+/// }
+///
+/// impl TransportError for LinkError {
+///     fn class(&self) -> ErrorClass {
+///         match self {
+///             LinkError::Down => ErrorClass::ConnectionLost,
+///             LinkError::TooLarge(_) => ErrorClass::InvalidArgument(self.to_string()),
+///         }
+///     }
+/// }
+///
+/// let lost = Error::from_transport(LinkError::Down);
+/// assert!(matches!(lost, Error::ConnectionLost(_)));
+/// assert_eq!(lost.retry(), Retry::Elsewhere);
+/// assert_eq!(lost.source().map(|s| s.to_string()).as_deref(), Some("the link went down"));
+///
+/// let big = Error::from_transport(LinkError::TooLarge(1 << 30));
+/// assert!(matches!(big, Error::InvalidArgument(ref m) if m.contains("too large")));
+/// ```
 pub trait TransportError: std::error::Error + Send + Sync + 'static {
-    /// What this error means to a caller of the queue API.
+    /// What this error means to a caller of the queue API. See [`TransportError`]'s example.
     fn class(&self) -> ErrorClass;
 }
 
 impl Error {
     /// The API error for a transport's error, which stays the source where the variant has one.
+    /// See [`TransportError`]'s example.
     pub fn from_transport<E: TransportError>(e: E) -> Error {
         match e.class() {
             ErrorClass::Nvme(status) => Error::Nvme(status),
@@ -144,7 +241,20 @@ impl Error {
     }
 
     /// What a caller may do about the failed request: submit it again (and when), send it on another path or
-    /// after a reconnect, or give it up. See [`Retry`].
+    /// after a reconnect, or give it up. See [`Retry`], and [`Error`]'s example.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nvpoll::spec::{CommandKind, Status};
+    /// use nvpoll::{Error, Retry};
+    ///
+    /// let nvme = |st: Status| Error::Nvme(st.named_in(CommandKind::Nvm));
+    /// assert_eq!(nvme(Status::NS_NOT_READY).retry(), Retry::Later);
+    /// assert_eq!(nvme(Status::NS_NOT_READY.with_dnr()).retry(), Retry::Never);
+    /// assert_eq!(nvme(Status::TRANSIENT_TRANSPORT_ERROR).retry(), Retry::Elsewhere);
+    /// assert_eq!(Error::Memory("pool exhausted".into()).retry(), Retry::Later);
+    /// ```
     pub fn retry(&self) -> Retry {
         match self {
             Error::QueueFull => Retry::AfterCompletions,
@@ -166,6 +276,19 @@ impl Error {
     }
 
     /// Whose the failure is, as far as this side can tell. See [`Fault`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nvpoll::spec::{CommandKind, Status};
+    /// use nvpoll::{Error, Fault};
+    ///
+    /// assert_eq!(Error::QueueFull.fault(), Fault::Caller);
+    /// assert_eq!(Error::Memory("pool exhausted".into()).fault(), Fault::Ours);
+    /// assert_eq!(Error::Nvme(Status::INTERNAL_ERROR.named_in(CommandKind::Nvm)).fault(), Fault::Peer);
+    /// assert_eq!(Error::Timeout.fault(), Fault::Path);
+    /// assert_eq!(Error::Tls("bad record".into()).fault(), Fault::Unknown);
+    /// ```
     pub fn fault(&self) -> Fault {
         match self {
             Error::InvalidArgument(_) | Error::QueueFull => Fault::Caller,
@@ -189,6 +312,8 @@ fn is_path_status(st: crate::spec::Status) -> bool {
 }
 
 /// What a caller may do with a request that failed ([`Error::retry`]).
+///
+/// See [`Error`]'s example (a handler that decides by it) and [`Error::retry`]'s.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Retry {
@@ -210,6 +335,8 @@ pub enum Retry {
 }
 
 /// Whose a failure is, as far as this side can tell ([`Error::fault`]).
+///
+/// See [`Error::fault`]'s example.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Fault {

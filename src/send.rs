@@ -21,6 +21,23 @@ use std::str::FromStr;
 use crate::Error;
 
 /// When posted commands leave.
+///
+/// # Examples
+///
+/// Modes parse from and print as the names flags use:
+///
+/// ```
+/// use nvpoll::send::SendMode;
+///
+/// let mode: SendMode = "adaptive".parse()?;
+/// assert_eq!(mode, SendMode::Adaptive);
+/// assert_eq!(mode.to_string(), "adaptive");
+/// assert_eq!(SendMode::default(), SendMode::Deferred);
+/// let names: Vec<&str> = SendMode::ALL.iter().map(|m| m.name()).collect();
+/// assert_eq!(names, ["inline", "deferred", "adaptive"]);
+/// assert!("eager".parse::<SendMode>().is_err());
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum SendMode {
     /// Kick from `submit` whenever nothing is already waiting (the kernel's old rule).
@@ -36,7 +53,7 @@ impl SendMode {
     /// Every mode, in table order.
     pub const ALL: [SendMode; 3] = [SendMode::Inline, SendMode::Deferred, SendMode::Adaptive];
 
-    /// The mode's name as flags spell it.
+    /// The mode's name as flags spell it. See [`SendMode`]'s example.
     pub fn name(self) -> &'static str {
         match self {
             SendMode::Inline => "inline",
@@ -68,6 +85,31 @@ impl FromStr for SendMode {
 }
 
 /// The per-queue decision of [`SendMode`]: cheap enough to ask on every submit.
+///
+/// # Examples
+///
+/// What a transport asks on each submit, after posting the command:
+///
+/// ```
+/// use nvpoll::send::{SendMode, SendPolicy};
+///
+/// let mut policy = SendPolicy::new(SendMode::Adaptive);
+/// assert_eq!(policy.mode(), SendMode::Adaptive);
+/// assert!(policy.kick_now(0, 1), "nearly idle: send at once");
+/// assert!(!policy.kick_now(0, 8), "a batch is building: wait for the flush");
+/// assert!(!policy.kick_now(3, 0), "others are waiting: they leave together");
+///
+/// policy.set_idle_depth(8);
+/// assert!(policy.kick_now(0, 8));
+///
+/// // A large write whose data the controller asks for later leaves at once even with others in flight.
+/// assert!(policy.kick_now_solicited(0, 32, SendPolicy::LARGE_IO));
+/// assert!(!policy.kick_now_solicited(0, 32, 4096));
+///
+/// policy.set_mode(SendMode::Deferred);
+/// assert!(!policy.kick_now(0, 0), "deferred: only the flush sends");
+/// assert_eq!(SendPolicy::default().mode(), SendMode::Deferred);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SendPolicy {
     mode: SendMode,
@@ -84,7 +126,7 @@ impl SendPolicy {
     /// Commands in flight at or below which adaptive still kicks inline.
     pub const DEFAULT_IDLE_DEPTH: usize = 1;
 
-    /// A policy for `mode`.
+    /// A policy for `mode`. See [`SendPolicy`]'s example.
     pub fn new(mode: SendMode) -> SendPolicy {
         SendPolicy {
             mode,
@@ -92,17 +134,18 @@ impl SendPolicy {
         }
     }
 
-    /// The mode.
+    /// The mode. See [`SendPolicy`]'s example.
     pub fn mode(&self) -> SendMode {
         self.mode
     }
 
-    /// Changes the mode; takes effect at the next submit.
+    /// Changes the mode; takes effect at the next submit. See [`SendPolicy`]'s example.
     pub fn set_mode(&mut self, mode: SendMode) {
         self.mode = mode;
     }
 
-    /// Sets how many commands may already be in flight for adaptive to still kick inline.
+    /// Sets how many commands may already be in flight for adaptive to still kick inline. See [`SendPolicy`]'s
+    /// example.
     pub fn set_idle_depth(&mut self, depth: usize) {
         self.idle_depth = depth;
     }
@@ -122,6 +165,8 @@ impl SendPolicy {
     /// application resubmits from its callbacks in the same poll, and deferring lets that whole burst leave in
     /// one write (and, with TLS, in one record) instead of one per command. A socket that pushed back
     /// (`waiting > 0` after a short write) also keeps the queue deferred until the flush drains it.
+    ///
+    /// See [`SendPolicy`]'s example.
     #[inline]
     pub fn kick_now(&self, waiting: usize, in_flight: usize) -> bool {
         match self.mode {

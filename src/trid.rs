@@ -35,6 +35,26 @@ pub const DEFAULT_TCP_PORT: u16 = 4420;
 pub use nvpoll_spec::fabrics::MAX_NQN_LEN;
 
 /// A parsed transport ID.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::trid::{PciAddress, TransportId};
+///
+/// let tcp: TransportId = "trtype:tcp traddr:192.0.2.7 trsvcid:4421 subnqn:nqn.2024-01.io.example:ssd".parse()?;
+/// assert_eq!(tcp.trtype(), "tcp");
+/// assert_eq!(tcp.subnqn(), Some("nqn.2024-01.io.example:ssd"));
+/// assert_eq!(tcp.hostnqn(), None, "the connection presents default_hostnqn()");
+/// let TransportId::Tcp { addr, .. } = &tcp else { unreachable!() };
+/// assert_eq!(addr.to_string(), "192.0.2.7:4421");
+///
+/// let pcie: TransportId = "trtype:PCIe traddr:0000:00:04.0".parse()?;
+/// assert_eq!(pcie.trtype(), "pcie");
+/// assert_eq!(pcie, TransportId::Pcie { bdf: PciAddress { domain: 0, bus: 0, device: 4, function: 0 } });
+/// assert_eq!(pcie.subnqn(), None);
+/// assert_eq!(pcie.to_string().parse::<TransportId>()?, pcie, "Display gives back what parses");
+/// # Ok::<(), nvpoll::trid::TridError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TransportId {
     /// NVMe over TCP.
@@ -54,7 +74,7 @@ pub enum TransportId {
 }
 
 impl TransportId {
-    /// The transport's name as `trtype` spells it: "tcp" or "pcie".
+    /// The transport's name as `trtype` spells it: "tcp" or "pcie". See [`TransportId`]'s example.
     pub fn trtype(&self) -> &'static str {
         match self {
             TransportId::Tcp { .. } => "tcp",
@@ -62,7 +82,7 @@ impl TransportId {
         }
     }
 
-    /// The subsystem NQN, if the transport ID names one.
+    /// The subsystem NQN, if the transport ID names one. See [`TransportId`]'s example.
     pub fn subnqn(&self) -> Option<&str> {
         match self {
             TransportId::Tcp { subnqn, .. } => subnqn.as_deref(),
@@ -71,6 +91,16 @@ impl TransportId {
     }
 
     /// The host NQN, if the transport ID names one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nvpoll::trid::TransportId;
+    ///
+    /// let t: TransportId = "trtype:tcp traddr:::1 hostnqn:nqn.2024-01.io.example:host-a".parse()?;
+    /// assert_eq!(t.hostnqn(), Some("nqn.2024-01.io.example:host-a"));
+    /// # Ok::<(), nvpoll::trid::TridError>(())
+    /// ```
     pub fn hostnqn(&self) -> Option<&str> {
         match self {
             TransportId::Tcp { hostnqn, .. } => hostnqn.as_deref(),
@@ -80,6 +110,18 @@ impl TransportId {
 }
 
 /// Why a transport ID (or a PCI address) could not be parsed. Each variant names the key at fault.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::trid::{TransportId, TridError};
+///
+/// let parse = |s: &str| s.parse::<TransportId>().unwrap_err();
+/// assert_eq!(parse("trtype:tcp"), TridError::MissingKey("traddr"));
+/// assert_eq!(parse("trtype:tcp traddr:10.0.0.1 color:blue"), TridError::UnknownKey("color".into()));
+/// assert!(matches!(parse("trtype:tcp traddr:10.0.0.1 trsvcid:x"), TridError::BadValue { key: "trsvcid", .. }));
+/// assert!(matches!(parse("trtype:pcie traddr:0000:00:04.0 subnqn:nqn.x"), TridError::NotApplicable { .. }));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TridError {
@@ -281,6 +323,18 @@ impl fmt::Display for TransportId {
 }
 
 /// A PCI address: domain, bus, device and function.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::trid::PciAddress;
+///
+/// let a: PciAddress = "0000:3b:00.1".parse()?;
+/// assert_eq!((a.domain, a.bus, a.device, a.function), (0, 0x3b, 0, 1));
+/// assert_eq!(a.to_string(), "0000:3b:00.1");
+/// assert_eq!("3b:00.1".parse::<PciAddress>()?, a, "the domain defaults to 0");
+/// # Ok::<(), nvpoll::trid::PciAddressError>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PciAddress {
     /// PCI domain (segment).
@@ -294,6 +348,15 @@ pub struct PciAddress {
 }
 
 /// A string that is not a PCI address.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::trid::{PciAddress, PciAddressError};
+///
+/// let err = "00:40.0".parse::<PciAddress>().unwrap_err(); // device 0x40 is past 31
+/// assert_eq!(err, PciAddressError("00:40.0".into()));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("bad PCI address `{0}`: expected [domain:]bus:device.function in hex, e.g. 0000:00:04.0")]
 pub struct PciAddressError(pub String);
@@ -354,6 +417,17 @@ const RANDOM_UUID_PATH: &str = "/proc/sys/kernel/random/uuid";
 /// The host NQN this machine uses: the contents of `/etc/nvme/hostnqn` (as nvme-cli keeps it) when that file
 /// holds one, else `nqn.2014-08.org.nvmexpress:uuid:<uuid>` with a random UUID from the kernel, generated once
 /// per process so that every connection presents the same NQN.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::trid::default_hostnqn;
+///
+/// let nqn = default_hostnqn()?;
+/// assert!(nqn.starts_with("nqn."));
+/// assert_eq!(default_hostnqn()?, nqn, "the same for every connection of the process");
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn default_hostnqn() -> io::Result<String> {
     static GENERATED: OnceLock<String> = OnceLock::new();
     if let Some(nqn) = read_trimmed(Path::new(HOSTNQN_PATH)) {
@@ -368,6 +442,17 @@ pub fn default_hostnqn() -> io::Result<String> {
 
 /// The host identifier this machine uses: the UUID in `/etc/nvme/hostid` when that file holds one, else the
 /// UUID of [`default_hostnqn`] when it is of the `uuid:` form. The bytes are in the UUID's text order.
+///
+/// # Examples
+///
+/// ```no_run
+/// use nvpoll::trid::default_hostid;
+///
+/// // Fails where /etc/nvme/hostnqn holds an NQN without a UUID and /etc/nvme/hostid is missing.
+/// let id = default_hostid()?;
+/// println!("host ID {id:02x?}");
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn default_hostid() -> io::Result<[u8; 16]> {
     if let Some(id) = read_trimmed(Path::new(HOSTID_PATH))
         .as_deref()
@@ -385,12 +470,33 @@ pub fn default_hostid() -> io::Result<[u8; 16]> {
 }
 
 /// The UUID at the end of a host NQN of the form `nqn.2014-08.org.nvmexpress:uuid:<uuid>`.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::trid::{hostid_from_hostnqn, parse_uuid};
+///
+/// let nqn = "nqn.2014-08.org.nvmexpress:uuid:123e4567-e89b-12d3-a456-426614174000";
+/// assert_eq!(hostid_from_hostnqn(nqn), parse_uuid("123e4567-e89b-12d3-a456-426614174000"));
+/// assert_eq!(hostid_from_hostnqn("nqn.2024-01.io.example:host-a"), None);
+/// ```
 pub fn hostid_from_hostnqn(nqn: &str) -> Option<[u8; 16]> {
     nqn.rsplit_once(":uuid:")
         .and_then(|(_, uuid)| parse_uuid(uuid))
 }
 
 /// Parses a UUID in its text form (`8-4-4-4-12` hex digits, either case) into its 16 bytes, in text order.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::trid::parse_uuid;
+///
+/// let id = parse_uuid("123E4567-e89b-12d3-a456-426614174000").ok_or("not a UUID")?;
+/// assert_eq!(id[..4], [0x12, 0x3e, 0x45, 0x67]);
+/// assert_eq!(parse_uuid("123e4567e89b12d3a456426614174000"), None, "the dashes are needed");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
     let groups: Vec<&str> = s.split('-').collect();
     let lens: Vec<usize> = groups.iter().map(|g| g.len()).collect();

@@ -3,6 +3,17 @@
 use std::time::Duration;
 
 /// A size or duration that does not parse; the message quotes what was given.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::units::{parse_duration, parse_size, UnitError};
+///
+/// assert_eq!(parse_size("4x"), Err(UnitError::NotASize("4x".into())));
+/// assert_eq!(parse_size("0k"), Err(UnitError::SizeOutOfRange("0k".into())));
+/// let err = parse_duration("2 days").unwrap_err();
+/// assert_eq!(err.to_string(), "'2 days' is not a duration (e.g. 10s, 500ms, 1m)");
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum UnitError {
@@ -19,6 +30,20 @@ pub enum UnitError {
 
 /// Parses a size such as `512`, `4k`, `128K`, `1m`, `1G`, `1TiB` (powers of 1024); zero and overflow are
 /// errors.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::units::parse_size;
+///
+/// assert_eq!(parse_size("4k")?, 4096);
+/// assert_eq!(parse_size("128K")?, 128 * 1024);
+/// assert_eq!(parse_size("1GiB")?, 1 << 30);
+/// assert_eq!(parse_size("512")?, 512);
+/// assert!(parse_size("0").is_err());
+/// assert!(parse_size("99999999T").is_err(), "more than a u64 holds");
+/// # Ok::<(), nvpoll::units::UnitError>(())
+/// ```
 pub fn parse_size(s: &str) -> Result<u64, UnitError> {
     let t = s.trim();
     let t = t
@@ -42,6 +67,19 @@ pub fn parse_size(s: &str) -> Result<u64, UnitError> {
 }
 
 /// Parses a duration such as `10s`, `500ms`, `2m`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use nvpoll::units::parse_duration;
+///
+/// assert_eq!(parse_duration("500ms")?, Duration::from_millis(500));
+/// assert_eq!(parse_duration("2m")?, Duration::from_secs(120));
+/// assert_eq!(parse_duration("1.5")?, Duration::from_millis(1500), "seconds without a unit");
+/// assert!(parse_duration("25h").is_err(), "more than a day");
+/// # Ok::<(), nvpoll::units::UnitError>(())
+/// ```
 pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
     let t = s.trim();
     let bad = || UnitError::NotADuration(s.to_string());
