@@ -84,6 +84,49 @@ struct State<Q> {
 }
 
 /// A queue pair's async interface (see the [module](self)). Cloning gives another handle to the same queue.
+///
+/// # Examples
+///
+/// Write two blocks, read them back, zero one and flush, each an `await`; the queue pair is an in-memory one
+/// (hidden lines), a TCP or PCIe one is wrapped the same way:
+///
+/// ```
+/// # mod ram { include!("doctest/ram.rs"); }
+/// use nvpoll::aio::{AsyncQueue, LocalExecutor};
+/// use nvpoll::api::{IoOp, IoRequest, QueuePair};
+/// use nvpoll::mem::DmaPool;
+///
+/// let pool = DmaPool::builder().class(4096, 8).build()?;
+/// let q = AsyncQueue::new(ram::RamQueuePair::new(16));
+/// let mut ex = LocalExecutor::new();
+/// ex.drive(&q);
+///
+/// let (q2, pool2) = (q.clone(), pool.clone());
+/// let read_back = ex.block_on(async move {
+///     let mut data = pool2.alloc(1024)?;
+///     data.fill(0xee);
+///     q2.write(1, 10, 2, data).await.result?;
+///     let done = q2.read(1, 10, 2, pool2.alloc(1024)?).await;
+///     done.result?;
+///     q2.write_zeroes(1, 11, 1).await.result?;
+///     q2.flush(1).await.result?;
+///     // Any request, with a tag of its own:
+///     let req = IoRequest { op: IoOp::Read, nsid: 1, lba: 11, blocks: 1, buf: Some(pool2.alloc(512)?), tag: 99 };
+///     let zeroed = q2.submit(req).await;
+///     assert_eq!(zeroed.tag, 99);
+///     assert!(zeroed.buf.as_deref().is_some_and(|b| b.iter().all(|&x| x == 0)));
+///     Ok::<_, nvpoll::Error>(done.buf)
+/// })?;
+/// assert!(read_back.ok_or("no buffer")?.iter().all(|&x| x == 0xee));
+///
+/// assert_eq!(q.outstanding(), 0);
+/// assert!(!q.has_unsent());
+/// assert_eq!(q.with_queue_pair(|qp| qp.stats().commands), 5);
+/// drop(ex); // the executor holds a handle too
+/// let qp = q.into_queue_pair().map_err(|_| "another handle is alive")?;
+/// assert_eq!(qp.outstanding(), 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct AsyncQueue<Q: QueuePair> {
     state: Rc<RefCell<State<Q>>>,
 }
@@ -98,6 +141,7 @@ impl<Q: QueuePair> Clone for AsyncQueue<Q> {
 
 impl<Q: QueuePair> AsyncQueue<Q> {
     /// Wraps `qp`: as many commands may be in flight as its depth.
+    /// See [`AsyncQueue`]'s example.
     pub fn new(qp: Q) -> AsyncQueue<Q> {
         let depth = qp.depth().max(1);
         let slots = (0..depth).map(|_| Slot::Free).collect();
@@ -123,21 +167,25 @@ impl<Q: QueuePair> AsyncQueue<Q> {
     }
 
     /// Reads `blocks` blocks at `lba` of namespace `nsid` into `buf`.
+    /// See [`AsyncQueue`]'s example.
     pub fn read(&self, nsid: u32, lba: u64, blocks: u32, buf: DmaBuf) -> Io<Q> {
         self.io(IoOp::Read, nsid, lba, blocks, Some(buf))
     }
 
     /// Writes `blocks` blocks from `buf` at `lba` of namespace `nsid`.
+    /// See [`AsyncQueue`]'s example.
     pub fn write(&self, nsid: u32, lba: u64, blocks: u32, buf: DmaBuf) -> Io<Q> {
         self.io(IoOp::Write, nsid, lba, blocks, Some(buf))
     }
 
     /// Flushes namespace `nsid`'s volatile write cache.
+    /// See [`AsyncQueue`]'s example.
     pub fn flush(&self, nsid: u32) -> Io<Q> {
         self.io(IoOp::Flush, nsid, 0, 0, None)
     }
 
     /// Writes zeroes to `blocks` blocks at `lba` of namespace `nsid`, with no data transfer.
+    /// See [`AsyncQueue`]'s example.
     pub fn write_zeroes(&self, nsid: u32, lba: u64, blocks: u32) -> Io<Q> {
         self.io(IoOp::WriteZeroes, nsid, lba, blocks, None)
     }
@@ -154,6 +202,7 @@ impl<Q: QueuePair> AsyncQueue<Q> {
     }
 
     /// Any request; its `tag` comes back in the [`Completion`].
+    /// See [`AsyncQueue`]'s example.
     pub fn submit(&self, req: IoRequest) -> Io<Q> {
         Io {
             state: Rc::clone(&self.state),
@@ -164,6 +213,31 @@ impl<Q: QueuePair> AsyncQueue<Q> {
     /// One pass of the driver: sends what the futures submitted, reaps up to `max` completions and wakes their
     /// futures. Returns how many completed. An error is the queue pair's own (its connection failed for good,
     /// say); the commands it fails still complete, each with its error.
+    ///
+    /// # Examples
+    ///
+    /// A driver of its own, without [`LocalExecutor`]: the future is polled by hand here (another executor
+    /// does that part), and `poll` sends and reaps.
+    ///
+    /// ```
+    /// # mod ram { include!("doctest/ram.rs"); }
+    /// use std::future::Future;
+    /// use std::pin::pin;
+    /// use std::task::{Context, Poll, Waker};
+    /// use nvpoll::aio::AsyncQueue;
+    ///
+    /// let q = AsyncQueue::new(ram::RamQueuePair::new(4));
+    /// let mut io = pin!(q.write_zeroes(1, 0, 8));
+    /// let mut cx = Context::from_waker(Waker::noop());
+    /// assert!(io.as_mut().poll(&mut cx).is_pending(), "handed to the queue pair, not yet sent");
+    /// assert!(q.has_unsent());
+    /// q.send()?; // or let poll send it
+    /// assert!(!q.has_unsent());
+    /// assert_eq!(q.poll(16)?, 1);
+    /// let Poll::Ready(done) = io.as_mut().poll(&mut cx) else { panic!("completed by the pass") };
+    /// done.result?;
+    /// # Ok::<(), nvpoll::Error>(())
+    /// ```
     pub fn poll(&self, max: usize) -> Result<usize> {
         let mut first_err = None;
         let mut n = 0;
@@ -189,7 +263,7 @@ impl<Q: QueuePair> AsyncQueue<Q> {
         }
     }
 
-    /// Sends what the futures submitted, without reaping.
+    /// Sends what the futures submitted, without reaping. See [`AsyncQueue::poll`]'s example.
     pub fn send(&self) -> Result<()> {
         let mut st = self.state.borrow_mut();
         if std::mem::take(&mut st.unsent) {
@@ -199,18 +273,59 @@ impl<Q: QueuePair> AsyncQueue<Q> {
     }
 
     /// Commands handed to the queue pair and not yet reaped (abandoned ones included).
+    /// See [`AsyncQueue`]'s example.
     pub fn outstanding(&self) -> usize {
         let st = self.state.borrow();
         st.slots.len() - st.free.len()
     }
 
-    /// Whether a pass of [`poll`](Self::poll) has something to send.
+    /// Whether a pass of [`poll`](Self::poll) has something to send. See [`AsyncQueue::poll`]'s example.
     pub fn has_unsent(&self) -> bool {
         self.state.borrow().unsent
     }
 
     /// For a driver on another executor: `waker` is woken whenever a future submits a command (which the
     /// driver then sends with [`poll`](Self::poll)). Replaces the previous one.
+    ///
+    /// # Examples
+    ///
+    /// What a driver task on another executor does before it sleeps: leave its waker, arm, and wait on the
+    /// completion fd (tokio's `AsyncFd` would wait; `poll(2)` does here). An in-memory queue pair names no
+    /// descriptor, so the fd is readable at once: poll again.
+    ///
+    /// ```
+    /// # mod ram { include!("doctest/ram.rs"); }
+    /// use std::future::Future;
+    /// use std::pin::pin;
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::sync::Arc;
+    /// use std::task::{Context, Wake, Waker};
+    /// use rustix::event::{poll, PollFd, PollFlags};
+    /// use nvpoll::aio::AsyncQueue;
+    ///
+    /// struct Flag(AtomicBool);
+    /// impl Wake for Flag {
+    ///     fn wake(self: Arc<Self>) {
+    ///         self.0.store(true, Ordering::Release);
+    ///     }
+    /// }
+    ///
+    /// let q = AsyncQueue::new(ram::RamQueuePair::new(4));
+    /// let driver = Arc::new(Flag(AtomicBool::new(false)));
+    /// q.set_driver_waker(&Waker::from(Arc::clone(&driver)));
+    ///
+    /// let mut io = pin!(q.flush(1));
+    /// assert!(io.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending());
+    /// assert!(driver.0.load(Ordering::Acquire), "the submission woke the driver to send it");
+    ///
+    /// q.poll(16)?; // sends and reaps
+    /// let deadline = q.arm()?; // the next timer duty, if any
+    /// println!("next deadline: {deadline:?}");
+    /// let fd = q.completion_fd()?;
+    /// let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    /// assert_eq!(poll(&mut fds, None)?, 1, "readable: nothing names what wakes this queue pair");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set_driver_waker(&self, waker: &Waker) {
         let mut st = self.state.borrow_mut();
         match &st.driver {
@@ -222,7 +337,7 @@ impl<Q: QueuePair> AsyncQueue<Q> {
     /// Before a driver sleeps on [`completion_fd`](Self::completion_fd): points it at what can wake the queue
     /// pair now (its socket may have changed after a reconnect) and at its next deadline (keep-alive,
     /// reconnect timers), which it also returns. A queue pair that cannot say what wakes it makes the
-    /// descriptor readable at once (poll it again then).
+    /// descriptor readable at once (poll it again then). See [`AsyncQueue::set_driver_waker`]'s example.
     pub fn arm(&self) -> Result<Option<Instant>> {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
@@ -237,6 +352,7 @@ impl<Q: QueuePair> AsyncQueue<Q> {
     /// executor to sleep on (tokio's `AsyncFd`, say): a duplicate of the queue's [`CompletionFd`], which
     /// [`arm`](Self::arm) points at the queue pair's sockets and deadline before each sleep. Level-triggered:
     /// it stays readable until [`poll`](Self::poll) has read what arrived. The caller owns (and closes) it.
+    /// See [`AsyncQueue::set_driver_waker`]'s example.
     pub fn completion_fd(&self) -> Result<OwnedFd> {
         let mut st = self.state.borrow_mut();
         let fd = match &mut st.waiter {
@@ -250,6 +366,7 @@ impl<Q: QueuePair> AsyncQueue<Q> {
 
     /// The queue pair back, if this is the last handle (every future and executor that held one dropped);
     /// else the handle itself.
+    /// See [`AsyncQueue`]'s example.
     pub fn into_queue_pair(self) -> std::result::Result<Q, AsyncQueue<Q>> {
         match Rc::try_unwrap(self.state) {
             Ok(state) => Ok(state.into_inner().qp),
@@ -258,6 +375,7 @@ impl<Q: QueuePair> AsyncQueue<Q> {
     }
 
     /// Runs `f` on the queue pair (its statistics, its send mode), outside any pass.
+    /// See [`AsyncQueue`]'s example.
     pub fn with_queue_pair<R>(&self, f: impl FnOnce(&mut Q) -> R) -> R {
         f(&mut self.state.borrow_mut().qp)
     }
@@ -359,6 +477,22 @@ enum Stage {
 /// One command as a future (see [`AsyncQueue`]): resolves to its [`Completion`], with the buffer handed back.
 /// A request the queue pair refuses outright (a bad namespace, blocks beyond its end) resolves at once, its
 /// error in the completion.
+///
+/// # Examples
+///
+/// ```
+/// # mod ram { include!("doctest/ram.rs"); }
+/// use nvpoll::aio::{AsyncQueue, LocalExecutor};
+/// use nvpoll::Error;
+///
+/// let q = AsyncQueue::new(ram::RamQueuePair::new(4));
+/// let mut ex = LocalExecutor::new();
+/// ex.drive(&q);
+/// // Namespace 7 is not active: the future resolves at once, with the refusal.
+/// let refused = ex.block_on(q.write_zeroes(7, 0, 1));
+/// assert!(matches!(refused.result, Err(Error::InvalidArgument(_))));
+/// assert_eq!(q.outstanding(), 0);
+/// ```
 #[must_use = "a command is submitted only when its future is polled"]
 pub struct Io<Q: QueuePair> {
     state: Rc<RefCell<State<Q>>>,
@@ -570,6 +704,41 @@ struct Task {
 /// registered with it: each [`pass`](Self::pass) polls the tasks that were woken, then sends what they
 /// submitted and reaps completions, which wakes their tasks for the next pass. Spawning allocates the task;
 /// running it does not. As a [`Poller`] it runs on one of our reactors.
+///
+/// # Examples
+///
+/// Many tasks over one queue pair, driven by passes on this thread (on a reactor, add the executor as a
+/// poller instead):
+///
+/// ```
+/// # mod ram { include!("doctest/ram.rs"); }
+/// use std::cell::Cell;
+/// use std::rc::Rc;
+/// use nvpoll::aio::{AsyncQueue, LocalExecutor};
+/// use nvpoll::mem::DmaPool;
+///
+/// let pool = DmaPool::builder().class(4096, 64).build()?;
+/// let q = AsyncQueue::new(ram::RamQueuePair::new(8)); // fewer slots than tasks: they wait for room
+/// let mut ex = LocalExecutor::default();
+/// ex.drive(&q);
+/// let ok = Rc::new(Cell::new(0));
+/// for lba in 0..32u64 {
+///     let (q, pool, ok) = (q.clone(), pool.clone(), Rc::clone(&ok));
+///     ex.spawn(async move {
+///         let buf = pool.alloc(512).expect("a buffer");
+///         if q.read(1, lba, 1, buf).await.result.is_ok() {
+///             ok.set(ok.get() + 1);
+///         }
+///     });
+/// }
+/// assert_eq!(ex.tasks(), 32);
+/// while ex.tasks() > 0 {
+///     ex.pass();
+/// }
+/// assert_eq!(ok.get(), 32);
+/// assert!(ex.take_error().is_none(), "the queue pair itself never failed");
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 pub struct LocalExecutor {
     tasks: Vec<Option<Task>>,
     free: Vec<usize>,
@@ -592,6 +761,7 @@ impl Default for LocalExecutor {
 
 impl LocalExecutor {
     /// An executor with no tasks and no queues.
+    /// See [`LocalExecutor`]'s example.
     pub fn new() -> LocalExecutor {
         LocalExecutor {
             tasks: Vec::new(),
@@ -608,6 +778,7 @@ impl LocalExecutor {
     }
 
     /// Drives `q` in every pass from now on.
+    /// See [`LocalExecutor`]'s example.
     pub fn drive<Q: QueuePair + 'static>(&mut self, q: &AsyncQueue<Q>) {
         self.queues.push(Box::new(DrivenQueue {
             q: q.clone(),
@@ -616,6 +787,7 @@ impl LocalExecutor {
     }
 
     /// Runs `fut` to its end in the passes to come.
+    /// See [`LocalExecutor`]'s example.
     pub fn spawn(&mut self, fut: impl Future<Output = ()> + 'static) {
         let id = self.free.pop().unwrap_or(self.tasks.len());
         if id / 64 == self.words.len() {
@@ -643,11 +815,13 @@ impl LocalExecutor {
     }
 
     /// Tasks not yet finished.
+    /// See [`LocalExecutor`]'s example.
     pub fn tasks(&self) -> usize {
         self.live.get()
     }
 
     /// One pass: the woken tasks, then every queue's send and reap. Says whether anything happened.
+    /// See [`LocalExecutor`]'s example.
     pub fn pass(&mut self) -> bool {
         let mut busy = false;
         // A word's tasks are taken at once and each polled once: a task that wakes itself (or one whose word
@@ -687,11 +861,13 @@ impl LocalExecutor {
     }
 
     /// The first error a driven queue returned (the commands it failed complete with their own errors).
+    /// See [`LocalExecutor`]'s example.
     pub fn take_error(&mut self) -> Option<Error> {
         self.error.take()
     }
 
     /// Runs `fut` on this thread, with the spawned tasks and the driven queues, until it resolves.
+    /// See [`AsyncQueue`]'s example.
     pub fn block_on<T: 'static>(&mut self, fut: impl Future<Output = T> + 'static) -> T {
         let out = Rc::new(RefCell::new(None));
         let slot = Rc::clone(&out);

@@ -21,6 +21,34 @@ use crate::{Error, Result};
 /// descriptor never sleeps through work: a caller that polls whenever it is readable misses nothing.
 /// Level-triggered: readable while one of its members is, until the caller has polled the queue pair (and
 /// [`arm`](Self::arm)ed the set again).
+///
+/// # Examples
+///
+/// An event loop of its own over a queue pair (here an in-memory one, which names no descriptor, so the
+/// armed set is readable at once):
+///
+/// ```
+/// # mod ram { include!("doctest/ram.rs"); }
+/// use rustix::event::{poll, PollFd, PollFlags};
+/// use nvpoll::aio::CompletionFd;
+/// use nvpoll::api::{IoOp, IoRequest, QueuePair};
+///
+/// let mut qp = ram::RamQueuePair::new(4);
+/// let mut fd = CompletionFd::new()?;
+/// qp.submit(IoRequest { op: IoOp::Flush, nsid: 1, lba: 0, blocks: 0, buf: None, tag: 0 })
+///     .map_err(|r| r.error)?;
+/// qp.flush()?;
+/// let mut done = 0;
+/// while qp.outstanding() > 0 {
+///     let deadline = fd.arm(&qp, false)?; // what wakes the queue pair now, and its next deadline
+///     assert!(deadline.is_some(), "the timer fires at once when only polling can tell");
+///     let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+///     poll(&mut fds, None)?; // sleep until the queue pair may have completions
+///     done += qp.process_completions(16, |_, c| assert!(c.result.is_ok()))?;
+/// }
+/// assert_eq!(done, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct CompletionFd {
     epoll: OwnedFd,
@@ -36,7 +64,7 @@ fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> Error {
 }
 
 impl CompletionFd {
-    /// An epoll set with a disarmed timer in it.
+    /// An epoll set with a disarmed timer in it. See [`CompletionFd`]'s example.
     pub fn new() -> Result<CompletionFd> {
         let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(os("epoll_create"))?;
         let timer = timerfd_create(
@@ -63,7 +91,7 @@ impl CompletionFd {
     /// (when `ready`, completions waiting to be taken, or when the queue pair names none) a timer that fires
     /// at once. Returns the deadline the timer carries. A descriptor the queue pair no longer names stays
     /// in the set until it is closed (a closed file leaves an epoll set by itself): at most a spurious
-    /// wake-up, which costs one poll.
+    /// wake-up, which costs one poll. See [`CompletionFd`]'s example.
     pub fn arm<Q: QueuePair + ?Sized>(&mut self, qp: &Q, ready: bool) -> Result<Option<Instant>> {
         let mut w = WakeSources::new();
         if ready || !qp.wake_sources(&mut w) {

@@ -54,6 +54,22 @@ use crate::{Error, Result};
 /// Parsed as SPDK's core masks are: a hexadecimal mask (`0x3`: cores 0 and 1) or a list of cores and
 /// inclusive ranges, optionally in brackets (`0,1`, `0-3`, `[0,2-3]`). Every core must be one this process may
 /// run on.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::reactor::CoreList;
+///
+/// let all = CoreList::all();
+/// assert!(!all.is_empty());
+/// let first = all.cores()[0];
+/// let one = CoreList::parse(&format!("[{first}]"))?;
+/// assert_eq!((one.len(), one.cores()), (1, &[first][..]));
+/// assert_eq!(format!("0x{:x}", 1u64 << first).parse::<CoreList>()?, one, "a mask selects the same core");
+/// assert_eq!(all.to_string().parse::<CoreList>()?, all, "Display writes what parses");
+/// assert!(CoreList::parse("100000").is_err(), "no such core here");
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CoreList {
     cores: Vec<usize>,
@@ -62,7 +78,7 @@ pub struct CoreList {
 impl CoreList {
     /// Parses a mask or list (see the type's documentation). Fails with [`Error::InvalidArgument`] for bad
     /// syntax, an empty selection, or a core that does not exist on this machine (or is outside this process's
-    /// affinity mask).
+    /// affinity mask). See [`CoreList`]'s example.
     pub fn parse(spec: &str) -> Result<CoreList> {
         let bad = |why: &str| Error::InvalidArgument(format!("core list {spec:?}: {why}"));
         let s = spec.trim();
@@ -116,24 +132,24 @@ impl CoreList {
         Ok(CoreList { cores })
     }
 
-    /// Every core this process may run on.
+    /// Every core this process may run on. See [`CoreList`]'s example.
     pub fn all() -> CoreList {
         CoreList {
             cores: available_cores(),
         }
     }
 
-    /// The cores, in increasing order.
+    /// The cores, in increasing order. See [`CoreList`]'s example.
     pub fn cores(&self) -> &[usize] {
         &self.cores
     }
 
-    /// The number of cores.
+    /// The number of cores. See [`CoreList`]'s example.
     pub fn len(&self) -> usize {
         self.cores.len()
     }
 
-    /// Always false: a core list selects at least one core.
+    /// Always false: a core list selects at least one core. See [`CoreList`]'s example.
     pub fn is_empty(&self) -> bool {
         self.cores.is_empty()
     }
@@ -178,6 +194,8 @@ fn available_cores() -> Vec<usize> {
 }
 
 /// What a poller found.
+///
+/// See [`Poller`]'s example.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PollStatus {
     /// It did some work (completions, received data, ...).
@@ -188,6 +206,16 @@ pub enum PollStatus {
 
 impl PollStatus {
     /// [`PollStatus::Busy`] if `busy`, else [`PollStatus::Idle`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nvpoll::reactor::PollStatus;
+    ///
+    /// let completed = 3;
+    /// assert_eq!(PollStatus::busy_if(completed > 0), PollStatus::Busy);
+    /// assert_eq!(PollStatus::busy_if(false), PollStatus::Idle);
+    /// ```
     pub fn busy_if(busy: bool) -> PollStatus {
         if busy {
             PollStatus::Busy
@@ -200,12 +228,66 @@ impl PollStatus {
 /// Something a reactor calls on every iteration (or every period, for a timed poller).
 ///
 /// Closures `FnMut(&mut ReactorContext) -> PollStatus` are pollers too.
+///
+/// # Examples
+///
+/// A queue pair driven by a poller on its reactor: the poller is made there (a queue pair belongs to the
+/// thread that drives it), submits reads, sends them all in its `flush` at the end of each iteration, and
+/// stops the reactors after 100 completions. The queue pair is an in-memory one (hidden lines).
+///
+/// ```
+/// # mod ram { include!("doctest/ram.rs"); }
+/// use nvpoll::api::{IoOp, IoRequest, QueuePair};
+/// use nvpoll::mem::DmaPool;
+/// use nvpoll::reactor::{CoreList, IdlePolicy, PollStatus, Poller, ReactorContext, Reactors};
+///
+/// struct Reader {
+///     qp: ram::RamQueuePair,
+///     pool: DmaPool,
+///     completed: u64,
+/// }
+///
+/// impl Poller for Reader {
+///     fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus {
+///         while self.qp.outstanding() < 4 {
+///             let buf = self.pool.alloc(512).expect("a buffer");
+///             let req = IoRequest { op: IoOp::Read, nsid: 1, lba: 0, blocks: 1, buf: Some(buf), tag: 0 };
+///             self.qp.submit(req).expect("room");
+///         }
+///         let mut n = 0;
+///         self.qp.process_completions(32, |_, c| {
+///             assert!(c.result.is_ok());
+///             n += 1;
+///         }).expect("the queue pair works");
+///         self.completed += n;
+///         if self.completed >= 100 && !ctx.stop_requested() {
+///             ctx.request_stop();
+///         }
+///         PollStatus::busy_if(n > 0)
+///     }
+///
+///     fn flush(&mut self, _ctx: &mut ReactorContext) {
+///         self.qp.flush().expect("sent"); // one send for everything this iteration submitted
+///     }
+/// }
+///
+/// let pool = DmaPool::builder().class(4096, 16).build()?;
+/// let cores = CoreList::parse(&CoreList::all().cores()[0].to_string())?;
+/// let reactors = Reactors::builder().idle(IdlePolicy::hybrid()).start(&cores)?;
+/// reactors.send(0, move |ctx| {
+///     ctx.add_poller(Reader { qp: ram::RamQueuePair::new(8), pool, completed: 0 });
+/// })?;
+/// let stats = reactors.join()?; // returns once the poller asked the reactors to stop
+/// assert!(stats[0].busy > 0);
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 pub trait Poller {
-    /// Does whatever work is ready, without blocking, and says whether there was any.
+    /// Does whatever work is ready, without blocking, and says whether there was any. See [`Poller`]'s example.
     fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus;
 
     /// Called at the end of every iteration of the reactor, after all pollers ran: the place to send what was
     /// queued during the iteration (one doorbell write, one coalesced socket write). Does nothing by default.
+    /// See [`Poller`]'s example.
     fn flush(&mut self, _ctx: &mut ReactorContext) {}
 
     /// For [`IdlePolicy::Hybrid`]: says what can give this poller work, so that a quiet reactor may sleep.
@@ -217,12 +299,56 @@ pub trait Poller {
     /// Return `false` (the default) when work can arrive in a way no file descriptor or deadline shows: an
     /// ordinary poller that returns `false` keeps its reactor polling; for a timed poller `false` means "wake
     /// me at my next period".
+    ///
+    /// See [`ReactorWaker`]'s example (a poller with nothing to wait for) and [`WakeSources`]' (one with a
+    /// descriptor and a deadline).
     fn wake_sources<'a>(&'a self, _w: &mut WakeSources<'a>) -> bool {
         false
     }
 }
 
 /// What a sleeping reactor waits for, collected from its pollers ([`Poller::wake_sources`]).
+///
+/// # Examples
+///
+/// A poller that waits for a socket and a timer says so; the reactor (or a caller outside one, such as the
+/// async interface's completion fd) reads back what was given:
+///
+/// ```
+/// use std::os::unix::net::UnixStream;
+/// use std::time::{Duration, Instant};
+/// use nvpoll::reactor::{PollStatus, Poller, ReactorContext, WakeSources};
+///
+/// struct Conn {
+///     sock: UnixStream,
+///     unsent: usize,
+///     keep_alive_at: Instant,
+/// }
+///
+/// impl Poller for Conn {
+///     fn poll(&mut self, _ctx: &mut ReactorContext) -> PollStatus {
+///         PollStatus::Idle
+///     }
+///     fn wake_sources<'a>(&'a self, w: &mut WakeSources<'a>) -> bool {
+///         w.readable(&self.sock);
+///         if self.unsent > 0 {
+///             w.writable(&self.sock); // only while the socket pushed back
+///         }
+///         w.deadline(self.keep_alive_at);
+///         true
+///     }
+/// }
+///
+/// let (sock, _peer) = UnixStream::pair()?;
+/// let at = Instant::now() + Duration::from_secs(5);
+/// let conn = Conn { sock, unsent: 100, keep_alive_at: at };
+/// let mut w = WakeSources::default();
+/// assert!(conn.wake_sources(&mut w));
+/// w.deadline(at + Duration::from_secs(1)); // a later deadline changes nothing
+/// assert_eq!(w.deadline_at(), Some(at));
+/// assert_eq!(w.watched().count(), 2);
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub struct WakeSources<'a> {
     fds: Vec<PollFd<'a>>,
     /// What each of `fds` is watched for (PollFd does not say).
@@ -239,26 +365,26 @@ impl<'a> WakeSources<'a> {
         }
     }
 
-    /// Wake when `fd` has something to read (or is closed or failed).
+    /// Wake when `fd` has something to read (or is closed or failed). See [`WakeSources`]' example.
     pub fn readable(&mut self, fd: &'a impl AsFd) {
         self.fds.push(PollFd::new(fd, PollFlags::IN));
         self.interest.push(PollFlags::IN);
     }
 
     /// Wake when `fd` can take more bytes: only while the poller has bytes the socket refused (a socket is
-    /// nearly always writable, so asking otherwise wakes the reactor at once).
+    /// nearly always writable, so asking otherwise wakes the reactor at once). See [`WakeSources`]' example.
     pub fn writable(&mut self, fd: &'a impl AsFd) {
         self.fds.push(PollFd::new(fd, PollFlags::OUT));
         self.interest.push(PollFlags::OUT);
     }
 
-    /// Wake no later than `at` (the earliest of all the deadlines given counts).
+    /// Wake no later than `at` (the earliest of all the deadlines given counts). See [`WakeSources`]' example.
     pub fn deadline(&mut self, at: Instant) {
         self.deadline = Some(self.deadline.map_or(at, |d| d.min(at)));
     }
 
     /// The descriptors given, each with what it is watched for: for a caller that waits outside a reactor
-    /// (the async interface's completion fd, the C interface's).
+    /// (the async interface's completion fd, the C interface's). See [`WakeSources`]' example.
     pub fn watched(&self) -> impl Iterator<Item = (BorrowedFd<'_>, PollFlags)> + '_ {
         self.fds
             .iter()
@@ -266,7 +392,7 @@ impl<'a> WakeSources<'a> {
             .zip(self.interest.iter().copied())
     }
 
-    /// The earliest deadline given.
+    /// The earliest deadline given. See [`WakeSources`]' example.
     pub fn deadline_at(&self) -> Option<Instant> {
         self.deadline
     }
@@ -289,6 +415,20 @@ impl fmt::Debug for WakeSources<'_> {
 }
 
 /// How a reactor spends the iterations in which nothing happens.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use nvpoll::reactor::IdlePolicy;
+///
+/// assert_eq!(IdlePolicy::default(), IdlePolicy::Poll);
+/// assert_eq!(IdlePolicy::hybrid(), IdlePolicy::Hybrid { quiet: IdlePolicy::DEFAULT_QUIET });
+/// let p: IdlePolicy = "hybrid:500us".parse()?;
+/// assert_eq!(p, IdlePolicy::Hybrid { quiet: Duration::from_micros(500) });
+/// assert_eq!(p.to_string(), "hybrid:500us");
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum IdlePolicy {
     /// Poll on, always (the default, as in SPDK): the lowest latency, and a full core per reactor even with
@@ -310,7 +450,7 @@ impl IdlePolicy {
     /// reactor under load never sleeps between two commands.
     pub const DEFAULT_QUIET: Duration = Duration::from_millis(1);
 
-    /// Hybrid with [`IdlePolicy::DEFAULT_QUIET`].
+    /// Hybrid with [`IdlePolicy::DEFAULT_QUIET`]. See [`IdlePolicy`]'s example.
     pub fn hybrid() -> IdlePolicy {
         IdlePolicy::Hybrid {
             quiet: IdlePolicy::DEFAULT_QUIET,
@@ -356,11 +496,15 @@ impl<F: FnMut(&mut ReactorContext) -> PollStatus> Poller for F {
 }
 
 /// Identifies a registered poller on its reactor, to remove it with [`ReactorContext::remove_poller`].
+///
+/// See [`ReactorContext`]'s example.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PollerId(u64);
 
 /// Counters of one reactor. Read them while it runs with [`Reactors::stats`], or as [`Reactors::stop`] returns
 /// them.
+///
+/// See [`Reactors`]'s example.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReactorStats {
     /// The core the reactor runs on.
@@ -386,6 +530,26 @@ pub struct ReactorStats {
 }
 
 /// Configures and starts [`Reactors`]; see [`Reactors::builder`].
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::reactor::{CoreList, IdlePolicy, Reactors};
+///
+/// let cores = CoreList::parse(&CoreList::all().cores()[0].to_string())?;
+/// let reactors = Reactors::builder()
+///     .ring_capacity(256)
+///     .message_batch(16)
+///     .idle(IdlePolicy::hybrid()) // sleep when there is nothing to do
+///     .parking(true)
+///     .start(&cores)?;
+/// assert_eq!(reactors.len(), 1);
+/// reactors.stop()?;
+///
+/// let none = Reactors::builder().ring_capacity(0).start(&cores);
+/// assert!(matches!(none, Err(nvpoll::Error::InvalidArgument(_))));
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct ReactorsBuilder {
     ring_capacity: usize,
@@ -396,18 +560,21 @@ pub struct ReactorsBuilder {
 
 impl ReactorsBuilder {
     /// How many messages each reactor's ring holds (4096 by default). A send to a full ring fails.
+    /// See [`ReactorsBuilder`]'s example.
     pub fn ring_capacity(mut self, capacity: usize) -> Self {
         self.ring_capacity = capacity;
         self
     }
 
     /// The most messages a reactor runs per iteration before it polls again (64 by default).
+    /// See [`ReactorsBuilder`]'s example.
     pub fn message_batch(mut self, batch: usize) -> Self {
         self.message_batch = batch;
         self
     }
 
     /// What the reactors do when there is nothing to do ([`IdlePolicy::Poll`] by default).
+    /// See [`ReactorsBuilder`]'s example.
     pub fn idle(mut self, policy: IdlePolicy) -> Self {
         self.idle = policy;
         self
@@ -416,7 +583,7 @@ impl ReactorsBuilder {
     /// Whether a reactor with more than 8 pollers parks the idle ones (on by default): a poller idle for a
     /// while that says what wakes it ([`Poller::wake_sources`]) is polled only when one of its wake sources
     /// fires ([`ReactorContext::wake_poller`] has the rules). Off, every poller is polled on every iteration
-    /// (for comparisons, or a poller whose wake sources are incomplete).
+    /// (for comparisons, or a poller whose wake sources are incomplete). See [`ReactorsBuilder`]'s example.
     pub fn parking(mut self, on: bool) -> Self {
         self.parking = on;
         self
@@ -424,6 +591,7 @@ impl ReactorsBuilder {
 
     /// Starts one reactor per core of `cores`, pinned to it, and returns once all are running.
     /// Fails with [`Error::Reactor`] if a thread cannot be spawned or pinned (the others are then stopped).
+    /// See [`ReactorsBuilder`]'s example.
     pub fn start(self, cores: &CoreList) -> Result<Reactors> {
         if self.ring_capacity == 0 || self.message_batch == 0 {
             return Err(Error::InvalidArgument(
@@ -498,13 +666,37 @@ impl ReactorsBuilder {
 /// A set of running reactors, one per core of a [`CoreList`], addressed by index `0..len()` in core order.
 ///
 /// Dropping it stops the reactors as [`Reactors::stop`] does, ignoring (but printing) a panic.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::reactor::{CoreList, Reactors};
+///
+/// let cores = CoreList::parse(&CoreList::all().cores()[0].to_string())?;
+/// let reactors = Reactors::start(&cores)?;
+/// assert_eq!((reactors.len(), reactors.is_empty()), (1, false));
+/// assert_eq!(reactors.cores(), cores.cores());
+///
+/// reactors.send(0, |ctx| println!("on core {}", ctx.core()))?;
+/// let counts: Vec<usize> = reactors.run_on_all(|ctx| ctx.reactor_count())?;
+/// assert_eq!(counts, [1]);
+/// assert!(reactors.stats()[0].messages <= 2, "counted as each one starts");
+/// reactors.waker(0)?.wake(); // nothing to do for a reactor that polls, but allowed
+/// assert!(reactors.waker(1).is_err(), "no reactor 1");
+///
+/// let stats = reactors.stop()?;
+/// assert_eq!(stats[0].messages, 2);
+/// assert_eq!(stats[0].core, cores.cores()[0]);
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 pub struct Reactors {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<ThreadResult>>,
 }
 
 impl Reactors {
-    /// Starts configuring reactors, to change the ring capacity or message batch.
+    /// Starts configuring reactors, to change the ring capacity or message batch. See [`ReactorsBuilder`]'s
+    /// example.
     pub fn builder() -> ReactorsBuilder {
         ReactorsBuilder {
             ring_capacity: 4096,
@@ -515,32 +707,38 @@ impl Reactors {
     }
 
     /// A handle that wakes reactor `index` if it sleeps ([`ReactorWaker`]). Fails with
-    /// [`Error::InvalidArgument`] for an index out of range.
+    /// [`Error::InvalidArgument`] for an index out of range. See [`Reactors`]'s example, and
+    /// [`ReactorWaker`]'s.
     pub fn waker(&self, index: usize) -> Result<ReactorWaker> {
         self.shared.waker(index)
     }
 
     /// Starts one reactor per core with the default configuration; see [`ReactorsBuilder::start`].
+    /// See [`Reactors`]'s example.
     pub fn start(cores: &CoreList) -> Result<Reactors> {
         Reactors::builder().start(cores)
     }
 
     /// The number of reactors.
+    /// See [`Reactors`]'s example.
     pub fn len(&self) -> usize {
         self.shared.reactors.len()
     }
 
     /// Always false: there is at least one reactor.
+    /// See [`Reactors`]'s example.
     pub fn is_empty(&self) -> bool {
         self.shared.reactors.is_empty()
     }
 
     /// The core of each reactor, by index.
+    /// See [`Reactors`]'s example.
     pub fn cores(&self) -> Vec<usize> {
         self.shared.reactors.iter().map(|r| r.core).collect()
     }
 
     /// Sends `msg` to reactor `target`, which runs it on its thread; see [`ReactorContext::send`].
+    /// See [`Reactors`]'s example.
     pub fn send<F>(&self, target: usize, msg: F) -> Result<()>
     where
         F: FnOnce(&mut ReactorContext) + Send + 'static,
@@ -551,6 +749,7 @@ impl Reactors {
     /// Runs `f` once on every reactor and returns the results by reactor index. Blocks the calling thread, so it
     /// fails with [`Error::Reactor`] when called from a reactor, and when a reactor stops before running `f`;
     /// it fails with [`Error::QueueFull`] when a ring is full (some reactors may then have run `f`).
+    /// See [`Reactors`]'s example.
     pub fn run_on_all<T, F>(&self, f: F) -> Result<Vec<T>>
     where
         T: Send + 'static,
@@ -582,19 +781,21 @@ impl Reactors {
     }
 
     /// The counters of every reactor, by index, as they are now.
+    /// See [`Reactors`]'s example.
     pub fn stats(&self) -> Vec<ReactorStats> {
         self.shared.reactors.iter().map(PerReactor::stats).collect()
     }
 
     /// Stops every reactor after it ran the messages already in its ring, waits for the threads, and returns
     /// their final counters. Fails with [`Error::Reactor`] naming every reactor that panicked.
+    /// See [`Reactors`]'s example.
     pub fn stop(self) -> Result<Vec<ReactorStats>> {
         self.shared.request_stop();
         self.join()
     }
 
     /// Waits until the reactors stop by themselves (through [`ReactorContext::request_stop`] or a panic), then
-    /// returns as [`Reactors::stop`] does.
+    /// returns as [`Reactors::stop`] does. See [`Poller`]'s example.
     pub fn join(mut self) -> Result<Vec<ReactorStats>> {
         self.join_threads()
     }
@@ -648,6 +849,46 @@ impl fmt::Debug for Reactors {
 }
 
 /// What a message, a poller or a flush sees of the reactor it runs on.
+///
+/// # Examples
+///
+/// A message that registers pollers (one timed), sends itself a message, and removes a poller again:
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use nvpoll::reactor::{CoreList, IdlePolicy, PollStatus, ReactorContext, Reactors};
+///
+/// let cores = CoreList::parse(&CoreList::all().cores()[0].to_string())?;
+/// let reactors = Reactors::builder().idle(IdlePolicy::hybrid()).start(&cores)?;
+/// let ticks = Arc::new(AtomicU64::new(0));
+/// let t = Arc::clone(&ticks);
+/// let ids = reactors.run_on_all(move |ctx: &mut ReactorContext| {
+///     assert_eq!((ctx.index(), ctx.reactor_count()), (0, 1));
+///     assert!(!ctx.stop_requested());
+///     println!("core {}, {:?} of CPU so far, woke up: {}", ctx.core(), ctx.cpu_time(), ctx.woke_up());
+///     let t = Arc::clone(&t);
+///     let timed = ctx.add_timed_poller(Duration::from_millis(1), move |_: &mut ReactorContext| {
+///         t.fetch_add(1, Ordering::Relaxed);
+///         PollStatus::Busy
+///     });
+///     let spare = ctx.add_poller(|_: &mut ReactorContext| PollStatus::Idle);
+///     ctx.wake_poller(spare); // poll it on the next iteration even if it was parked
+///     ctx.remove_poller(spare);
+///     let waker = ctx.waker(); // for another thread, to wake this reactor from a sleep
+///     ctx.send(ctx.index(), move |_ctx| waker.wake()).expect("room on the ring");
+///     timed
+/// })?;
+/// while ticks.load(Ordering::Relaxed) < 3 {
+///     std::thread::sleep(Duration::from_millis(1));
+/// }
+/// let timed = ids[0];
+/// reactors.send(0, move |ctx| ctx.remove_poller(timed))?;
+/// let stats = reactors.stop()?;
+/// assert_eq!(stats[0].pollers, 0);
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 pub struct ReactorContext {
     index: usize,
     shared: Arc<Shared>,
@@ -661,16 +902,19 @@ pub struct ReactorContext {
 
 impl ReactorContext {
     /// This reactor's index (`0..reactor_count()`).
+    /// See [`ReactorContext`]'s example.
     pub fn index(&self) -> usize {
         self.index
     }
 
     /// The core this reactor is pinned to.
+    /// See [`ReactorContext`]'s example.
     pub fn core(&self) -> usize {
         self.shared.reactors[self.index].core
     }
 
     /// How many reactors there are.
+    /// See [`ReactorContext`]'s example.
     pub fn reactor_count(&self) -> usize {
         self.shared.reactors.len()
     }
@@ -679,6 +923,7 @@ impl ReactorContext {
     /// fails with [`Error::QueueFull`] when the target's ring is full (the message is dropped; try again later),
     /// with [`Error::Reactor`] when the target has stopped, and with [`Error::InvalidArgument`] for an index
     /// out of range.
+    /// See [`ReactorContext`]'s example.
     pub fn send<F>(&self, target: usize, msg: F) -> Result<()>
     where
         F: FnOnce(&mut ReactorContext) + Send + 'static,
@@ -687,12 +932,14 @@ impl ReactorContext {
     }
 
     /// Registers a poller on this reactor, polled from the next iteration on.
+    /// See [`ReactorContext`]'s example.
     pub fn add_poller(&mut self, poller: impl Poller + 'static) -> PollerId {
         self.register(None, Box::new(poller))
     }
 
     /// Registers a timed poller, polled once every `period` (for keep-alives and timeouts). Its
     /// [`Poller::flush`] runs on every iteration, like any poller's.
+    /// See [`ReactorContext`]'s example.
     pub fn add_timed_poller(
         &mut self,
         period: Duration,
@@ -703,6 +950,7 @@ impl ReactorContext {
 
     /// Unregisters (and drops) a poller at the end of the current step of the iteration. Unknown ids are
     /// ignored.
+    /// See [`ReactorContext`]'s example.
     pub fn remove_poller(&mut self, id: PollerId) {
         self.removed.push(id);
     }
@@ -710,23 +958,26 @@ impl ReactorContext {
     /// Makes sure poller `id` of this reactor is polled on the next iteration, for a poller that hands another
     /// work through state they share (no message, no descriptor): a poller that was idle for a while and said
     /// what wakes it may be parked, polled only when one of its wake sources fires. Unknown ids are ignored.
+    /// See [`ReactorContext`]'s example.
     pub fn wake_poller(&mut self, id: PollerId) {
         self.wake.push(id);
     }
 
     /// Asks every reactor to stop, as [`Reactors::stop`] does; the owner of [`Reactors`] collects them with
-    /// [`Reactors::join`].
+    /// [`Reactors::join`]. See [`Poller`]'s example.
     pub fn request_stop(&self) {
         self.shared.request_stop();
     }
 
     /// Whether this iteration is the first after a sleep ([`IdlePolicy::Hybrid`]): one of the wake sources
     /// fired, so a poller that looks at some of its work only now and then should look at all of it now.
+    /// See [`ReactorContext`]'s example.
     pub fn woke_up(&self) -> bool {
         self.woke
     }
 
     /// A handle that wakes this reactor if it sleeps, for whoever changes state its pollers read.
+    /// See [`ReactorContext`]'s example.
     pub fn waker(&self) -> ReactorWaker {
         ReactorWaker {
             shared: Arc::clone(&self.shared),
@@ -735,11 +986,13 @@ impl ReactorContext {
     }
 
     /// Whether the reactors have been asked to stop.
+    /// See [`ReactorContext`]'s example.
     pub fn stop_requested(&self) -> bool {
         self.shared.stop.load(Ordering::Acquire)
     }
 
     /// CPU time this reactor's thread has used so far (for CPU time per I/O).
+    /// See [`ReactorContext`]'s example.
     pub fn cpu_time(&self) -> Duration {
         thread_cpu_time()
     }
@@ -824,6 +1077,50 @@ impl Shared {
 /// [`ReactorContext::waker`]. Messages and stops wake reactors by themselves: this is for state that pollers
 /// read without a message (a flag, a shared table), which a sleeping reactor would otherwise see only at its
 /// next wake. Cheap when the reactor is awake: a fence and a load.
+///
+/// # Examples
+///
+/// A hybrid reactor sleeps while its poller has nothing to do; the poller reads a flag no message carries,
+/// so whoever sets it wakes the reactor:
+///
+/// ```
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use nvpoll::reactor::{CoreList, IdlePolicy, PollStatus, Poller, ReactorContext, Reactors, WakeSources};
+///
+/// struct Watcher(Arc<AtomicBool>);
+///
+/// impl Poller for Watcher {
+///     fn poll(&mut self, ctx: &mut ReactorContext) -> PollStatus {
+///         if self.0.load(Ordering::Acquire) && !ctx.stop_requested() {
+///             ctx.request_stop();
+///         }
+///         PollStatus::Idle
+///     }
+///     fn wake_sources<'a>(&'a self, _w: &mut WakeSources<'a>) -> bool {
+///         true // nothing to wait for but the waker: the reactor may sleep
+///     }
+/// }
+///
+/// let cores = CoreList::parse(&CoreList::all().cores()[0].to_string())?;
+/// let policy = IdlePolicy::Hybrid { quiet: Duration::from_micros(100) };
+/// let reactors = Reactors::builder().idle(policy).start(&cores)?;
+/// let flag = Arc::new(AtomicBool::new(false));
+/// let f = Arc::clone(&flag);
+/// reactors.send(0, move |ctx| {
+///     ctx.add_poller(Watcher(f));
+/// })?;
+/// let waker = reactors.waker(0)?;
+/// while reactors.stats()[0].sleeps == 0 {
+///     std::thread::sleep(Duration::from_millis(1));
+/// }
+/// flag.store(true, Ordering::Release);
+/// waker.wake();
+/// let stats = reactors.join()?; // the poller saw the flag and stopped the reactors
+/// assert!(stats[0].sleeps >= 1);
+/// # Ok::<(), nvpoll::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct ReactorWaker {
     shared: Arc<Shared>,
@@ -832,7 +1129,7 @@ pub struct ReactorWaker {
 
 impl ReactorWaker {
     /// Makes the reactor run an iteration soon, if it sleeps; does nothing if it polls. Call it after the
-    /// change its pollers must see.
+    /// change its pollers must see. See [`ReactorWaker`]'s example.
     pub fn wake(&self) {
         let r = &self.shared.reactors[self.index];
         // The change was made before this; a reactor about to sleep finds the flag (see `Reactor::sleep`).
