@@ -40,6 +40,18 @@ use crate::host::{ConnectOptions, Recovery, TcpController, TcpQueuePair};
 use crate::Error;
 
 /// How a multipath queue pair chooses among paths of the same ANA state.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll_tcp::multipath::{PathPolicy, UnknownPathPolicy};
+///
+/// assert_eq!(PathPolicy::default(), PathPolicy::QueueDepth);
+/// let p: PathPolicy = "round-robin".parse()?;
+/// assert_eq!((p.name(), p.to_string()), ("round-robin", "round-robin".to_string()));
+/// assert_eq!("fastest".parse::<PathPolicy>(), Err(UnknownPathPolicy("fastest".into())));
+/// # Ok::<(), UnknownPathPolicy>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PathPolicy {
     /// Each request to the next usable path in turn. A slow path collects the commands (the fast one
@@ -53,7 +65,7 @@ pub enum PathPolicy {
 }
 
 impl PathPolicy {
-    /// Its name on the command line.
+    /// Its name on the command line. See [`PathPolicy`]'s example.
     pub fn name(self) -> &'static str {
         match self {
             PathPolicy::RoundRobin => "round-robin",
@@ -68,7 +80,7 @@ impl std::fmt::Display for PathPolicy {
     }
 }
 
-/// A name that is neither path policy ([`PathPolicy`]'s `FromStr`).
+/// A name that is neither path policy ([`PathPolicy`]'s `FromStr`). See [`PathPolicy`]'s example.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("path policy '{0}': must be round-robin or queue-depth")]
 pub struct UnknownPathPolicy(pub String);
@@ -86,6 +98,44 @@ impl std::str::FromStr for PathPolicy {
 }
 
 /// One subsystem attached through several paths.
+///
+/// # Examples
+///
+/// Two paths to one subsystem (our target, started in the hidden lines, listening on 127.0.0.1 and
+/// 127.0.0.2), and a queue pair over both:
+///
+/// ```
+/// # mod target { include!("doctest/target.rs"); }
+/// use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
+/// use nvpoll::mem::DmaPool;
+/// use nvpoll_tcp::host::ConnectOptions;
+/// use nvpoll_tcp::multipath::{MultipathController, PathPolicy};
+///
+/// # let second = "127.0.0.2:0".parse()?;
+/// # let t = target::start_with(|c| c.listener(second, nvpoll_target::TlsMode::Off))?;
+/// let pool = DmaPool::builder().class(4096, 64).build()?;
+/// let paths = t.addrs.iter().map(|&a| ConnectOptions::new(a, target::SUBNQN, target::HOSTNQN)).collect();
+/// let mut ctrl = MultipathController::connect(paths, pool.clone(), PathPolicy::RoundRobin)?;
+/// assert_eq!(ctrl.paths().len(), 2);
+/// assert_eq!(ctrl.policy(), PathPolicy::RoundRobin);
+///
+/// let mut qp = ctrl.connect_io_queue(16)?; // as Controller::create_queue_pair
+/// assert_eq!(qp.paths().len(), 2);
+/// assert!(qp.choose(1).is_some(), "a usable path for namespace 1");
+/// for tag in 0..8 {
+///     let req = IoRequest { op: IoOp::Read, nsid: 1, lba: tag, blocks: 1, buf: Some(pool.alloc(512)?), tag };
+///     qp.submit(req).map_err(|r| r.error)?;
+/// }
+/// qp.flush()?;
+/// while qp.outstanding() > 0 {
+///     qp.process_completions(16, |_, c| assert!(c.result.is_ok(), "{:?}", c.result))?;
+///     ctrl.poll_admin()?;
+/// }
+/// let stats = qp.multipath_stats();
+/// assert_eq!((stats.submitted, stats.ok), (8, 8));
+/// assert_eq!(stats.per_path, [4, 4], "round robin: half each");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct MultipathController {
     paths: Vec<TcpController>,
@@ -97,7 +147,7 @@ impl MultipathController {
     /// Attaches the subsystem through each of `paths` (the same subsystem NQN on each). Every path must
     /// attach and show the same namespaces (ID, block size, size). Each path's queue pairs fail their
     /// commands fast when their connection drops ([`Recovery::FailFast`]): the multipath queue pair decides
-    /// where they go next.
+    /// where they go next. See [`MultipathController`]'s example.
     pub fn connect(
         paths: Vec<ConnectOptions>,
         pool: DmaPool,
@@ -155,17 +205,18 @@ impl MultipathController {
         })
     }
 
-    /// The paths' controllers, in the order given.
+    /// The paths' controllers, in the order given. See [`MultipathController`]'s example.
     pub fn paths(&self) -> &[TcpController] {
         &self.paths
     }
 
-    /// The path policy of its queue pairs.
+    /// The path policy of its queue pairs. See [`MultipathController`]'s example.
     pub fn policy(&self) -> PathPolicy {
         self.policy
     }
 
-    /// Connects one I/O queue pair of `depth` on every path and joins them.
+    /// Connects one I/O queue pair of `depth` on every path and joins them. See [`MultipathController`]'s
+    /// example.
     pub fn connect_io_queue(&mut self, depth: u16) -> Result<MultipathQueuePair, Error> {
         let mut qps = Vec::with_capacity(self.paths.len());
         for c in &mut self.paths {
@@ -246,7 +297,7 @@ impl Controller for MultipathController {
     }
 }
 
-/// Counters of a multipath queue pair, cumulative.
+/// Counters of a multipath queue pair, cumulative. See [`MultipathController`]'s example.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MultipathStats {
     /// Requests accepted.
@@ -286,7 +337,8 @@ struct Request {
     last_error: Option<nvpoll::Error>,
 }
 
-/// A queue pair over every path of a [`MultipathController`]; see the module documentation.
+/// A queue pair over every path of a [`MultipathController`]; see the module documentation, and
+/// [`MultipathController`]'s example.
 #[derive(Debug)]
 pub struct MultipathQueuePair {
     paths: Vec<TcpQueuePair>,
@@ -338,18 +390,18 @@ impl MultipathQueuePair {
         }
     }
 
-    /// Its counters.
+    /// Its counters. See [`MultipathController`]'s example.
     pub fn multipath_stats(&self) -> MultipathStats {
         self.stats.clone()
     }
 
-    /// The path queue pairs, in path order.
+    /// The path queue pairs, in path order. See [`MultipathController`]'s example.
     pub fn paths(&self) -> &[TcpQueuePair] {
         &self.paths
     }
 
     /// The path a request to `nsid` would take now, if any is usable. One pass over the paths, no allocation:
-    /// this runs for every request.
+    /// this runs for every request. See [`MultipathController`]'s example.
     pub fn choose(&mut self, nsid: u32) -> Option<usize> {
         let n = self.paths.len();
         // (rank, tie-break key, path): the lowest wins. Rank 0 optimized, 1 non-optimized; the key is the

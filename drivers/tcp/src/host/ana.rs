@@ -14,6 +14,22 @@ use crate::Error;
 /// A path's ANA states as the host knows them: the group of each namespace (from Identify Namespace) and each
 /// group's state (from the ANA log, or from a command's path status since). Without ANA reporting every
 /// namespace is optimized.
+///
+/// # Examples
+///
+/// ```
+/// use nvpoll::spec::AnaState;
+/// use nvpoll_tcp::host::AnaView;
+///
+/// let view = AnaView {
+///     reported: true,
+///     groups: vec![(1, 10), (2, 20)],
+///     states: vec![(10, AnaState::Optimized), (20, AnaState::Inaccessible)],
+/// };
+/// assert_eq!(view.state_of(2), AnaState::Inaccessible);
+/// assert_eq!(view.state_of(9), AnaState::Optimized, "a namespace no group lists");
+/// assert_eq!(AnaView::default().state_of(2), AnaState::Optimized, "without ANA reporting");
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AnaView {
     /// Whether the controller reports ANA (CMIC bit 3).
@@ -26,7 +42,7 @@ pub struct AnaView {
 
 impl AnaView {
     /// The state of the group of namespace `nsid` on this path: optimized without ANA reporting, or for a
-    /// group the log did not list.
+    /// group the log did not list. See [`AnaView`]'s example.
     pub fn state_of(&self, nsid: u32) -> AnaState {
         if !self.reported {
             return AnaState::Optimized;

@@ -21,6 +21,62 @@ use crate::queue::{DataDir, HostQueue};
 use crate::Error;
 
 /// An attached NVMe/TCP controller.
+///
+/// # Examples
+///
+/// Attach to a target (ours, started in the hidden lines, which require TLS), look at the controller, and
+/// write and read a block through a queue pair:
+///
+/// ```
+/// # mod target { include!("../doctest/target.rs"); }
+/// use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
+/// use nvpoll::mem::DmaPool;
+/// use nvpoll_tcp::host::{ConnectOptions, TcpController};
+/// use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
+///
+/// let key = ConfiguredKey::parse("NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:")?;
+/// # let keys = [(target::HOSTNQN.to_string(), key.clone())];
+/// # let t = target::start_with(|mut c| {
+/// #     c.tls = Some(nvpoll_target::TargetTls::with_host_keys(true, &keys, &[target::SUBNQN.to_string()]));
+/// #     c
+/// # })?;
+/// let pool = DmaPool::builder().class(4096, 64).build()?;
+/// let opts = ConnectOptions::new(t.addr, target::SUBNQN, target::HOSTNQN).with_tls_key(&key, IdentityVersion::V1);
+/// let mut ctrl = TcpController::connect(opts, pool.clone())?;
+/// assert!(ctrl.is_live());
+/// assert!(ctrl.io_queues_allowed() >= 1);
+/// println!("controller {} (NVMe {:?}), CAP {:?}, CQT {:?}", ctrl.cntlid(), ctrl.vs(), ctrl.cap(), ctrl.cqt());
+/// assert_eq!(ctrl.options().subnqn, target::SUBNQN);
+/// assert!(!ctrl.ana().reported || ctrl.ana().groups.len() == ctrl.namespaces().len());
+/// let ns = ctrl.namespace(1).ok_or("no namespace 1")?.clone();
+///
+/// let mut qp = ctrl.connect_io_queue(32)?; // as Controller::create_queue_pair
+/// let mut data = ctrl.pool().alloc(4096)?;
+/// data.fill(0x42);
+/// let blocks = 4096 / ns.block_size;
+/// qp.submit(IoRequest { op: IoOp::Write, nsid: 1, lba: 0, blocks, buf: Some(data), tag: 1 })
+///     .map_err(|r| r.error)?;
+/// qp.flush()?;
+/// while qp.outstanding() > 0 {
+///     qp.process_completions(16, |_, c| assert!(c.result.is_ok(), "{:?}", c.result))?;
+///     ctrl.poll_admin()?; // keep-alive, reconnects: a few times a second
+/// }
+/// qp.submit(IoRequest { op: IoOp::Read, nsid: 1, lba: 0, blocks, buf: Some(pool.alloc(4096)?), tag: 2 })
+///     .map_err(|r| r.error)?;
+/// qp.flush()?;
+/// let mut read = None;
+/// while read.is_none() {
+///     qp.process_completions(16, |_, c| read = Some(c))?;
+/// }
+/// let read = read.ok_or("no completion")?;
+/// read.result?;
+/// assert!(read.buf.ok_or("no buffer")?.iter().all(|&b| b == 0x42));
+///
+/// assert_eq!((ctrl.reconnects(), ctrl.aborts_sent()), (0, 0));
+/// drop(qp);
+/// ctrl.shutdown()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct TcpController {
     opts: ConnectOptions,
@@ -66,6 +122,26 @@ enum CtrlState {
 impl TcpController {
     /// Connects the admin queue and brings the controller up: ICReq, Fabrics Connect, CAP/VS, CC.EN and
     /// CSTS.RDY, Identify Controller, Number of Queues, and Identify of every active namespace.
+    ///
+    /// # Examples
+    ///
+    /// Nothing listening: the connect fails, and says so.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nvpoll::mem::DmaPool;
+    /// use nvpoll_tcp::host::{ConnectOptions, TcpController};
+    ///
+    /// let pool = DmaPool::builder().class(4096, 16).build()?;
+    /// let free = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?; // closed again at once
+    /// let mut opts = ConnectOptions::new(free, "nqn.2024-01.io.example:sub", "nqn.2024-01.io.example:host");
+    /// opts.timeout = Duration::from_secs(1);
+    /// let err = TcpController::connect(opts, pool).unwrap_err();
+    /// println!("{err}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// A successful one is [`TcpController`]'s example.
     pub fn connect(mut opts: ConnectOptions, pool: DmaPool) -> Result<TcpController, Error> {
         let a = bring_up(&opts, &pool)?;
         if a.generated_tls.is_some() {
@@ -91,26 +167,31 @@ impl TcpController {
     }
 
     /// Controller ID assigned by the target.
+    /// See [`TcpController`]'s example.
     pub fn cntlid(&self) -> u16 {
         self.att.cntlid
     }
 
     /// The Capabilities register.
+    /// See [`TcpController`]'s example.
     pub fn cap(&self) -> spec::Cap {
         self.att.cap
     }
 
     /// The Version register.
+    /// See [`TcpController`]'s example.
     pub fn vs(&self) -> spec::Vs {
         self.att.vs
     }
 
     /// How many I/O queues the controller granted.
+    /// See [`TcpController`]'s example.
     pub fn io_queues_allowed(&self) -> u16 {
         self.att.io_queues_allowed
     }
 
     /// The DMA pool that buffers for this controller come from.
+    /// See [`TcpController`]'s example.
     pub fn pool(&self) -> &DmaPool {
         &self.pool
     }
@@ -123,6 +204,7 @@ impl TcpController {
     /// never waits on the network; queue pairs follow on their own reactors. With ANA reporting it reads the
     /// ANA log every `ana_refresh` and whenever a queue pair saw a path status. Returns an error only once the
     /// controller is given up.
+    /// See [`TcpController`]'s example.
     pub fn poll_admin(&mut self) -> Result<(), Error> {
         match self.state {
             CtrlState::Dead => return Err(GIVEN_UP),
@@ -291,37 +373,44 @@ impl TcpController {
     }
 
     /// What this controller reports of ANA, as last read.
+    /// See [`TcpController`]'s example.
     pub fn ana(&self) -> AnaView {
         self.att.ana.clone()
     }
 
     /// The Command Quiesce Time it reports (NVMe 2.1), zero if none.
+    /// See [`TcpController`]'s example.
     pub fn cqt(&self) -> Duration {
         Duration::from_millis(u64::from(self.att.info.identify.cqt))
     }
 
     /// The options it was attached with.
+    /// See [`TcpController`]'s example.
     pub fn options(&self) -> &ConnectOptions {
         &self.opts
     }
 
     /// Whether the admin connection is up (not reconnecting, not given up).
+    /// See [`TcpController`]'s example.
     pub fn is_live(&self) -> bool {
         self.state == CtrlState::Live
     }
 
     /// Successful reconnects so far.
+    /// See [`TcpController`]'s example.
     pub fn reconnects(&self) -> u64 {
         self.shared.reconnects.load(Ordering::Relaxed)
     }
 
     /// Abort commands sent for timed-out commands so far.
+    /// See [`TcpController`]'s example.
     pub fn aborts_sent(&self) -> u64 {
         self.shared.aborts_sent.load(Ordering::Relaxed)
     }
 
     /// Shuts the controller down (CC.SHN normal, waiting for CSTS.SHST complete up to the step timeout) and
     /// closes the admin connection.
+    /// See [`TcpController`]'s example.
     pub fn shutdown(mut self) -> Result<(), Error> {
         let t = self.opts.timeout;
         let mut cc = spec::Cc(property_get(&mut self.att.admin, spec::reg::CC, false, t)? as u32);
@@ -388,6 +477,19 @@ impl TcpController {
     /// does when a new secret is written to sysfs), with new keys if `dhchap` gives them; I/O queues
     /// connected later (and reconnects) use them too. The controller must have asked for authentication,
     /// or at least accept it for this host.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(ctrl: &mut nvpoll_tcp::host::TcpController) -> Result<(), nvpoll_tcp::Error> {
+    /// use nvpoll_tcp::dhchap::{host::HostAuth, Secret};
+    ///
+    /// // Needs a controller that authenticates this host: the new secret is tried on the admin queue now.
+    /// let secret = Secret::parse("DHHC-1:01:WulleCBkG4oCs0iIC3Cit9gBDCLWiZ9PNXuhqytWkBIZkvGy:")
+    ///     .map_err(|e| nvpoll_tcp::Error::InvalidArgument(e.to_string()))?;
+    /// ctrl.reauthenticate(Some(HostAuth::new(secret, None)))?;
+    /// # Ok(()) }
+    /// ```
     pub fn reauthenticate(
         &mut self,
         dhchap: Option<crate::dhchap::host::HostAuth>,
@@ -404,6 +506,7 @@ impl TcpController {
     }
 
     /// Connects one more I/O queue pair of the given depth.
+    /// See [`TcpController`]'s example.
     pub fn connect_io_queue(&mut self, depth: u16) -> Result<TcpQueuePair, Error> {
         if self.next_qid > self.att.io_queues_allowed {
             return Err(Error::InvalidArgument(format!(

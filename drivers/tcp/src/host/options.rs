@@ -14,6 +14,36 @@ pub const DEFAULT_MAX_TRANSFER: u32 = 1024 * 1024;
 pub const DEFAULT_IO_QUEUES: u16 = 1024;
 
 /// How to reach and attach a controller.
+///
+/// # Examples
+///
+/// Defaults from [`ConnectOptions::new`], then the fields and setters for what differs:
+///
+/// ```
+/// use std::time::Duration;
+/// use nvpoll_tcp::host::{ConnectOptions, Recovery};
+/// use nvpoll_tcp::tls::{ConfiguredKey, IdentityVersion};
+///
+/// let hostnqn = "nqn.2014-08.org.nvmexpress:uuid:123e4567-e89b-12d3-a456-426614174000";
+/// let mut opts = ConnectOptions::new("192.0.2.7:4420".parse()?, "nqn.2024-01.io.example:sub", hostnqn);
+/// assert_eq!(opts.kato, Duration::from_secs(10));
+/// assert_eq!(opts.recovery, Recovery::Retry);
+/// opts.header_digest = true;
+/// opts.ctrl_loss_tmo = Duration::from_secs(10);
+/// opts.recovery = Recovery::FailFast; // fail outstanding commands at once when the connection drops
+///
+/// // TLS with a configured PSK (a test key, not a secret):
+/// let key = ConfiguredKey::parse("NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:")?;
+/// let tls = opts.clone().with_tls_key(&key, IdentityVersion::V1);
+/// assert!(tls.tls.is_some());
+/// let verbatim = opts.clone().with_tls_identity(&key, "NVMe0R01 host subsystem");
+/// assert!(verbatim.tls.is_some());
+///
+/// // DH-HMAC-CHAP, the host's secret only (a test secret):
+/// let auth = opts.with_dhchap("DHHC-1:01:WulleCBkG4oCs0iIC3Cit9gBDCLWiZ9PNXuhqytWkBIZkvGy:", None)?;
+/// assert!(auth.dhchap.is_some());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct ConnectOptions {
     /// Target address.
@@ -76,6 +106,8 @@ pub struct ConnectOptions {
 ///
 /// In both cases a command completes exactly once, and a write completes successfully only when the target
 /// acknowledged it on a live connection.
+///
+/// See [`ConnectOptions`]' example.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Recovery {
     /// Keep them and submit them again on the new connection after the reconnect (as the Linux host does);
@@ -90,6 +122,24 @@ impl ConnectOptions {
     /// Options for a `trtype:tcp` transport ID, with the defaults of [`ConnectOptions::new`]. The host NQN is
     /// `hostnqn` if given, else the transport ID's `hostnqn:`, else this machine's (see
     /// [`nvpoll::trid::default_hostnqn`]); the host ID comes from the host NQN's UUID or `/etc/nvme/hostid`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nvpoll::trid::{parse_uuid, TransportId};
+    /// use nvpoll_tcp::host::ConnectOptions;
+    ///
+    /// let trid: TransportId = "trtype:tcp traddr:192.0.2.7 subnqn:nqn.2024-01.io.example:sub".parse()?;
+    /// let hostnqn = "nqn.2014-08.org.nvmexpress:uuid:123e4567-e89b-12d3-a456-426614174000";
+    /// let opts = ConnectOptions::from_trid(&trid, Some(hostnqn))?;
+    /// assert_eq!(opts.addr.port(), 4420);
+    /// assert_eq!(opts.subnqn, "nqn.2024-01.io.example:sub");
+    /// assert_eq!(Some(opts.hostid), parse_uuid("123e4567-e89b-12d3-a456-426614174000"));
+    ///
+    /// let pcie: TransportId = "trtype:pcie traddr:0000:00:04.0".parse()?;
+    /// assert!(ConnectOptions::from_trid(&pcie, Some(hostnqn)).is_err(), "not NVMe/TCP");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn from_trid(
         trid: &nvpoll::trid::TransportId,
         hostnqn: Option<&str>,
@@ -123,7 +173,7 @@ impl ConnectOptions {
     /// Options with defaults: no digests, KATO 10 s, 5 s per step, admin depth 32, 1024 I/O queues asked for
     /// (the controller grants what it has), 1 MiB transfers, reconnect
     /// every 2 s for up to 60 s, 30 s command timeout, outstanding commands retried after a reconnect, the ANA
-    /// log read every second, the system's TCP congestion control.
+    /// log read every second, the system's TCP congestion control. See [`ConnectOptions`]' example.
     pub fn new(addr: SocketAddr, subnqn: impl Into<String>, hostnqn: impl Into<String>) -> Self {
         ConnectOptions {
             addr,
@@ -151,7 +201,16 @@ impl ConnectOptions {
 
     /// Authenticates with DH-HMAC-CHAP: the host's secret and, to authenticate the controller too, the
     /// controller's, both in the `DHHC-1:hh:<base64>:` form (nvme-cli's `--dhchap-secret` and
-    /// `--dhchap-ctrl-secret`). Every hash and DH group is offered.
+    /// `--dhchap-ctrl-secret`). Every hash and DH group is offered. See [`ConnectOptions`]' example; a
+    /// secret not in that form is refused:
+    ///
+    /// ```
+    /// use nvpoll_tcp::host::ConnectOptions;
+    ///
+    /// let opts = ConnectOptions::new("192.0.2.7:4420".parse()?, "nqn.2024-01.io.example:sub", "nqn.2024-01.io.example:host");
+    /// assert!(opts.with_dhchap("secret", None).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn with_dhchap(mut self, secret: &str, ctrl_secret: Option<&str>) -> Result<Self, Error> {
         use crate::dhchap::Secret;
         let secret =
@@ -166,6 +225,19 @@ impl ConnectOptions {
 
     /// Turns on TLS from command-line style arguments: `key` in the interchange format, and either an identity
     /// given directly or the identity version (0 or 1) to derive.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nvpoll_tcp::host::ConnectOptions;
+    ///
+    /// let opts = ConnectOptions::new("192.0.2.7:4420".parse()?, "nqn.2024-01.io.example:sub", "nqn.2024-01.io.example:host");
+    /// let key = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:"; // a test key
+    /// let derived = opts.clone().with_psk_args(key, None, 1)?;
+    /// assert!(derived.tls.is_some());
+    /// assert!(opts.with_psk_args("NVMeTLSkey-1:01:short:", None, 1).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn with_psk_args(
         self,
         key: &str,
@@ -189,6 +261,7 @@ impl ConnectOptions {
 
     /// Turns on TLS with a configured PSK and an identity given directly (for instance one a target expects
     /// verbatim): the TLS PSK is derived from the key's retained PSK with that identity as context.
+    /// See [`ConnectOptions`]' example.
     pub fn with_tls_identity(mut self, key: &crate::tls::ConfiguredKey, identity: &str) -> Self {
         let retained = key.retained(&self.hostnqn, crate::tls::Derivation::Rfc8446);
         self.tls = Some(crate::tls::ClientConfig::new(
@@ -200,6 +273,7 @@ impl ConnectOptions {
 
     /// Turns on TLS with a configured PSK (`NVMeTLSkey-1:...`): the identity and TLS PSK are derived for this
     /// host and subsystem (RFC 8446 derivation), and every queue uses the same identity.
+    /// See [`ConnectOptions`]' example, and [`TcpController`](super::TcpController)'s (TLS against our target).
     pub fn with_tls_key(
         mut self,
         key: &crate::tls::ConfiguredKey,

@@ -18,6 +18,8 @@ use crate::queue::{DataDir, Done, HostQueue, Orphan, Parked, EXPIRED};
 use crate::Error;
 
 /// Counters of a queue pair's recovery.
+///
+/// See [`TcpQueuePair`]'s example.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecoveryStats {
     /// Times the queue pair lost its connection.
@@ -66,6 +68,42 @@ enum QueueState {
 }
 
 /// An NVMe/TCP I/O queue pair. It survives connection loss: see [`Recovery`].
+///
+/// # Examples
+///
+/// Against our target (started in the hidden lines): a queue pair's own accessors beside the
+/// [`QueuePair`](nvpoll::api::QueuePair) methods (those are in [`TcpController`](super::TcpController)'s
+/// example).
+///
+/// ```
+/// # mod target { include!("../doctest/target.rs"); }
+/// use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
+/// use nvpoll::mem::DmaPool;
+/// use nvpoll::spec::{AnaState, Status};
+/// use nvpoll_tcp::host::{ConnectOptions, TcpController};
+///
+/// # let t = target::start()?;
+/// let pool = DmaPool::builder().class(4096, 16).build()?;
+/// let mut ctrl = TcpController::connect(ConnectOptions::new(t.addr, target::SUBNQN, target::HOSTNQN), pool)?;
+/// let mut qp = ctrl.create_queue_pair(16)?;
+/// assert!(qp.is_connected());
+/// assert!(qp.qid() >= 1, "I/O queues are numbered from 1");
+/// assert_eq!(qp.ana_state(1), AnaState::Optimized, "no ANA reporting: every namespace optimized");
+/// println!("{:?} before a lost path's commands may run elsewhere", qp.quiesce_time());
+///
+/// qp.submit(IoRequest { op: IoOp::Flush, nsid: 1, lba: 0, blocks: 0, buf: None, tag: 0 }).map_err(|r| r.error)?;
+/// qp.flush()?;
+/// while qp.outstanding() > 0 {
+///     qp.process_completions(16, |_, c| assert!(c.result.is_ok()))?;
+/// }
+/// assert!(qp.conn_stats().pdus_tx >= 1);
+/// assert_eq!(qp.recovery_stats().losses, 0);
+/// assert!(qp.stats().commands >= 1);
+///
+/// // A path status seen on a command (here made up) changes the path's state at once for every queue pair.
+/// qp.note_path_status(1, Status::TRANSIENT_TRANSPORT_ERROR);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct TcpQueuePair {
     state: QueueState,
@@ -114,6 +152,7 @@ impl TcpQueuePair {
 
     /// The ANA state of namespace `nsid` on this queue pair's path, as of its last poll (optimized for a
     /// controller that reports no ANA).
+    /// See [`TcpQueuePair`]'s example.
     pub fn ana_state(&self, nsid: u32) -> AnaState {
         if self.ana_gen == u64::MAX {
             return self.shared_ana().state_of(nsid);
@@ -137,6 +176,7 @@ impl TcpQueuePair {
     /// A command on namespace `nsid` failed with `status`, a path status: if it names an ANA state (the
     /// group is inaccessible, lost or changing on this path), every queue pair of the controller takes that
     /// state at once, and the controller reads the ANA log again at its next admin poll.
+    /// See [`TcpQueuePair`]'s example.
     pub fn note_path_status(&mut self, nsid: u32, status: spec::Status) {
         let state = if status.sct() != spec::sct::PATH {
             return;
@@ -157,6 +197,7 @@ impl TcpQueuePair {
     /// (the target tears a silent controller down after it) plus the Command Quiesce Time it reports. A
     /// command whose fate the loss left unknown may run elsewhere only after that, or a late copy of it could
     /// overwrite newer data (spdk#3593).
+    /// See [`TcpQueuePair`]'s example.
     pub fn quiesce_time(&self) -> Duration {
         self.link.opts.kato + self.link.cqt
     }
@@ -178,11 +219,13 @@ impl TcpQueuePair {
     }
 
     /// Counters of this queue's current connection (zero while reconnecting).
+    /// See [`TcpQueuePair`]'s example.
     pub fn conn_stats(&self) -> crate::conn::ConnStats {
         self.live().map(HostQueue::conn_stats).unwrap_or_default()
     }
 
     /// Counters of the recovery: losses, reconnects, retried and failed commands, timeouts.
+    /// See [`TcpQueuePair`]'s example.
     pub fn recovery_stats(&self) -> RecoveryStats {
         RecoveryStats {
             failed: self.recovery.failed + self.live().map_or(0, HostQueue::commands_failed),
@@ -191,11 +234,13 @@ impl TcpQueuePair {
     }
 
     /// Whether the queue pair has a live connection.
+    /// See [`TcpQueuePair`]'s example.
     pub fn is_connected(&self) -> bool {
         self.live().is_some_and(|q| q.failure().is_none())
     }
 
     /// Queue ID.
+    /// See [`TcpQueuePair`]'s example.
     pub fn qid(&self) -> u16 {
         self.link.qid
     }
