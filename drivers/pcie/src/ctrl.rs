@@ -49,6 +49,8 @@ const RESET_ATTEMPTS: u32 = 3;
 const RESET_BACKOFF: Duration = Duration::from_millis(250);
 
 /// Options for attaching a controller.
+///
+/// See [`PcieController`]'s example and [`PcieController::open`]'s.
 #[derive(Clone, Debug)]
 pub struct PcieOptions {
     /// Admin queue depth (commands; the queues get one slot more).
@@ -100,6 +102,8 @@ impl Default for PcieOptions {
 }
 
 /// Controller-level counters.
+///
+/// See [`PcieController`]'s example.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtrlStats {
     /// Admin commands run.
@@ -116,6 +120,47 @@ pub struct CtrlStats {
 const STUCK: u64 = u64::MAX;
 
 /// An NVMe controller driven from user space over PCIe.
+///
+/// # Examples
+///
+/// A real controller is opened with [`PcieController::open`] (vfio-pci and an IOMMU: see its example).
+/// This one runs against the memory-backed stand-in device of the `fake` feature (test support, enabled for
+/// this crate's tests), through [`PcieController::attach`], which `open` calls with the VFIO device:
+///
+/// ```
+/// use std::sync::Arc;
+/// use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
+/// use nvpoll::mem::DmaPool;
+/// use nvpoll_pcie::fake::{FakeConfig, FakeDevice};
+/// use nvpoll_pcie::{PcieController, PcieOptions, QueueOptions};
+///
+/// let pool = DmaPool::builder().class(4096, 64).build()?;
+/// let dev = Arc::new(FakeDevice::new(FakeConfig::default()));
+/// let mut ctrl = PcieController::attach(dev, pool.clone(), PcieOptions::default())?;
+/// println!("NVMe {:?}, CAP {:?}, {} I/O queues granted", ctrl.vs(), ctrl.cap(), ctrl.io_queues_granted());
+/// assert!(Arc::strong_count(ctrl.device()) >= 1);
+/// let ns = ctrl.namespace(1).ok_or("no namespace 1")?.clone();
+///
+/// let mut qp = ctrl.create_queue_pair_with(QueueOptions { batch: 16, ..QueueOptions::new(64) })?;
+/// let blocks = 4096 / ns.block_size;
+/// let req = IoRequest { op: IoOp::Read, nsid: 1, lba: 0, blocks, buf: Some(ctrl.pool().alloc(4096)?), tag: 7 };
+/// qp.submit(req).map_err(|r| r.error)?;
+/// qp.flush()?; // one doorbell write
+/// let mut done = None;
+/// while done.is_none() {
+///     qp.process_completions(16, |_, c| done = Some(c))?;
+/// }
+/// done.ok_or("no completion")?.result?;
+///
+/// assert!(!ctrl.poll_admin()?, "healthy: no reset");
+/// ctrl.reset()?; // the queue pair re-creates its queues on its next poll
+/// assert_eq!(ctrl.stats().resets, 1);
+/// assert!(ctrl.admin_stats().submitted > 0);
+/// assert!(!ctrl.is_removed());
+/// drop(qp);
+/// ctrl.shutdown()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct PcieController<D: Device = VfioDevice> {
     dev: Arc<D>,
     /// Shared with the queue pairs, which re-create their queues through it after a reset.
@@ -154,6 +199,24 @@ impl<D: Device> fmt::Debug for PcieController<D> {
 impl PcieController<VfioDevice> {
     /// Opens the controller at `bdf` (bound to vfio-pci) through VFIO, maps `pool` for DMA (the data
     /// buffers of I/O must come from it), and brings the controller up.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use nvpoll::api::Controller;
+    /// use nvpoll::mem::{DmaPool, HugepageMode};
+    /// use nvpoll_pcie::{PcieController, PcieOptions};
+    ///
+    /// // Needs a controller bound to vfio-pci (nvpoll-setup), an IOMMU, and hugepages.
+    /// let pool = DmaPool::builder().class(4096, 1024).hugepages(HugepageMode::Require).build()?;
+    /// let opts = PcieOptions { io_queues: 4, ..PcieOptions::default() };
+    /// let mut ctrl = PcieController::open("0000:00:04.0".parse()?, pool, opts)?;
+    /// println!("{} namespaces, {:?}", ctrl.namespaces().len(), ctrl.identify().model);
+    /// let qp = ctrl.create_queue_pair(128)?;
+    /// drop(qp);
+    /// ctrl.shutdown()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn open(
         bdf: PciAddress,
         pool: DmaPool,
@@ -198,6 +261,7 @@ fn wait_csts<D: Device>(
 impl<D: Device> PcieController<D> {
     /// Brings up the controller behind `dev`: maps `pool` for DMA, resets and enables the controller, and
     /// identifies it and its namespaces.
+    /// See [`PcieController`]'s example.
     pub fn attach(
         dev: Arc<D>,
         pool: DmaPool,
@@ -482,41 +546,49 @@ impl<D: Device> PcieController<D> {
     }
 
     /// The Capabilities register.
+    /// See [`PcieController`]'s example.
     pub fn cap(&self) -> Cap {
         self.cap
     }
 
     /// The Version register.
+    /// See [`PcieController`]'s example.
     pub fn vs(&self) -> Vs {
         self.vs
     }
 
     /// How many I/O queues the controller granted.
+    /// See [`PcieController`]'s example.
     pub fn io_queues_granted(&self) -> u16 {
         self.io_queues_granted
     }
 
     /// The pool data buffers come from.
+    /// See [`PcieController`]'s example.
     pub fn pool(&self) -> &DmaPool {
         &self.pool
     }
 
     /// The device under the controller.
+    /// See [`PcieController`]'s example.
     pub fn device(&self) -> &Arc<D> {
         &self.dev
     }
 
     /// Controller-level counters.
+    /// See [`PcieController`]'s example.
     pub fn stats(&self) -> CtrlStats {
         self.stats
     }
 
     /// The admin queue's counters.
+    /// See [`PcieController`]'s example.
     pub fn admin_stats(&self) -> crate::QueueStats {
         self.aq().stats
     }
 
     /// Creates an I/O queue pair with the given options (see [`QueueOptions`]).
+    /// See [`PcieController`]'s example.
     pub fn create_queue_pair_with(&mut self, qo: QueueOptions) -> Result<PcieQueuePair<D>, Error> {
         self.ensure_running()?;
         self.process_retired(false);
@@ -684,6 +756,7 @@ impl<D: Device> PcieController<D> {
     /// poll, see [`crate::Recovery`]), and an error once the controller is lost for good:
     /// [`Error::Removed`] when the device is gone or the kernel asked for it back (then the device has been
     /// released, see [`Device::release`]), the reset's error when it could not be brought back.
+    /// See [`PcieController`]'s example.
     pub fn poll_admin(&mut self) -> Result<bool, Error> {
         self.ensure_running()?;
         if self.dev.release_requested() {
@@ -709,6 +782,7 @@ impl<D: Device> PcieController<D> {
     }
 
     /// Whether the controller was given up as removed (and its device released).
+    /// See [`PcieController`]'s example.
     pub fn is_removed(&self) -> bool {
         self.shared.state.load() == CtrlState::Removed
     }
@@ -738,6 +812,7 @@ impl<D: Device> PcieController<D> {
     /// pairs then re-create their queues on their next poll and go on by their [`crate::Recovery`] policy.
     /// If the controller cannot be brought back (or is removed) it is lost: every queue pair fails its
     /// commands, and this returns the error.
+    /// See [`PcieController`]'s example.
     pub fn reset(&mut self) -> Result<(), Error> {
         self.ensure_running()?;
         let mut last = None;
@@ -784,6 +859,7 @@ impl<D: Device> PcieController<D> {
 
     /// Shuts the controller down (CC.SHN normal, waiting for CSTS.SHST complete) and unmaps its DMA memory.
     /// Queue pairs still alive fail their outstanding commands with [`nvpoll::Error::Aborted`].
+    /// See [`PcieController`]'s example.
     pub fn shutdown(mut self) -> Result<(), Error> {
         self.shutdown_inner()
     }

@@ -48,6 +48,8 @@ use crate::vfio::VfioDevice;
 /// successfully only if the device reported it done (before or after the reset), and nothing is handed back
 /// while the device may still write its buffer. If the device is removed or the controller cannot be
 /// brought back, every command fails and later submits are refused, whatever the policy.
+///
+/// See [`PcieQueuePair`]'s example.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Recovery {
     /// Keep the commands that were outstanding, with their buffers and tags, and submit them again on the
@@ -64,6 +66,8 @@ pub enum Recovery {
 }
 
 /// Counters of a queue pair's recovery from controller resets, cumulative since it was created.
+///
+/// See [`PcieQueuePair`]'s example.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecoveryStats {
     /// Controller resets the queue pair went through.
@@ -83,6 +87,8 @@ pub struct RecoveryStats {
 }
 
 /// Options of one I/O queue pair.
+///
+/// See [`crate::PcieController`]'s example.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueueOptions {
     /// Commands that may be outstanding at once (the submission queue gets one slot more).
@@ -103,7 +109,7 @@ pub struct QueueOptions {
 }
 
 impl QueueOptions {
-    /// A queue pair of `depth` commands with the defaults.
+    /// A queue pair of `depth` commands with the defaults. See [`crate::PcieController`]'s example.
     pub fn new(depth: u16) -> QueueOptions {
         QueueOptions {
             depth,
@@ -150,6 +156,40 @@ const RECREATE_ATTEMPTS: u32 = 3;
 /// [`crate::PcieController::create_queue_pair_with`]), move it to its reactor, and drive it through
 /// [`nvpoll::api::QueuePair`]. It survives controller resets by its [`Recovery`] policy. Dropping it hands
 /// its memory back to the controller, which deletes the queues on the device before freeing it.
+///
+/// # Examples
+///
+/// Its own accessors, on the memory-backed stand-in device of the `fake` feature (see
+/// [`crate::PcieController`]'s example), across a controller reset:
+///
+/// ```
+/// use std::sync::Arc;
+/// use nvpoll::api::{Controller, IoOp, IoRequest, QueuePair};
+/// use nvpoll::mem::DmaPool;
+/// use nvpoll_pcie::fake::{FakeConfig, FakeDevice};
+/// use nvpoll_pcie::{PcieController, PcieOptions, Recovery};
+///
+/// let pool = DmaPool::builder().class(4096, 16).build()?;
+/// let dev = Arc::new(FakeDevice::new(FakeConfig::default()));
+/// let mut ctrl = PcieController::attach(dev, pool, PcieOptions::default())?;
+/// let mut qp = ctrl.create_queue_pair(32)?;
+/// assert!(qp.qid() >= 1);
+/// assert_eq!(qp.recovery(), Recovery::Retry, "the default");
+/// assert!(!qp.has_interrupt(), "polled only: no interrupts asked for");
+/// assert_eq!(qp.interrupt_waits(), 0);
+///
+/// ctrl.reset()?;
+/// qp.submit(IoRequest { op: IoOp::Flush, nsid: 1, lba: 0, blocks: 0, buf: None, tag: 0 }).map_err(|r| r.error)?;
+/// qp.flush()?;
+/// while qp.outstanding() > 0 {
+///     qp.process_completions(16, |_, c| assert!(c.result.is_ok()))?;
+/// }
+/// assert!(!qp.is_recovering());
+/// assert_eq!(qp.recovery_stats().resets, 1, "its queues were re-created after the reset");
+/// assert!(qp.failure().is_none());
+/// println!("{:?}", qp.stats());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct PcieQueuePair<D: Device = VfioDevice> {
     q: Queue<D>,
     batch: usize,
@@ -238,42 +278,50 @@ impl<D: Device> PcieQueuePair<D> {
     }
 
     /// Whether its completions raise an interrupt its reactor can sleep on ([`crate::PcieOptions::interrupts`]).
+    /// See [`PcieQueuePair`]'s example.
     pub fn has_interrupt(&self) -> bool {
         self.irq.is_some()
     }
 
     /// Times it let its reactor sleep with commands outstanding, to be woken by its interrupt.
+    /// See [`PcieQueuePair`]'s example.
     pub fn interrupt_waits(&self) -> u64 {
         self.irq_waits.load(Ordering::Relaxed)
     }
 
     /// Queue ID.
+    /// See [`PcieQueuePair`]'s example.
     pub fn qid(&self) -> u16 {
         self.q.qid()
     }
 
     /// The queue's counters.
+    /// See [`PcieQueuePair`]'s example.
     pub fn stats(&self) -> QueueStats {
         self.q.stats
     }
 
     /// Counters of the recovery from controller resets.
+    /// See [`PcieQueuePair`]'s example.
     pub fn recovery_stats(&self) -> RecoveryStats {
         self.rstats
     }
 
     /// The recovery policy of this queue pair.
+    /// See [`PcieQueuePair`]'s example.
     pub fn recovery(&self) -> Recovery {
         self.recovery
     }
 
     /// Whether the queue pair is waiting for a controller reset to complete (its commands are held, or
     /// refused with [`Recovery::FailFast`]).
+    /// See [`PcieQueuePair`]'s example.
     pub fn is_recovering(&self) -> bool {
         self.link == Link::Waiting
     }
 
     /// Why the queue pair failed for good, if it did.
+    /// See [`PcieQueuePair`]'s example.
     pub fn failure(&self) -> Option<nvpoll::Error> {
         self.q.failure().map(Failure::to_error)
     }
