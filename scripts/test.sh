@@ -42,6 +42,8 @@ scripts/check-help.sh
 step "the docs: every page reached, every link found, every command's binary, flags, bench and script present"
 scripts/check-docs.sh
 scripts/check-doc-commands.sh
+step "the embedder's API keeps its examples (scripts/check-doc-examples.sh; nightly rustdoc, skipped without it)"
+scripts/check-doc-examples.sh
 step "a refused Connect says why in perf, identify and hello_world"
 scripts/check-refused-connect.sh
 step "the C interface from C: the example plain and with TLS, under valgrind (scripts/capi-test.sh)"

@@ -184,6 +184,8 @@ impl SendPolicy {
     /// SPDK's target (2-vCPU VM, six paired 3 s rounds): deferred writes gave 0.82-1.02 of SPDK's host,
     /// kicked ones 0.96-1.08; reads kicked the same way lost 3-4% (their extra writes cost the core that
     /// receives the data), so reads are not counted here.
+    ///
+    /// See [`SendPolicy`]'s example.
     #[inline]
     pub fn kick_now_solicited(&self, waiting: usize, in_flight: usize, solicited: u64) -> bool {
         self.kick_now(waiting, in_flight)
