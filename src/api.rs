@@ -566,7 +566,8 @@ pub trait QueuePair {
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueStats {
-    /// Commands submitted.
+    /// Commands submitted, the queue's own included: over TCP each connection's Fabrics Connect (and its
+    /// DH-HMAC-CHAP commands) counts too, once per connect and reconnect.
     pub commands: u64,
     /// PDUs (TCP) or SQEs (PCIe) posted.
     pub pdus: u64,

@@ -150,6 +150,22 @@ fn decode(block: &[u8], pos: u64) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
 }
 
 impl<Q: QueuePair> Wal<Q> {
+    /// Forgets the log on namespace `ns` of `q`: zeroes its first record and flushes, so that the next
+    /// [`recover`](Self::recover) finds an empty log (the records after it are left, unread). For benchmarks
+    /// that start each run from nothing.
+    pub async fn erase(q: &AsyncQueue<Q>, pool: &DmaPool, ns: &Namespace) -> Result<(), WalError> {
+        let bs = ns.block_size;
+        if bs == 0 || bs as usize > BLOCK || BLOCK % bs as usize != 0 {
+            return Err(WalError::BlockSize(bs));
+        }
+        let mut buf = pool.alloc(BLOCK)?;
+        buf.as_mut_slice()[..BLOCK].fill(0);
+        let lbas = (BLOCK / bs as usize) as u32;
+        q.write(ns.nsid, 0, lbas, buf).await.result?;
+        q.flush(ns.nsid).await.result?;
+        Ok(())
+    }
+
     /// Opens the log on namespace `ns` of `q`: reads its records from the start until one is not whole, and
     /// goes on from there. Buffers come from `pool` (4 KiB ones).
     pub async fn recover(

@@ -53,6 +53,10 @@ enum Cmd {
         /// Append each key to this file once the log has acknowledged it (one line, flushed).
         #[arg(long)]
         acked: Option<std::path::PathBuf>,
+        /// Start from an empty log: zero its first record (and flush) before recovering; what the log held is
+        /// forgotten.
+        #[arg(long)]
+        fresh: bool,
     },
     /// Recover the log and check it against the keys a `load --acked FILE` wrote.
     Verify {
@@ -127,6 +131,12 @@ fn drive<Q: QueuePair + 'static>(
     let q = AsyncQueue::new(qp);
     let mut ex = LocalExecutor::new();
     ex.drive(&q);
+    if let Cmd::Load { fresh: true, .. } = cmd {
+        let (q, pool, ns) = (q.clone(), pool.clone(), ns.clone());
+        ex.block_on(async move { Wal::erase(&q, &pool, &ns).await })
+            .map_err(|e| format!("erasing the log: {e}"))?;
+        eprintln!("nvpoll-kv: the log was erased (--fresh)");
+    }
     let opened = Instant::now();
     let (wal, rec) = {
         let (q, pool, ns) = (q.clone(), pool.clone(), ns.clone());

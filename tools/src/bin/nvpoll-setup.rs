@@ -6,6 +6,9 @@
 //!   `--force`.
 //! - `unbind BDF`: give a controller back to the kernel's nvme driver.
 //! - `hugepages N [--node K] [--size 2M|1G]`: reserve hugepages and report what the kernel gave.
+//! - `kernel-psk --hostnqn H --subnqn S [--key-file F]`: put the TLS PSK an `NVMeTLSkey-1` key derives for
+//!   (H, S) into the kernel's `.nvme` keyring, where Linux's nvme-tcp host (with tlshd) looks it up, and print
+//!   its serial for the connect's `tls_key=` (nvme-cli before 2.5 cannot do this).
 //!
 //! It says what it changes, step by step. Changing anything needs root.
 
@@ -18,7 +21,8 @@ use nvpoll::mem::hugepage_status;
 use nvpoll::trid::PciAddress;
 use nvpoll_pcie::sysfs::{NvmeDevice, Sysfs, Use};
 
-/// Prepare NVMe controllers and hugepages for nvpoll's userspace PCIe driver.
+/// Prepare NVMe controllers and hugepages for nvpoll's userspace PCIe driver, and TLS keys for the kernel's
+/// NVMe/TCP host.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -62,6 +66,22 @@ enum Cmd {
         #[arg(long, default_value = "2M")]
         size: String,
     },
+    /// Put the TLS PSK that an NVMe interchange key (NVMeTLSkey-1:01:...:) derives for HOSTNQN and SUBNQN
+    /// into the kernel's .nvme keyring, under its v0 identity (NVMe0R01 HOSTNQN SUBNQN), as Linux's nvme-tcp
+    /// host and tlshd look it up; prints the key's serial, for `tls_key=SERIAL` in the connect string
+    /// written to /dev/nvme-fabrics. The key is read from --key-file or standard input, never from the
+    /// command line; the derived PSK goes to keyctl (keyutils) on its standard input.
+    KernelPsk {
+        /// The host's NQN.
+        #[arg(long)]
+        hostnqn: String,
+        /// The subsystem's NQN.
+        #[arg(long)]
+        subnqn: String,
+        /// A file holding the interchange key; standard input if absent or `-`.
+        #[arg(long)]
+        key_file: Option<std::path::PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -73,6 +93,11 @@ fn main() -> ExitCode {
         Cmd::Bind { target, force } => bind(&sys, &target, force),
         Cmd::Unbind { bdf, force } => unbind(&sys, bdf, force),
         Cmd::Hugepages { count, node, size } => hugepages(count, node, &size),
+        Cmd::KernelPsk {
+            hostnqn,
+            subnqn,
+            key_file,
+        } => kernel_psk(&hostnqn, &subnqn, key_file.as_deref()),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -450,5 +475,60 @@ fn hugepages(count: u64, node: Option<u32>, size: &str) -> Result<(), String> {
             s.available()
         );
     }
+    Ok(())
+}
+
+/// `kernel-psk`: derives the TLS PSK for (hostnqn, subnqn) and hands it to `keyctl padd` into `.nvme`.
+fn kernel_psk(hostnqn: &str, subnqn: &str, key_file: Option<&Path>) -> Result<(), String> {
+    use std::io::{Read, Write};
+    use std::process::{Command, Stdio};
+
+    use nvpoll_tcp::tls::{ConfiguredKey, Derivation, IdentityVersion};
+
+    let text = match key_file {
+        Some(p) if p != Path::new("-") => std::fs::read_to_string(p)
+            .map_err(|e| format!("cannot read the key file {}: {e}", p.display()))?,
+        _ => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .map_err(|e| format!("cannot read the key from standard input: {e}"))?;
+            s
+        }
+    };
+    let key = ConfiguredKey::parse(text.trim()).map_err(|e| {
+        format!("the key is not an NVMe TLS interchange key (NVMeTLSkey-1:01:...:): {e}")
+    })?;
+    let (identity, psk) = key.derive(IdentityVersion::V0, hostnqn, subnqn, Derivation::Rfc8446);
+    let mut child = Command::new("keyctl")
+        .args(["padd", "psk", &identity, "%:.nvme"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            format!("cannot run keyctl ({e}): install keyutils (apt-get install keyutils)")
+        })?;
+    let wrote = child
+        .stdin
+        .take()
+        .map(|mut stdin| stdin.write_all(psk.dangerous_as_bytes()));
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("keyctl: {e}"))?;
+    if let Some(Err(e)) = wrote {
+        return Err(format!("cannot hand the PSK to keyctl: {e}"));
+    }
+    if !out.status.success() {
+        return Err(format!(
+            "keyctl padd psk '{identity}' %:.nvme failed ({}): {} (the .nvme keyring exists once the nvme module \
+             is loaded with CONFIG_NVME_KEYRING: modprobe nvme-tcp)",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let serial = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    eprintln!("nvpoll-setup: the TLS PSK for '{identity}' is in the .nvme keyring");
+    println!("{serial}");
     Ok(())
 }

@@ -98,7 +98,7 @@ enum QueueState {
 /// }
 /// assert!(qp.conn_stats().pdus_tx >= 1);
 /// assert_eq!(qp.recovery_stats().losses, 0);
-/// assert!(qp.stats().commands >= 1);
+/// assert_eq!(qp.stats().commands, 2, "the queue's Fabrics Connect, then the Flush");
 ///
 /// // A path status seen on a command (here made up) changes the path's state at once for every queue pair.
 /// qp.note_path_status(1, Status::TRANSIENT_TRANSPORT_ERROR);
