@@ -27,11 +27,15 @@ fn main() {
         Ok(d) => d,
         Err((looked, why)) => {
             // Looked for again on the next build once it appears (a missing path makes cargo rerun this).
-            if let Some(d) = looked {
-                println!(
+            // Where fio itself is missing there is no version to name the folder by: watch the cache folder
+            // that scripts/fio-source.sh fills (installing fio changes no file this script could watch).
+            match (looked, cache_root()) {
+                (Some(d), _) => println!(
                     "cargo:rerun-if-changed={}",
                     d.join("config-host.h").display()
-                );
+                ),
+                (None, Some(root)) => println!("cargo:rerun-if-changed={}", root.display()),
+                (None, None) => {}
             }
             println!(
                 "cargo:warning=nvpoll-fio: the fio ioengine is not built: {why}. \
@@ -142,19 +146,23 @@ fn find_source() -> Result<PathBuf, (Option<PathBuf>, String)> {
             ),
         )
     })?;
-    let cache = match (
-        env::var_os("NVPOLL_FIO_CACHE"),
-        env::var_os("XDG_CACHE_HOME"),
-    ) {
-        (Some(c), _) => PathBuf::from(c),
-        (None, Some(x)) => PathBuf::from(x).join("nvpoll-fio"),
-        (None, None) => match env::var_os("HOME") {
-            Some(h) => PathBuf::from(h).join(".cache/nvpoll-fio"),
-            None => return Err((None, "HOME is not set".into())),
-        },
+    let Some(cache) = cache_root() else {
+        return Err((None, "HOME is not set".into()));
     };
     let d = cache.join(format!("fio-{ver}"));
     check(&d).map(|()| d.clone()).map_err(|e| (Some(d), e))
+}
+
+/// The folder scripts/fio-source.sh unpacks fio's source into (one `fio-VERSION` folder per version).
+fn cache_root() -> Option<PathBuf> {
+    match (
+        env::var_os("NVPOLL_FIO_CACHE"),
+        env::var_os("XDG_CACHE_HOME"),
+    ) {
+        (Some(c), _) => Some(PathBuf::from(c)),
+        (None, Some(x)) => Some(PathBuf::from(x).join("nvpoll-fio")),
+        (None, None) => env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/nvpoll-fio")),
+    }
 }
 
 fn check(d: &Path) -> Result<(), String> {

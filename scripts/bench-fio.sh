@@ -169,11 +169,14 @@ start_spdk() {
 
 stop_target() { kill -TERM "$TGT_PID" 2>/dev/null || true; for _ in $(seq 50); do kill -0 "$TGT_PID" 2>/dev/null || break; sleep 0.1; done; kill -KILL "$TGT_PID" 2>/dev/null || true; wait "$TGT_PID" 2>/dev/null || true; TGT_PID=; }
 
-fio_iops() {   # JSON on stdin -> write IOPS (integer) or "fail"
-    python3 -c 'import json,sys
+fio_iops() {   # JSON on stdin -> write IOPS (integer) or "fail", saying why from fio's stderr
+    local v
+    v=$(python3 -c 'import json,sys
 t=sys.stdin.read()
 j=json.loads(t[t.index("{"):])["jobs"][0]
-print("fail" if j["error"] else int(j["write"]["iops"]))' 2>/dev/null || echo fail
+print("fail" if j["error"] else int(j["write"]["iops"]))' 2>/dev/null) || v=fail
+    [ "$v" != fail ] || say "fio failed: $(tail -n 3 "$WORK/fio.err" 2>/dev/null | tr '\n' ' ')" >&2
+    echo "$v"
 }
 
 run_one() {   # who shape sec -> IOPS
