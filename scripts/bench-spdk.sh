@@ -35,6 +35,7 @@
 #   BENCH_ORDER=cell         cell: both targets per cell, back to back; round: each target once per round
 #   BENCH_PORT=4560          first TCP port on 127.0.0.1 (four are used)
 #   BENCH_TARGET_CORE=0      the target's core; BENCH_INITIATOR_CORE=1 the initiator's
+#   BENCH_TARGET_SEND_MODE   our target's send mode: adaptive (default), inline or deferred
 set -euo pipefail
 
 PROG=bench-spdk
@@ -52,6 +53,9 @@ ORDER=${BENCH_ORDER:-cell}
 case "$ORDER" in cell|round) ;; *) die "BENCH_ORDER must be cell or round, not '$ORDER'" ;; esac
 TCORE=${BENCH_TARGET_CORE:-0}
 ICORE=${BENCH_INITIATOR_CORE:-1}
+TARGET_SEND_MODE=${BENCH_TARGET_SEND_MODE:-adaptive}
+case "$TARGET_SEND_MODE" in adaptive|inline|deferred) ;;
+    *) die "BENCH_TARGET_SEND_MODE must be adaptive, inline or deferred, not '$TARGET_SEND_MODE'" ;; esac
 
 SIZES_VAR=BENCH_CELLS
 for c in "${CELLS[@]}"; do
@@ -95,7 +99,7 @@ start_ours() {
     { "address": "127.0.0.1:$PLAIN_PORT", "tls": "off" },
     { "address": "127.0.0.1:$TLS_PORT", "tls": "required" }
   ],
-  "send_mode": "adaptive",
+  "send_mode": "$TARGET_SEND_MODE",
   "subsystems": [
     { "nqn": "$SUBNQN", "allow_any_host": true, "listeners": ["127.0.0.1:$PLAIN_PORT"],
       "namespaces": [ { "ram": "256M", "block_size": 512 } ] },
@@ -231,7 +235,7 @@ stop_target() { stop_pid "$TGT_PID"; TGT_PID=; }
 
 CPU_MODEL=$(awk -F: '/^model name/ { sub(/^[ \t]+/, "", $2); print $2; exit }' /proc/cpuinfo 2>/dev/null)
 say "machine: ${CPU_MODEL:-unknown CPU}, $(nproc) CPUs, Linux $(uname -r)"
-say "SPDK at $SPDK_DIR; ours from $BIN; target core $TCORE, initiator core $ICORE; ${RUNS} round(s) of ${TIME}s per initiator and cell"
+say "SPDK at $SPDK_DIR; ours from $BIN; target core $TCORE, initiator core $ICORE; ${RUNS} round(s) of ${TIME}s per initiator and cell; our target sends $TARGET_SEND_MODE"
 for round in $(seq "$RUNS"); do
     if [ "$ORDER" = cell ]; then
         for sec in "${SECURITY[@]}"; do
