@@ -136,7 +136,8 @@ start_ours() {
   ]
 }
 JSON
-    "$BIN/nvpoll-target" --config "$WORK/target.json" --cores "$TCORE" --idle poll > "$WORK/target.log" 2>&1 &
+    "$BIN/nvpoll-target" --config "$WORK/target.json" --cores "$TCORE" --idle poll --rpc-socket "$WORK/ours.sock" \
+        > "$WORK/target.log" 2>&1 &
     TGT_PID=$!
     wait_listen "$PORT"; wait_listen $((PORT + 1))
 }
@@ -169,6 +170,60 @@ start_spdk() {
 
 stop_target() { kill -TERM "$TGT_PID" 2>/dev/null || true; for _ in $(seq 50); do kill -0 "$TGT_PID" 2>/dev/null || break; sleep 0.1; done; kill -KILL "$TGT_PID" 2>/dev/null || true; wait "$TGT_PID" 2>/dev/null || true; TGT_PID=; }
 
+# What the target served: a sampler on the initiator's core asks the target once a second how many writes it
+# has completed (ours: stats_get's "writes"; nvmf_tgt: bdev_get_iostat's num_write_ops), and the cell is the
+# median of those per-second rates over the run (its first and last second, partly idle, left out). fio's
+# own figure for a group of jobs is the sum of every job's I/Os over the longest single job's runtime, which
+# is right only when the jobs run at the same time: SPDK's plugin connects its qd1 x 128 jobs one at a time
+# under its controller's lock while the connected ones already spin on the same core, so their windows were
+# spread over 20 s and more and fio reported 250-310K where nvmf_tgt served 84-97K a second (docs/fio.md).
+served_start() {   # target -> starts the sampler ($SAMPLER_PID), which writes $WORK/served.txt
+    local sock=$WORK/ours.sock kind=ours
+    [ "$1" = spdk ] && { sock=$WORK/spdk.sock; kind=spdk; }
+    taskset -c "$ICORE" python3 - "$kind" "$sock" > "$WORK/served.txt" 2>"$WORK/sampler.err" <<'PY' &
+import json, socket, sys, time
+kind, path = sys.argv[1], sys.argv[2]
+s = socket.socket(socket.AF_UNIX)
+s.connect(path)
+dec = json.JSONDecoder()
+def writes():
+    method = "stats_get" if kind == "ours" else "bdev_get_iostat"
+    s.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method}).encode() + b"\n")
+    buf = ""
+    while True:
+        chunk = s.recv(1 << 16)
+        if not chunk:
+            raise SystemExit("the target closed its control socket")
+        buf += chunk.decode()
+        try:
+            v, _ = dec.raw_decode(buf.lstrip())
+        except ValueError:
+            continue
+        r = v["result"]
+        return r["writes"] if kind == "ours" else sum(b["num_write_ops"] for b in r["bdevs"])
+prev = writes()
+t = time.monotonic()
+while True:
+    t += 1.0
+    time.sleep(max(0.0, t - time.monotonic()))
+    now = writes()
+    print(now - prev, flush=True)
+    prev = now
+PY
+    SAMPLER_PID=$!
+}
+served_stop() {   # -> the median writes/s the target served while the run was on, or "fail"
+    kill "$SAMPLER_PID" 2>/dev/null || true
+    wait "$SAMPLER_PID" 2>/dev/null || true
+    SAMPLER_PID=
+    python3 -c 'import sys
+v = [int(x) for x in open(sys.argv[1]).read().split()]
+busy = [x for x in v if x > 0]
+busy = busy[1:-1] if len(busy) > 3 else busy
+busy.sort()
+print(busy[len(busy) // 2] if busy else "fail")' "$WORK/served.txt" 2>/dev/null || echo fail
+}
+
 fio_iops() {   # JSON on stdin -> write IOPS (integer) or "fail", saying why from fio's stderr
     local v
     v=$(python3 -c 'import json,sys
@@ -179,7 +234,19 @@ print("fail" if j["error"] else int(j["write"]["iops"]))' 2>/dev/null) || v=fail
     echo "$v"
 }
 
-run_one() {   # who shape sec -> IOPS
+run_one() {   # who shape sec -> "fio's IOPS" "writes/s the target served" (see served_start)
+    local v srv=-
+    if [ "$1" = fio-null ] || { [ "$1" = spdk-plugin ] && [ "$3" != plain ]; }; then
+        v=$(fio_one "$@"); [ "$v" = n/a ] && srv=n/a
+        echo "$v $srv"; return
+    fi
+    served_start "$t"
+    v=$(fio_one "$@")
+    srv=$(served_stop)   # kept when fio failed too: what the target served while the jobs that did run ran
+    echo "$v $srv"
+}
+
+fio_one() {   # who shape sec -> fio's IOPS
     local who=$1 shape=$2 sec=$3 port=$PORT sub=$SUBNQN qd jobs out
     [ "$sec" = tls ] && { port=$((PORT + 1)); sub=$SUBNQN_TLS; }
     qd=${shape#qd}; jobs=${qd#*x}; qd=${qd%x*}
@@ -245,31 +312,34 @@ spread() {   # values... -> min-max of the numeric ones
 }
 
 say "$ROUNDS round(s) of ${RUNTIME} s per cell; the initiators take turns within each round"
-printf '%-6s %-9s %-6s %-12s %10s %9s %9s %s\n' target shape sec initiator IOPS "vs perf" "vs spdk" "spread (min-max)"
+say "served/s: the median writes a second the target completed during the run, as it counts them (the compared figure);"
+say "fio IOPS: what fio reported, which over-counts when the jobs do not run at the same time (see served_start)"
+printf '%-6s %-9s %-6s %-12s %10s %10s %9s %9s %s\n' target shape sec initiator served/s "fio IOPS" "vs perf" "vs spdk" "spread (min-max)"
 for t in "${TARGETS[@]}"; do
     for shape in $SHAPES; do
         for sec in $SECURITY; do
-            declare -A ALL=() R=()
+            declare -A ALL=() SRV=() R=() RS=()
             [ "$t" = ours ] && start_ours || start_spdk
             for round in $(seq "$ROUNDS"); do
                 for who in "${WHO[@]}"; do
-                    v=$(t=$t run_one "$who" "$shape" "$sec")
+                    read -r v srv <<< "$(t=$t run_one "$who" "$shape" "$sec")"
                     ALL[$who]="${ALL[$who]:-} $v"
-                    [ "$ROUNDS" = 1 ] || say "$t $shape $sec round $round: $who $v"
+                    SRV[$who]="${SRV[$who]:-} $srv"
+                    [ "$ROUNDS" = 1 ] || say "$t $shape $sec round $round: $who served $srv/s, fio $v IOPS"
                 done
             done
             stop_target
             # shellcheck disable=SC2086 # the values are words
-            for who in "${WHO[@]}"; do R[$who]=$(median ${ALL[$who]}); done
+            for who in "${WHO[@]}"; do R[$who]=$(median ${ALL[$who]}); RS[$who]=$(median ${SRV[$who]}); done
             for who in "${WHO[@]}"; do
-                ratio() { local a=${R[$who]%%+*} b=${R[$1]:-}; b=${b%%+*}
+                ratio() { local a=${RS[$who]%%+*} b=${RS[$1]:-}; b=${b%%+*}
                     [[ "$a" =~ ^[0-9]+$ && "$b" =~ ^[0-9]+$ && "$b" -gt 0 ]] &&
                     awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", a / b }' || echo -; }
                 # shellcheck disable=SC2086
-                printf '%-6s %-9s %-6s %-12s %10s %9s %9s %s\n' "$t" "$shape" "$sec" "$who" "${R[$who]}" \
-                    "$(ratio perf)" "$(ratio spdk-plugin)" "$(spread ${ALL[$who]})"
+                printf '%-6s %-9s %-6s %-12s %10s %10s %9s %9s %s\n' "$t" "$shape" "$sec" "$who" "${RS[$who]}" \
+                    "${R[$who]}" "$(ratio perf)" "$(ratio spdk-plugin)" "$(spread ${SRV[$who]})"
             done
-            unset R ALL
+            unset R RS ALL SRV
         done
     done
 done

@@ -95,7 +95,8 @@ pub const OPTIONS: [OptionDoc; 9] = [
         alias: None,
         lname: "What a reaping job does when nothing completed",
         default: Some("yield"),
-        help: "spin (poll without pause: lowest latency when each job has a core of its own) or yield \
+        help: "spin (poll without pause: lowest latency when each job has a core of its own; with more \
+               jobs than CPUs a core does about one I/O per round trip, and the engine says so) or yield \
                (sched_yield between empty polls: for more jobs than cores, as numjobs=128)",
     },
 ];
@@ -111,6 +112,24 @@ pub enum Idle {
     Spin,
     /// `sched_yield` first.
     Yield,
+}
+
+impl Idle {
+    /// What to tell a user who asked for `idle=spin` with more jobs than the CPUs they may run on (`None`
+    /// otherwise). A spinning job keeps its CPU for its whole time slice, so at iodepth 1 the CPU completes
+    /// one I/O per round trip to the target whichever job holds it: a core of spinning qd1 jobs does what one
+    /// job does (measured in docs/fio.md: SPDK's plugin, which always spins, does the same).
+    pub fn oversubscribed(self, jobs: u32, cpus: usize) -> Option<String> {
+        if self != Idle::Spin || jobs as usize <= cpus {
+            return None;
+        }
+        let s = if cpus == 1 { "" } else { "s" };
+        Some(format!(
+            "nvpoll: idle=spin with {jobs} jobs on {cpus} CPU{s}: a spinning job keeps its CPU for its whole time \
+             slice, so at a low iodepth the CPU completes about one I/O per round trip whichever job holds it; \
+             idle=yield (the default) hands the CPU to the next job whose I/O has come back"
+        ))
+    }
 }
 
 /// The engine's options, checked.
@@ -330,6 +349,15 @@ mod tests {
         assert_eq!(s.paths.len(), 2);
         assert_eq!(s.policy, PathPolicy::RoundRobin);
         assert_eq!(s.idle, Idle::Spin);
+        let warn = Idle::Spin
+            .oversubscribed(128, 1)
+            .expect("128 spinning jobs on one CPU");
+        assert!(
+            warn.contains("128 jobs on 1 CPU:") && warn.contains("idle=yield"),
+            "{warn}"
+        );
+        assert_eq!(Idle::Spin.oversubscribed(2, 2), None);
+        assert_eq!(Idle::Yield.oversubscribed(128, 1), None);
     }
 
     #[test]
