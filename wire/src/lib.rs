@@ -6,6 +6,7 @@
 //!   path (inline, or gathered and coalesced at the reactor's flush);
 //! - [`dhchap`]: NVMe in-band authentication (DH-HMAC-CHAP), the host's and the controller's side;
 //! - [`KeyRenewal`]: when a TLS connection renews its keys (KeyUpdate, or connecting again);
+//! - [`keyring`]: a configured TLS key's PSK handed to the Linux kernel's `.nvme` keyring;
 //! - [`Error`]: what can go wrong on the wire, for both sides.
 #![forbid(unsafe_code)]
 // Wire and parse code, where a silent truncation corrupts a field.
@@ -37,6 +38,7 @@ macro_rules! wire_enum {
 pub mod conn;
 pub mod dhchap;
 mod error;
+pub mod keyring;
 pub mod pdu;
 mod rekey;
 

@@ -8,7 +8,9 @@ pub mod host;
 pub mod multipath;
 pub mod queue;
 
-pub use nvpoll_wire::{conn, dhchap, pdu, ConnectRefusal, Error, KeyRenewal, RekeyCause, RenewBy};
+pub use nvpoll_wire::{
+    conn, dhchap, keyring, pdu, ConnectRefusal, Error, KeyRenewal, RekeyCause, RenewBy,
+};
 
 /// TLS 1.3 with external PSKs: the crate [`nvpoll_tls`], re-exported so that `nvpoll_tcp::tls::Psk` names the
 /// same type.

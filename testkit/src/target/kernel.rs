@@ -1,10 +1,8 @@
 //! What the VM tests share: the Linux kernel host's disks and keyring, inside the QEMU guest.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nvpoll_tcp::tls::{ConfiguredKey, Derivation, IdentityVersion};
+use nvpoll_tcp::tls::ConfiguredKey;
 
 /// The kernel's disk for namespace `nsid` of `nqn`, if it exists now.
 pub fn kernel_disk(nqn: &str, nsid: u32) -> Option<String> {
@@ -61,21 +59,8 @@ pub fn wait_disk(nqn: &str, nsid: u32, present: bool) -> Option<String> {
 /// so no key material reaches an argument list or a log.
 pub fn insert_psk(key: &str, hostnqn: &str, subnqn: &str) -> String {
     let key = ConfiguredKey::parse(key).unwrap();
-    let (identity, psk) = key.derive(IdentityVersion::V0, hostnqn, subnqn, Derivation::Rfc8446);
-    let mut child = Command::new("keyctl")
-        .args(["padd", "psk", &identity, "%:.nvme"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run keyctl (keyutils)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(psk.dangerous_as_bytes())
-        .expect("hand the PSK to keyctl");
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "keyctl padd psk '{identity}'");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    match nvpoll_tcp::keyring::add_kernel_psk(&key, hostnqn, subnqn) {
+        Ok(added) => added.serial,
+        Err(e) => panic!("{e}"),
+    }
 }

@@ -480,10 +480,9 @@ fn hugepages(count: u64, node: Option<u32>, size: &str) -> Result<(), String> {
 
 /// `kernel-psk`: derives the TLS PSK for (hostnqn, subnqn) and hands it to `keyctl padd` into `.nvme`.
 fn kernel_psk(hostnqn: &str, subnqn: &str, key_file: Option<&Path>) -> Result<(), String> {
-    use std::io::{Read, Write};
-    use std::process::{Command, Stdio};
+    use std::io::Read;
 
-    use nvpoll_tcp::tls::{ConfiguredKey, Derivation, IdentityVersion};
+    use nvpoll_tcp::tls::ConfiguredKey;
 
     let text = match key_file {
         Some(p) if p != Path::new("-") => std::fs::read_to_string(p)
@@ -499,36 +498,12 @@ fn kernel_psk(hostnqn: &str, subnqn: &str, key_file: Option<&Path>) -> Result<()
     let key = ConfiguredKey::parse(text.trim()).map_err(|e| {
         format!("the key is not an NVMe TLS interchange key (NVMeTLSkey-1:01:...:): {e}")
     })?;
-    let (identity, psk) = key.derive(IdentityVersion::V0, hostnqn, subnqn, Derivation::Rfc8446);
-    let mut child = Command::new("keyctl")
-        .args(["padd", "psk", &identity, "%:.nvme"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            format!("cannot run keyctl ({e}): install keyutils (apt-get install keyutils)")
-        })?;
-    let wrote = child
-        .stdin
-        .take()
-        .map(|mut stdin| stdin.write_all(psk.dangerous_as_bytes()));
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("keyctl: {e}"))?;
-    if let Some(Err(e)) = wrote {
-        return Err(format!("cannot hand the PSK to keyctl: {e}"));
-    }
-    if !out.status.success() {
-        return Err(format!(
-            "keyctl padd psk '{identity}' %:.nvme failed ({}): {} (the .nvme keyring exists once the nvme module \
-             is loaded with CONFIG_NVME_KEYRING: modprobe nvme-tcp)",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    let serial = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    eprintln!("nvpoll-setup: the TLS PSK for '{identity}' is in the .nvme keyring");
-    println!("{serial}");
+    let added =
+        nvpoll_tcp::keyring::add_kernel_psk(&key, hostnqn, subnqn).map_err(|e| e.to_string())?;
+    eprintln!(
+        "nvpoll-setup: the TLS PSK for '{}' is in the .nvme keyring",
+        added.identity
+    );
+    println!("{}", added.serial);
     Ok(())
 }
