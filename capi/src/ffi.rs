@@ -132,12 +132,20 @@ unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<Option<&'a str>, Fail
         .map_err(|_| invalid(format!("{what} is not UTF-8")))
 }
 
-/// Stores `v` boxed in `*out`.
+/// The constructors' out-parameter: refuses a NULL `out` before anything is made, then stores what `make`
+/// made, boxed, in `*out`.
 ///
 /// # Safety
 /// A non-null `out` is valid for a write.
-unsafe fn give<T>(out: *mut *mut T, v: T) -> Result<c_int, Failure> {
-    // SAFETY: the caller's promise (checked for null first).
+unsafe fn give<T>(
+    out: *mut *mut T,
+    make: impl FnOnce() -> Result<T, Failure>,
+) -> Result<c_int, Failure> {
+    if out.is_null() {
+        return Err(invalid("out is NULL"));
+    }
+    let v = make()?;
+    // SAFETY: non-null, and valid by the caller's promise.
     unsafe { *out = Box::into_raw(Box::new(v)) };
     Ok(0)
 }
@@ -187,12 +195,8 @@ pub unsafe extern "C" fn nvpoll_pool_create(
     out: *mut *mut NvpollPool,
 ) -> c_int {
     guard(|| {
-        if out.is_null() {
-            return Err(invalid("out is NULL"));
-        }
-        let pool = NvpollPool::new(count_4k, large_size, large_count)?;
-        // SAFETY: out is non-null and, by the caller's promise, valid.
-        unsafe { give(out, pool) }
+        // SAFETY: the caller's promise.
+        unsafe { give(out, || NvpollPool::new(count_4k, large_size, large_count)) }
     })
 }
 
@@ -226,12 +230,8 @@ pub unsafe extern "C" fn nvpoll_buf_alloc(
     guard(|| {
         // SAFETY: the caller's promise.
         let pool = unsafe { handle(pool, "pool") }?;
-        if out.is_null() {
-            return Err(invalid("out is NULL"));
-        }
-        let buf = pool.alloc(len)?;
-        // SAFETY: out is non-null and, by the caller's promise, valid.
-        unsafe { give(out, buf) }
+        // SAFETY: the caller's promise.
+        unsafe { give(out, || pool.alloc(len)) }
     })
 }
 
@@ -309,9 +309,6 @@ pub unsafe extern "C" fn nvpoll_ctrl_open(
         let trid = unsafe { text(trid, "trid") }?.ok_or_else(|| invalid("trid is NULL"))?;
         // SAFETY: the caller's promise.
         let pool = unsafe { handle(pool, "pool") }?;
-        if out.is_null() {
-            return Err(invalid("out is NULL"));
-        }
         // SAFETY: the caller's promise: NULL or a valid struct.
         let o = match unsafe { opts.as_ref() } {
             None => OpenOptions::default(),
@@ -325,9 +322,8 @@ pub unsafe extern "C" fn nvpoll_ctrl_open(
                 psk_identity_version: o.psk_identity_version,
             },
         };
-        let ctrl = NvpollCtrl::open(trid, o, &pool.pool)?;
-        // SAFETY: out is non-null and, by the caller's promise, valid.
-        unsafe { give(out, ctrl) }
+        // SAFETY: the caller's promise.
+        unsafe { give(out, || NvpollCtrl::open(trid, o, &pool.pool)) }
     })
 }
 
@@ -446,12 +442,8 @@ pub unsafe extern "C" fn nvpoll_qpair_create(
     guard(|| {
         // SAFETY: the caller's promise.
         let c = unsafe { handle(ctrl, "ctrl") }?;
-        if out.is_null() {
-            return Err(invalid("out is NULL"));
-        }
-        let qp = c.create_qpair(depth)?;
-        // SAFETY: out is non-null and, by the caller's promise, valid.
-        unsafe { give(out, qp) }
+        // SAFETY: the caller's promise.
+        unsafe { give(out, || c.create_qpair(depth)) }
     })
 }
 
