@@ -544,3 +544,35 @@ fn a_target_that_dies_mid_job_and_comes_back_loses_nothing() {
     drop(t2);
     std::fs::remove_file(&path).unwrap();
 }
+
+#[test]
+fn spinning_jobs_beyond_their_cpus_are_advised_once() {
+    let Some(so) = engine() else { return };
+    let t = TestTarget::ram(false);
+    let run = |jobs: usize| {
+        let mut a = args(&[
+            "--name=spin",
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=1",
+            "--idle=spin",
+            "--cpus_allowed=0",
+            "--time_based",
+            "--runtime=1",
+            "--output-format=json",
+        ]);
+        a.push(format!("--numjobs={jobs}"));
+        a.push(format!("--filename={}", t.filename()));
+        let o = fio(&so, &a);
+        assert_eq!(jobs_ok(&o).len(), jobs, "{}", text(&o));
+        String::from_utf8_lossy(&o.stderr).into_owned() + &String::from_utf8_lossy(&o.stdout)
+    };
+    // Three spinning jobs on one CPU: said once for the process, not once a job.
+    let out = run(3);
+    let advice = "idle=spin with 3 jobs on 1 CPU";
+    assert_eq!(out.matches(advice).count(), 1, "{out}");
+    assert!(out.contains("idle=yield"), "{out}");
+    // One job on its CPU: nothing to advise.
+    let out = run(1);
+    assert!(!out.contains("idle=spin with"), "{out}");
+}
