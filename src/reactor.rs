@@ -1017,7 +1017,25 @@ impl fmt::Debug for ReactorContext {
 type Message = Box<dyn FnOnce(&mut ReactorContext) + Send>;
 
 /// What a reactor thread hands back: its counters, or why it failed.
-type ThreadResult = std::result::Result<ReactorStats, String>;
+type ThreadResult = std::result::Result<ReactorStats, ThreadFailure>;
+
+/// Why a reactor thread ended without its counters.
+#[derive(Debug)]
+enum ThreadFailure {
+    /// It could not be pinned to its core (it never ran).
+    NotPinned,
+    /// A poller or message panicked; the panic's message.
+    Panicked(String),
+}
+
+impl fmt::Display for ThreadFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ThreadFailure::NotPinned => f.write_str("could not be pinned"),
+            ThreadFailure::Panicked(why) => write!(f, "panicked: {why}"),
+        }
+    }
+}
 
 /// Set in `ring_state` once the reactor accepts no more messages; the other bits count senders inside `send`.
 const CLOSED: usize = 1 << (usize::BITS - 1);
@@ -1251,7 +1269,7 @@ fn reactor_thread(
         let _ = ready.send(Err(Error::Reactor(format!(
             "cannot pin a reactor thread to core {core}"
         ))));
-        return Err("could not be pinned".into());
+        return Err(ThreadFailure::NotPinned);
     }
     let _ = ready.send(Ok(()));
     drop(ready);
@@ -1300,7 +1318,7 @@ fn reactor_thread(
             while let Some(msg) = me.ring.pop() {
                 drop(msg);
             }
-            Err(format!("panicked: {}", panic_message(payload.as_ref())))
+            Err(ThreadFailure::Panicked(panic_message(payload.as_ref())))
         }
     }
 }

@@ -48,6 +48,85 @@ impl Rng {
     }
 }
 
+/// What the fuzzer caught the target doing: a command answered twice or never, or a PDU out of place.
+#[derive(Debug)]
+pub enum Violation {
+    /// A completion, C2HData or R2T (`what`) for a command that is not outstanding (answered before, or
+    /// never sent); `detail` is what came, where it says more.
+    NotOutstanding {
+        /// The queue it came on.
+        qid: u16,
+        /// The PDU.
+        what: &'static str,
+        /// The command ID it named.
+        cid: u16,
+        /// The PDU as received, when it says more than its kind.
+        detail: Option<String>,
+    },
+    /// An ICResp on a connection already up.
+    IcRespAfterUp {
+        /// The queue.
+        qid: u16,
+    },
+    /// Commands the target never answered within 5 s, the connection still open.
+    NeverAnswered {
+        /// The queue.
+        qid: u16,
+        /// Each command, as sent.
+        commands: Vec<String>,
+    },
+    /// A round failed: which, with the seed to repeat it and the counts so far.
+    InRound {
+        /// The round.
+        round: u64,
+        /// The seed of the run.
+        seed: u64,
+        /// The counts up to it.
+        tally: Tally,
+        /// What happened in it.
+        violation: Box<Violation>,
+    },
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::NotOutstanding {
+                qid,
+                what,
+                cid,
+                detail,
+            } => {
+                write!(
+                    f,
+                    "queue {qid}: {what} for command {cid:#x}, which is not outstanding"
+                )?;
+                match detail {
+                    Some(d) => write!(f, " (answered twice, or never sent): {d}"),
+                    None => Ok(()),
+                }
+            }
+            Violation::IcRespAfterUp { qid } => {
+                write!(f, "queue {qid}: an ICResp after the connection was up")
+            }
+            Violation::NeverAnswered { qid, commands } => write!(
+                f,
+                "queue {qid}: {} command(s) never answered within 5 s, the connection still open:\n  {}",
+                commands.len(),
+                commands.join("\n  ")
+            ),
+            Violation::InRound {
+                round,
+                seed,
+                tally,
+                violation,
+            } => write!(f, "round {round} (seed {seed:#x}): {violation}\n(so far: {tally})"),
+        }
+    }
+}
+
+impl std::error::Error for Violation {}
+
 /// What a round counted.
 #[derive(Clone, Debug, Default)]
 pub struct Tally {
@@ -206,7 +285,7 @@ impl Queue {
     }
 
     /// Takes what arrives within `wait`; checks each PDU against what is outstanding.
-    fn receive(&mut self, wait: Duration, tally: &mut Tally) -> Result<bool, String> {
+    fn receive(&mut self, wait: Duration, tally: &mut Tally) -> Result<bool, Violation> {
         if self.ended {
             return Ok(false);
         }
@@ -223,19 +302,22 @@ impl Queue {
             Resp::Cqe(c) => match self.outstanding.remove(&c.cid) {
                 Some(_) => tally.answers += 1,
                 None => {
-                    return Err(format!(
-                        "queue {qid}: a completion for command {:#x}, which is not outstanding (answered \
-                         twice, or never sent): {c:?}",
-                        c.cid
-                    ))
+                    return Err(Violation::NotOutstanding {
+                        qid,
+                        what: "a completion",
+                        cid: c.cid,
+                        detail: Some(format!("{c:?}")),
+                    })
                 }
             },
             Resp::C2H { hdr, .. } => {
                 if !self.outstanding.contains_key(&hdr.cccid) {
-                    return Err(format!(
-                        "queue {qid}: C2HData for command {:#x}, which is not outstanding",
-                        hdr.cccid
-                    ));
+                    return Err(Violation::NotOutstanding {
+                        qid,
+                        what: "C2HData",
+                        cid: hdr.cccid,
+                        detail: None,
+                    });
                 }
                 if hdr.success {
                     self.outstanding.remove(&hdr.cccid);
@@ -244,10 +326,12 @@ impl Queue {
             }
             Resp::R2T(r) => {
                 if !self.outstanding.contains_key(&r.cccid) {
-                    return Err(format!(
-                        "queue {qid}: R2T for command {:#x}, which is not outstanding",
-                        r.cccid
-                    ));
+                    return Err(Violation::NotOutstanding {
+                        qid,
+                        what: "R2T",
+                        cid: r.cccid,
+                        detail: None,
+                    });
                 }
                 self.owed.push_back(Owed {
                     cccid: r.cccid,
@@ -258,10 +342,13 @@ impl Queue {
             }
             Resp::TermReq { .. } => {
                 // The connection ends: whatever else comes until the close is not checked.
-                while !matches!(self.h.poll_recv(Duration::from_secs(5)), Polled::Closed | Polled::Nothing) {}
+                while !matches!(
+                    self.h.poll_recv(Duration::from_secs(5)),
+                    Polled::Closed | Polled::Nothing
+                ) {}
                 self.end(tally);
             }
-            Resp::IcResp(_) => return Err(format!("queue {qid}: an ICResp after the connection was up")),
+            Resp::IcResp(_) => return Err(Violation::IcRespAfterUp { qid }),
         }
         Ok(true)
     }
@@ -273,7 +360,7 @@ impl Queue {
     }
 
     /// Answers every R2T and waits for every command but the held AERs to be answered.
-    fn settle(&mut self, tally: &mut Tally, rng: &mut Rng) -> Result<(), String> {
+    fn settle(&mut self, tally: &mut Tally, rng: &mut Rng) -> Result<(), Violation> {
         let mut last_progress = Instant::now();
         while !self.ended {
             while !self.owed.is_empty() && !self.ended {
@@ -302,12 +389,10 @@ impl Queue {
                     })
                     .collect();
                 never.sort();
-                return Err(format!(
-                    "queue {}: {} command(s) never answered within 5 s, the connection still open:\n  {}",
-                    self.qid,
-                    never.len(),
-                    never.join("\n  ")
-                ));
+                return Err(Violation::NeverAnswered {
+                    qid: self.qid,
+                    commands: never,
+                });
             }
         }
         tally.held_aers += self.outstanding.values().filter(|s| s.aer).count() as u64;
@@ -476,7 +561,7 @@ pub fn run(
     rounds: u64,
     steps: usize,
     until: Option<Instant>,
-) -> Result<Tally, String> {
+) -> Result<Tally, Violation> {
     let mut rng = Rng(seed | 1);
     let mut tally = Tally::default();
     loop {
@@ -486,18 +571,23 @@ pub fn run(
         if until.is_some_and(|t| Instant::now() >= t) {
             break;
         }
-        round(addr, &mut rng, steps, &mut tally).map_err(|e| {
-            format!(
-                "round {} (seed {seed:#x}): {e}\n(so far: {tally})",
-                tally.rounds
-            )
+        round(addr, &mut rng, steps, &mut tally).map_err(|e| Violation::InRound {
+            round: tally.rounds,
+            seed,
+            tally: tally.clone(),
+            violation: Box::new(e),
         })?;
         tally.rounds += 1;
     }
     Ok(tally)
 }
 
-fn round(addr: SocketAddr, rng: &mut Rng, steps: usize, tally: &mut Tally) -> Result<(), String> {
+fn round(
+    addr: SocketAddr,
+    rng: &mut Rng,
+    steps: usize,
+    tally: &mut Tally,
+) -> Result<(), Violation> {
     let digests = Digests {
         header: rng.below(3) == 0,
         data: rng.below(3) == 0,
