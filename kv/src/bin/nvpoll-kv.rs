@@ -263,7 +263,10 @@ fn load<Q: QueuePair + 'static>(
         let run = run.to_string();
         ex.spawn(async move {
             for i in 0..puts {
-                let key = format!("{run}/{w}/{i}");
+                // With its newline, as the acked file takes it (one write: a kill leaves a whole line or a
+                // cut last one).
+                let line = format!("{run}/{w}/{i}\n");
+                let key = line.trim_end_matches('\n');
                 let value = value_for(key.as_bytes(), usize::from(value_size));
                 let t = Instant::now();
                 if let Err(e) = wal.put(key.as_bytes(), &value).await {
@@ -272,10 +275,7 @@ fn load<Q: QueuePair + 'static>(
                 }
                 let _ = hist.borrow_mut().record(t.elapsed().as_nanos() as u64);
                 if let Some(f) = &acked {
-                    let mut f = f.borrow_mut();
-                    // The key and its newline in one write: a kill leaves a whole line or a cut last one.
-                    let line = format!("{key}\n");
-                    if let Err(e) = f.write_all(line.as_bytes()) {
+                    if let Err(e) = f.borrow_mut().write_all(line.as_bytes()) {
                         failed
                             .borrow_mut()
                             .get_or_insert(format!("the acked file: {e}"));
