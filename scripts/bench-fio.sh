@@ -3,7 +3,8 @@
 # random writes) side by side in one run, against the same target, and the ratios:
 #
 #   engine        fio + our ioengine (libnvpoll_fio.so), each job idling with sched_yield (the default)
-#   engine-spin   the same with idle=spin (each job polls without pause, as SPDK's plugin does)
+#   engine-spin   the same with idle=spin (each job polls without pause, as SPDK's plugin does; with more jobs
+#                 than ICORE holds, as qd1x128, the engine yields instead and says so)
 #   spdk-plugin   fio + SPDK's fio plugin (SPDK_DIR/build/fio/spdk_nvme, ioengine=spdk; SPDK built with
 #                 --with-fio against the same fio source: scripts/fio-source.sh); plain only: SPDK's nvme
 #                 plugin has no TLS option

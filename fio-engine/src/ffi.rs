@@ -252,24 +252,20 @@ unsafe fn ensure_job(td: *mut thread_data) -> Result<&'static mut Job, Error> {
     // SAFETY: `td` is fio's thread, its eo this engine's options.
     let raw = unsafe { raw_options(td) };
     let settings = Settings::parse(&raw)?;
-    // Once per process: all of a job's clones share the advice. fio may call this from its main thread
-    // (setup), before it pins the job's threads: the CPUs are the job's cpus_allowed where it has one.
-    static SPIN_ADVICE: std::sync::Once = std::sync::Once::new();
+    // fio may call this from its main thread (setup), before it pins the job's threads: the CPUs are the
+    // job's cpus_allowed where it has one.
     let allowed: u32 = td_ref.o.cpumask.__bits.iter().map(|w| w.count_ones()).sum();
     let cpus = match allowed {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n as usize,
     };
-    if let Some(advice) = settings.idle.oversubscribed(td_ref.o.numjobs, cpus) {
-        SPIN_ADVICE.call_once(|| log_line(&advice));
-    }
     let depth = match u16::try_from(td_ref.o.iodepth) {
         Ok(d) if d > 0 => d,
         _ => return Err(Error::IoDepth(u64::from(td_ref.o.iodepth))),
     };
     // SAFETY: as above.
     let names = unsafe { file_names(td) };
-    let job = Job::open(&names, &settings, depth, log_line)?;
+    let job = Job::open(&names, &settings, depth, cpus, log_line)?;
     let p = Box::into_raw(Box::new(job));
     td_ref.io_ops_data = p as *mut c_void;
     // SAFETY: just leaked; owned by `td` until `cleanup`.

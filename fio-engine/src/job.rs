@@ -2,7 +2,8 @@
 //! copy: each io_u's buffer is a part of it, handed to the queue pair as a `DmaBuf`); and what it reaped.
 //! Everything here is safe Rust; `ffi` translates fio's structures to and from these calls.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use nvpoll::api::{IoOp, IoRequest};
@@ -88,9 +89,17 @@ pub struct Job {
     /// I/Os queued since the last flush (not yet on the wire in the deferred mode).
     unsent: usize,
     idle: Idle,
+    /// How many CPUs this job may run on (its cpus_allowed, or the machine's).
+    cpus: usize,
     errors: u64,
     log: fn(&str),
 }
+
+/// The engine's jobs open in this process (fio runs them as threads of one process): with more of them than
+/// a job has CPUs, a job that asked for `idle=spin` yields instead ([`Idle::for_cpus`]).
+static OPEN_JOBS: AtomicUsize = AtomicUsize::new(0);
+/// The advice that goes with it, said once a process.
+static SPIN_ADVICE: Once = Once::new();
 
 fn errno(e: &Error) -> i32 {
     match e {
@@ -108,6 +117,7 @@ impl Job {
         names: &[String],
         settings: &Settings,
         depth: u16,
+        cpus: usize,
         log: fn(&str),
     ) -> Result<Job, EngineError> {
         let mut files = Vec::with_capacity(names.len());
@@ -154,8 +164,12 @@ impl Job {
             outstanding: 0,
             unsent: 0,
             idle: settings.idle,
+            cpus,
             errors: 0,
             log,
+        })
+        .inspect(|_| {
+            OPEN_JOBS.fetch_add(1, Ordering::Relaxed);
         })
     }
 
@@ -423,7 +437,8 @@ impl Job {
         // lets the others run before it looks.
         let just_sent = self.unsent > 0 && self.unsent >= self.outstanding;
         self.flush_all();
-        if just_sent && self.idle == Idle::Yield && min > 0 {
+        let yields = self.yields();
+        if just_sent && yields && min > 0 {
             std::thread::yield_now();
         }
         let start = timeout.map(|_| Instant::now());
@@ -449,11 +464,22 @@ impl Job {
             if n == before {
                 // Anything a retry or a reconnect queued goes out too.
                 self.flush_all();
-                if self.idle == Idle::Yield {
+                if yields {
                     std::thread::yield_now();
                 }
             }
         }
+    }
+
+    /// Whether this job yields between empty polls now: it asked to, or it asked to spin while more jobs are
+    /// open than it has CPUs. One relaxed load a reap.
+    fn yields(&self) -> bool {
+        let jobs = OPEN_JOBS.load(Ordering::Relaxed);
+        let idle = self.idle.for_cpus(jobs, self.cpus);
+        if idle != self.idle {
+            SPIN_ADVICE.call_once(|| (self.log)(&Idle::spin_advice(jobs, self.cpus)));
+        }
+        idle == Idle::Yield
     }
 
     /// The `i`th I/O the last reap collected: its io_u index and errno (0: success).
@@ -464,6 +490,7 @@ impl Job {
 
 impl Drop for Job {
     fn drop(&mut self) {
+        OPEN_JOBS.fetch_sub(1, Ordering::Relaxed);
         // The queue pairs go first (no device writes the buffers any more), then the buffers' IOMMU
         // mappings, then the buffers.
         let files = std::mem::take(&mut self.files);

@@ -95,9 +95,9 @@ pub const OPTIONS: [OptionDoc; 9] = [
         alias: None,
         lname: "What a reaping job does when nothing completed",
         default: Some("yield"),
-        help: "spin (poll without pause: lowest latency when each job has a core of its own; with more \
-               jobs than CPUs a core does about one I/O per round trip, and the engine says so) or yield \
-               (sched_yield between empty polls: for more jobs than cores, as numjobs=128)",
+        help: "spin (poll without pause: lowest latency when each job has a CPU of its own; with more \
+               jobs than CPUs the jobs yield instead, and the engine says so) or yield (sched_yield between \
+               empty polls: for more jobs than cores, as numjobs=128)",
     },
 ];
 
@@ -115,20 +115,28 @@ pub enum Idle {
 }
 
 impl Idle {
-    /// What to tell a user who asked for `idle=spin` with more jobs than the CPUs they may run on (`None`
-    /// otherwise). A spinning job keeps its CPU for its whole time slice, so at iodepth 1 the CPU completes
-    /// one I/O per round trip to the target whichever job holds it: a core of spinning qd1 jobs does what one
-    /// job does (measured in docs/fio.md: SPDK's plugin, which always spins, does the same).
-    pub fn oversubscribed(self, jobs: u32, cpus: usize) -> Option<String> {
-        if self != Idle::Spin || jobs as usize <= cpus {
-            return None;
+    /// What a job that asked for `self` does while `jobs` jobs of this fio process are open and it may run on
+    /// `cpus` CPUs. A spinning job keeps its
+    /// CPU for its whole time slice, so at iodepth 1 a core of spinning jobs completes one I/O per round trip
+    /// to the target whichever job holds it: what one job does (measured in docs/fio.md; SPDK's plugin, which
+    /// always spins, does the same). With more jobs than CPUs, `spin` therefore yields between empty polls as
+    /// `yield` does; with a CPU a job it spins.
+    pub fn for_cpus(self, jobs: usize, cpus: usize) -> Idle {
+        if self == Idle::Spin && jobs > cpus {
+            Idle::Yield
+        } else {
+            self
         }
+    }
+
+    /// What the engine tells a user whose spinning jobs yield ([`Idle::for_cpus`]).
+    pub fn spin_advice(jobs: usize, cpus: usize) -> String {
         let s = if cpus == 1 { "" } else { "s" };
-        Some(format!(
-            "nvpoll: idle=spin with {jobs} jobs on {cpus} CPU{s}: a spinning job keeps its CPU for its whole time \
-             slice, so at a low iodepth the CPU completes about one I/O per round trip whichever job holds it; \
-             idle=yield (the default) hands the CPU to the next job whose I/O has come back"
-        ))
+        format!(
+            "nvpoll: idle=spin with {jobs} jobs on {cpus} CPU{s}: the jobs yield between empty polls instead \
+             (a spinning job keeps its CPU for its whole time slice, so at a low iodepth the CPU would complete \
+             about one I/O per round trip whichever job holds it); spin needs a CPU per job (cpus_allowed)"
+        )
     }
 }
 
@@ -349,15 +357,18 @@ mod tests {
         assert_eq!(s.paths.len(), 2);
         assert_eq!(s.policy, PathPolicy::RoundRobin);
         assert_eq!(s.idle, Idle::Spin);
-        let warn = Idle::Spin
-            .oversubscribed(128, 1)
-            .expect("128 spinning jobs on one CPU");
+        assert_eq!(
+            Idle::Spin.for_cpus(128, 1),
+            Idle::Yield,
+            "128 spinning jobs on one CPU yield"
+        );
+        assert_eq!(Idle::Spin.for_cpus(2, 2), Idle::Spin);
+        assert_eq!(Idle::Yield.for_cpus(1, 2), Idle::Yield);
+        let warn = Idle::spin_advice(128, 1);
         assert!(
-            warn.contains("128 jobs on 1 CPU:") && warn.contains("idle=yield"),
+            warn.contains("128 jobs on 1 CPU:") && warn.contains("yield between empty polls"),
             "{warn}"
         );
-        assert_eq!(Idle::Spin.oversubscribed(2, 2), None);
-        assert_eq!(Idle::Yield.oversubscribed(128, 1), None);
     }
 
     #[test]

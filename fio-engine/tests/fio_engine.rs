@@ -546,7 +546,7 @@ fn a_target_that_dies_mid_job_and_comes_back_loses_nothing() {
 }
 
 #[test]
-fn spinning_jobs_beyond_their_cpus_are_advised_once() {
+fn spinning_jobs_beyond_their_cpus_yield_and_say_so_once() {
     let Some(so) = engine() else { return };
     let t = TestTarget::ram(false);
     let run = |jobs: usize| {
@@ -564,15 +564,29 @@ fn spinning_jobs_beyond_their_cpus_are_advised_once() {
         a.push(format!("--numjobs={jobs}"));
         a.push(format!("--filename={}", t.filename()));
         let o = fio(&so, &a);
-        assert_eq!(jobs_ok(&o).len(), jobs, "{}", text(&o));
-        String::from_utf8_lossy(&o.stderr).into_owned() + &String::from_utf8_lossy(&o.stdout)
+        let done = jobs_ok(&o);
+        assert_eq!(done.len(), jobs, "{}", text(&o));
+        let out =
+            String::from_utf8_lossy(&o.stderr).into_owned() + &String::from_utf8_lossy(&o.stdout);
+        (done, out)
     };
-    // Three spinning jobs on one CPU: said once for the process, not once a job.
-    let out = run(3);
+    // Three spinning jobs on one CPU: said once for the process, not once a job, and the jobs yield: a
+    // context switch (fio's `ctx`) at least every few I/Os, where a spinning job switches only when its time
+    // slice ends (a few hundred a second against tens of thousands of I/Os).
+    let (done, out) = run(3);
     let advice = "idle=spin with 3 jobs on 1 CPU";
     assert_eq!(out.matches(advice).count(), 1, "{out}");
-    assert!(out.contains("idle=yield"), "{out}");
+    assert!(out.contains("yield between empty polls instead"), "{out}");
+    for j in &done {
+        let ios = j["write"]["total_ios"].as_u64().expect("total_ios");
+        let ctx = j["ctx"].as_u64().expect("ctx");
+        assert!(
+            ios > 0 && ctx * 4 >= ios,
+            "job {}: {ctx} context switches for {ios} I/Os: it did not yield",
+            j["jobname"]
+        );
+    }
     // One job on its CPU: nothing to advise.
-    let out = run(1);
+    let (_, out) = run(1);
     assert!(!out.contains("idle=spin with"), "{out}");
 }
