@@ -17,7 +17,8 @@
 //! that reactor N owns. The transport builds the command and either sends it at once or queues it for the
 //! reactor's end-of-poll flush. The reactor's poller calls [`api::QueuePair::process_completions`], which hands
 //! each finished request back, with its buffer, to the application's callback.
-// Unsafe code lives in `mem` only (pinned DMA memory), which allows it for itself.
+// Unsafe code lives in `mem` (pinned DMA memory) and `uring` (the buffer ring shared with io_uring) only, each of
+// which allows it for itself.
 #![deny(unsafe_code)]
 
 pub mod aio;
@@ -29,6 +30,7 @@ pub mod reactor;
 pub mod send;
 pub mod trid;
 pub mod units;
+pub mod uring;
 
 /// NVMe data structures: the crate [`nvpoll_spec`], re-exported so that `nvpoll::spec::Sqe` names the same type.
 pub use nvpoll_spec as spec;

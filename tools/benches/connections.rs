@@ -12,7 +12,9 @@
 //! `cargo bench --bench connections`. Knobs (environment): NVPOLL_BENCH_TIME (3s per run), NVPOLL_BENCH_WARMUP
 //! (1s), NVPOLL_BENCH_RUNS (3 rounds), NVPOLL_CONN_COUNTS ("0 64 256 1024"), NVPOLL_BIN_DIR (built
 //! `nvpoll-perf` and `nvpoll-target`; default: those cargo builds for this bench), SPDK_DIR (an SPDK v26.05
-//! build; never built here). The target runs on the last core, perf on core 0: it needs two cores.
+//! build; never built here), SPDK_URING_DIR (an SPDK build configured `--with-uring`: its nvmf_tgt with the
+//! uring socket implementation, SPDK's io_uring anchor, as a third target). The target runs on the last core,
+//! perf on core 0: it needs two cores.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -193,6 +195,8 @@ fn raise_nofile(want: u64) {
 enum Target {
     Ours,
     Spdk,
+    /// nvmf_tgt with its uring socket implementation (`sock_set_default_impl uring`).
+    SpdkUring,
 }
 
 impl Target {
@@ -200,6 +204,7 @@ impl Target {
         match self {
             Target::Ours => "ours",
             Target::Spdk => "spdk",
+            Target::SpdkUring => "spdk-uring",
         }
     }
 }
@@ -235,9 +240,19 @@ fn run() {
             .to_path_buf(),
     };
     let spdk = std::env::var_os("SPDK_DIR").map(PathBuf::from);
+    let spdk_uring = std::env::var_os("SPDK_URING_DIR").map(PathBuf::from);
     let mut targets = vec![Target::Ours];
     if spdk.is_some() {
         targets.push(Target::Spdk);
+    }
+    if let Some(d) = &spdk_uring {
+        let config = std::fs::read_to_string(d.join("mk/config.mk")).unwrap_or_default();
+        assert!(
+            config.lines().any(|l| l.trim() == "CONFIG_URING?=y"),
+            "connections: SPDK_URING_DIR={} is not an SPDK build configured --with-uring (mk/config.mk)",
+            d.display()
+        );
+        targets.push(Target::SpdkUring);
     }
     let work = std::env::temp_dir().join(format!("nvpoll-conns.{}", std::process::id()));
     std::fs::create_dir_all(&work).expect("work folder");
@@ -245,14 +260,23 @@ fn run() {
     println!(
         "connections: target on core {tcore}, perf on core 0; {time} per run after {warmup}, {rounds} round(s); \
          N = {counts:?} idle I/O queues ({PER_CTRL} per controller) held by another process; {}",
-        if spdk.is_some() { "ours and SPDK's nvmf_tgt" } else { "ours only (SPDK_DIR not set)" }
+        match (&spdk, &spdk_uring) {
+            (None, None) => "ours only (SPDK_DIR not set)",
+            (Some(_), None) => "ours and SPDK's nvmf_tgt",
+            (None, Some(_)) => "ours and SPDK's nvmf_tgt on io_uring",
+            (Some(_), Some(_)) => "ours and SPDK's nvmf_tgt, posix and io_uring sockets",
+        }
     );
     // iops[target][count][shape][round]
     let mut iops = vec![vec![vec![Vec::new(); SHAPES.len()]; counts.len()]; targets.len()];
     for round in 0..rounds {
         for (ci, &n) in counts.iter().enumerate() {
             for (ti, &t) in targets.iter().enumerate() {
-                let target = start_target(t, &dir, spdk.as_deref(), &work, tcore);
+                let spdk_dir = match t {
+                    Target::SpdkUring => spdk_uring.as_deref(),
+                    _ => spdk.as_deref(),
+                };
+                let target = start_target(t, &dir, spdk_dir, &work, tcore);
                 let holder = (n > 0).then(|| start_holder(n));
                 for (si, &(shape, qd, jobs)) in SHAPES.iter().enumerate() {
                     let v = measure(&dir, &time, &warmup, qd, jobs);
@@ -365,12 +389,18 @@ fn start_target(t: Target, dir: &Path, spdk: Option<&Path>, work: &Path, core: u
                 .spawn()
                 .expect("start our target")
         }
-        Target::Spdk => {
+        Target::Spdk | Target::SpdkUring => {
             let conf = work.join("spdk.json");
+            let sock = if t == Target::SpdkUring {
+                r#"{ "subsystem": "sock", "config": [ { "method": "sock_set_default_impl",
+      "params": { "impl_name": "uring" } } ] },"#
+            } else {
+                ""
+            };
             std::fs::write(
                 &conf,
                 format!(
-                    r#"{{ "subsystems": [
+                    r#"{{ "subsystems": [ {sock}
   {{ "subsystem": "bdev", "config": [ {{ "method": "bdev_malloc_create",
       "params": {{ "name": "Malloc0", "num_blocks": 524288, "block_size": 512 }} }} ] }},
   {{ "subsystem": "nvmf", "config": [
@@ -384,7 +414,9 @@ fn start_target(t: Target, dir: &Path, spdk: Option<&Path>, work: &Path, core: u
                 ),
             )
             .expect("config");
-            let bin = spdk.expect("SPDK_DIR").join("build/bin/nvmf_tgt");
+            let bin = spdk
+                .expect("SPDK_DIR or SPDK_URING_DIR")
+                .join("build/bin/nvmf_tgt");
             Command::new(bin)
                 .args([
                     "-m",
