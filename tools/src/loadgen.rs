@@ -471,7 +471,7 @@ impl<Q: QueuePair> Poller for Job<Q> {
                 }
             }
         }
-        if let Err(e) = self.qp().poll(256) {
+        if let Err(e) = self.qp().poll_at(256, now) {
             self.drain_completions(now, measuring);
             self.finish(Some(e.to_string()));
             return PollStatus::Busy;

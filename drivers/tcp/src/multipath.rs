@@ -626,10 +626,14 @@ impl QueuePair for MultipathQueuePair {
     }
 
     fn poll(&mut self, max: usize) -> nvpoll::Result<usize> {
+        self.poll_at(max, Instant::now())
+    }
+
+    fn poll_at(&mut self, max: usize, now: Instant) -> nvpoll::Result<usize> {
         let before = self.done.len();
         for p in 0..self.paths.len() {
             // A path that failed for good has completed its commands with errors, handled below.
-            let _ = self.paths[p].poll(max);
+            let _ = self.paths[p].poll_at(max, now);
             while let Some(c) = self.paths[p].pop_completion() {
                 self.on_completion(p, c);
             }

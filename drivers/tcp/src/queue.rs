@@ -753,10 +753,16 @@ impl HostQueue {
     /// As [`HostQueue::poll`], but stops handling PDUs once `max` commands have completed in this call; the
     /// PDUs left in the receive buffer are handled by the next poll.
     pub fn poll_max(&mut self, max: usize) -> Result<usize, Error> {
+        self.poll_max_at(max, Instant::now())
+    }
+
+    /// As [`HostQueue::poll_max`], with the caller's reading of the clock (stamped on the commands submitted
+    /// until the next poll, for their timeouts).
+    pub fn poll_max_at(&mut self, max: usize, now: Instant) -> Result<usize, Error> {
         if !self.homed {
             self.rehome();
         }
-        self.now = Instant::now();
+        self.now = now;
         if let Some(cause) = &self.failed {
             return Err(self.failed_error(cause));
         }

@@ -348,8 +348,7 @@ impl TcpQueuePair {
 
     /// Per-command timeouts: ask for an Abort once, give up on the command (and reset the connection) when
     /// the Abort did not complete it either.
-    fn check_timeouts(&mut self) {
-        let now = Instant::now();
+    fn check_timeouts(&mut self, now: Instant) {
         if now < self.next_timeout_check {
             return;
         }
@@ -449,9 +448,13 @@ impl QueuePair for TcpQueuePair {
     }
 
     fn poll(&mut self, max: usize) -> nvpoll::Result<usize> {
+        self.poll_at(max, Instant::now())
+    }
+
+    fn poll_at(&mut self, max: usize, now: Instant) -> nvpoll::Result<usize> {
         let before = self.done_len();
         self.refresh_ana();
-        self.check_timeouts();
+        self.check_timeouts(now);
         if let QueueState::Connected(q) = &mut self.state {
             if self.shared.generation.load(Ordering::Acquire) != self.gen {
                 // The controller reconnected (its old incarnation, and so this connection, is gone on the
@@ -467,7 +470,7 @@ impl QueuePair for TcpQueuePair {
         }
         match &mut self.state {
             QueueState::Connected(q) => {
-                if q.poll_max(max).is_err() {
+                if q.poll_max_at(max, now).is_err() {
                     self.lose_connection();
                 }
             }
