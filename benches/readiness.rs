@@ -125,19 +125,10 @@ fn serve(mode: Mode, mut conns: Vec<Conn>, stop: &AtomicBool) {
                 )
                 .unwrap();
             }
-            let mut events = vec![
-                epoll::Event {
-                    flags: epoll::EventFlags::empty(),
-                    data: epoll::EventData::new_u64(0),
-                };
-                256
-            ];
-            let zero = rustix::time::Timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
+            // The same call the ready group makes (level-triggered, no waiting).
+            let mut events = Vec::new();
             while !stop.load(Ordering::Relaxed) {
-                let n = epoll::wait(&set, &mut events[..], Some(&zero)).unwrap();
+                let n = nvpoll::reactor::epoll_ready_now(&set, &mut events, conns.len());
                 for ev in &events[..n] {
                     let c = &mut conns[ev.data.u64() as usize];
                     match c.sock.read(&mut buf) {

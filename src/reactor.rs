@@ -1361,6 +1361,32 @@ struct Entry {
     deadline: Option<Instant>,
 }
 
+/// Asks a level-triggered epoll set which of its descriptors are ready, without waiting: fills the first
+/// entries of `events` (grown to fit) and returns how many. At most `want` (at least 1, at most 1024) come back
+/// per call; the rest stay ready and come with the next. An error (EINTR) reads as none ready: the next call
+/// asks again. What a reactor's parking and a target's ready group both ask once per iteration.
+pub fn epoll_ready_now(
+    epoll: &impl AsFd,
+    events: &mut Vec<rustix::event::epoll::Event>,
+    want: usize,
+) -> usize {
+    let want = want.clamp(1, 1024);
+    if events.len() < want {
+        events.resize(
+            want,
+            rustix::event::epoll::Event {
+                flags: rustix::event::epoll::EventFlags::empty(),
+                data: rustix::event::epoll::EventData::new_u64(0),
+            },
+        );
+    }
+    let zero = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::epoll::wait(epoll, &mut events[..want], Some(&zero)).unwrap_or(0)
+}
+
 /// A reactor's parked pollers: one epoll set of their wake sources' descriptors, asked once per iteration
 /// with a zero timeout, and the earliest of their deadlines.
 ///
@@ -1780,23 +1806,7 @@ impl Reactor {
             self.unpark_all();
             return;
         }
-        let want = p.parked.clamp(1, 1024);
-        if p.events.len() < want {
-            p.events.resize(
-                want,
-                rustix::event::epoll::Event {
-                    flags: rustix::event::epoll::EventFlags::empty(),
-                    data: rustix::event::epoll::EventData::new_u64(0),
-                },
-            );
-        }
-        let zero = Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // EINTR: nothing this time; more ready than `want`: the rest stay ready and come next time.
-        let n =
-            rustix::event::epoll::wait(&p.epoll, &mut p.events[..want], Some(&zero)).unwrap_or(0);
+        let n = epoll_ready_now(&p.epoll, &mut p.events, p.parked);
         let epoch = p.epoch;
         for k in 0..n {
             let data = self.parking.as_ref().map_or(0, |p| p.events[k].data.u64());

@@ -1115,23 +1115,8 @@ impl ReadyGroup {
         let Some(ep) = &self.epoll else {
             return;
         };
-        let want = self.count.clamp(1, 1024);
-        if self.events.len() < want {
-            self.events.resize(
-                want,
-                rustix::event::epoll::Event {
-                    flags: rustix::event::epoll::EventFlags::empty(),
-                    data: rustix::event::epoll::EventData::new_u64(0),
-                },
-            );
-        }
-        let zero = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // An error (EINTR) is a poll with nothing readable; the next iteration asks again. More than `want`
-        // ready at once: the rest stay ready (level-triggered) and come with the next call.
-        let n = rustix::event::epoll::wait(ep, &mut self.events[..want], Some(&zero)).unwrap_or(0);
+        // More ready than fit: the rest stay ready (level-triggered) and come with the next call.
+        let n = nvpoll::reactor::epoll_ready_now(ep, &mut self.events, self.count);
         for i in 0..n {
             let slot = self.events[i].data.u64() as usize;
             self.activate(slot, true);
