@@ -427,7 +427,8 @@ pub trait QueuePair {
     /// As [`QueuePair::poll`], with the caller's reading of the clock taken this pass: a poller that reads it
     /// anyway (to time its I/Os) spares the transport its own reads (on the 2-vCPU development VM the TCP
     /// queue pair's two `clock_gettime` calls a pass were 7% of perf's initiator core at qd128). Transports
-    /// that keep no time ignore it (the default calls [`QueuePair::poll`]).
+    /// that keep no time ignore it (the default calls [`QueuePair::poll`]). See [`QueuePair::poll`]'s example:
+    /// `qp.poll_at(2, std::time::Instant::now())` there does what `qp.poll(2)` does.
     fn poll_at(&mut self, max: usize, now: std::time::Instant) -> Result<usize, Error> {
         let _ = now;
         self.poll(max)

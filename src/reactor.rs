@@ -1365,6 +1365,27 @@ struct Entry {
 /// entries of `events` (grown to fit) and returns how many. At most `want` (at least 1, at most 1024) come back
 /// per call; the rest stay ready and come with the next. An error (EINTR) reads as none ready: the next call
 /// asks again. What a reactor's parking and a target's ready group both ask once per iteration.
+///
+/// # Examples
+///
+/// ```
+/// use std::io::Write;
+/// use std::os::unix::net::UnixStream;
+/// use nvpoll::reactor::epoll_ready_now;
+/// use rustix::event::epoll;
+///
+/// let set = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+/// let (mut a, b) = UnixStream::pair()?;
+/// epoll::add(&set, &b, epoll::EventData::new_u64(7), epoll::EventFlags::IN)?;
+/// let mut events = Vec::new();
+/// assert_eq!(epoll_ready_now(&set, &mut events, 1), 0, "nothing to read yet");
+/// a.write_all(b"x")?;
+/// assert_eq!(epoll_ready_now(&set, &mut events, 1), 1);
+/// assert_eq!(events[0].data.u64(), 7);
+/// // Level-triggered: still ready, since nothing was read.
+/// assert_eq!(epoll_ready_now(&set, &mut events, 1), 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn epoll_ready_now(
     epoll: &impl AsFd,
     events: &mut Vec<rustix::event::epoll::Event>,
