@@ -1,6 +1,7 @@
 //! Receiving from many sockets through one io_uring: one multishot receive per socket, into buffers the kernel
 //! takes from a ring of provided buffers that this module shares with it (the io_uring counterpart of a readiness
-//! set plus a `read` per ready socket; SPDK's uring socket group is built the same way).
+//! set plus a `read` per ready socket; SPDK's uring socket group also receives into provided buffers, with a
+//! single-shot receive armed again after each completion).
 //!
 //! A [`RecvRing`] arms a multishot `IORING_OP_RECV` with buffer selection for each socket it
 //! [watches](RecvRing::watch). Whenever bytes arrive, the kernel copies them into a free buffer of the ring and

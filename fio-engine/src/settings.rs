@@ -116,10 +116,9 @@ pub enum Idle {
 
 impl Idle {
     /// What a job that asked for `self` does while `jobs` jobs of this fio process are open and it may run on
-    /// `cpus` CPUs. A spinning job keeps its
-    /// CPU for its whole time slice, so at iodepth 1 a core of spinning jobs completes one I/O per round trip
-    /// to the target whichever job holds it: what one job does (measured in docs/fio.md; SPDK's plugin, which
-    /// always spins, does the same). With more jobs than CPUs, `spin` therefore yields between empty polls as
+    /// `cpus` CPUs. A spinning job keeps its CPU for its whole time slice, so at iodepth 1 a core of spinning
+    /// jobs completes one I/O per round trip to the target whichever job holds it: what one job does
+    /// (measured in docs/fio.md; SPDK's plugin, which always spins, does the same). With more jobs than CPUs, `spin` therefore yields between empty polls as
     /// `yield` does; with a CPU a job it spins.
     pub fn for_cpus(self, jobs: usize, cpus: usize) -> Idle {
         if self == Idle::Spin && jobs > cpus {
