@@ -342,6 +342,11 @@ impl InvalidParameter {
         in_data: false,
         offset: 44,
     };
+    /// The offending Connect attributes (CATTR, e.g. [`CATTR_DISABLE_SQFLOW`]), in the command.
+    pub const CATTR: InvalidParameter = InvalidParameter {
+        in_data: false,
+        offset: 46,
+    };
 
     /// The Connect field this points at, in words ("the subsystem NQN"), or `None` for an offset that
     /// starts no field this module knows.
@@ -352,6 +357,7 @@ impl InvalidParameter {
             InvalidParameter::CNTLID => "the controller ID",
             InvalidParameter::QID => "the queue ID",
             InvalidParameter::SQSIZE => "the queue size",
+            InvalidParameter::CATTR => "the connect attributes",
             InvalidParameter {
                 in_data: true,
                 offset: 0,

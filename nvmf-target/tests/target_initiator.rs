@@ -130,6 +130,62 @@ fn write_read_verify(header_digest: bool, data_digest: bool) {
     ctrl.shutdown().unwrap();
 }
 
+/// Reads of every size answered by a C2HData that says SUCCESS and nothing more, where our host disables SQ
+/// flow control (the default), and by C2HData and a response capsule where it keeps it (`sq_flow_control`):
+/// the PDUs the host receives per read tell which, and the data is right either way.
+fn reads_and_pdus_received(sq_flow_control: bool) -> Vec<(u32, u64)> {
+    let t = TestTarget::start(|c| c);
+    let mut o = ConnectOptions::new(t.addr, NQN, HOSTNQN);
+    o.sq_flow_control = sq_flow_control;
+    let mut ctrl = TcpController::connect(o, pool()).expect("attach to our target");
+    let mut qp = ctrl.create_queue_pair(32).expect("I/O queue");
+    let p = ctrl.pool().clone();
+    let mut seen = Vec::new();
+    // 512-byte blocks: one C2HData up to the target's 128 KiB per PDU, several beyond.
+    for blocks in [1u32, 8, 256, 2048] {
+        let len = blocks as usize * 512;
+        let mut w = p.alloc(len).unwrap();
+        fill_pattern(w.as_mut_slice(), u64::from(blocks) << 7);
+        let expect = w.as_slice().to_vec();
+        let c = run_one(&mut qp, io(IoOp::Write, 1, 0, blocks, Some(w)));
+        c.result
+            .unwrap_or_else(|e| panic!("write {blocks} blocks: {e}"));
+        let before = qp.conn_stats().pdus_rx;
+        let c = run_one(
+            &mut qp,
+            io(IoOp::Read, 1, 0, blocks, Some(p.alloc(len).unwrap())),
+        );
+        c.result
+            .unwrap_or_else(|e| panic!("read {blocks} blocks: {e}"));
+        assert!(
+            c.buf.unwrap().as_slice() == &expect[..],
+            "{blocks} blocks read back differ"
+        );
+        seen.push((blocks, qp.conn_stats().pdus_rx - before));
+    }
+    drop(qp);
+    ctrl.shutdown().unwrap();
+    seen
+}
+
+#[test]
+fn reads_complete_on_their_last_c2hdata_without_sq_flow_control() {
+    let off = reads_and_pdus_received(false);
+    let on = reads_and_pdus_received(true);
+    for ((blocks, without), (_, with)) in off.iter().zip(&on) {
+        assert!(*without >= 1, "{blocks} blocks: at least one C2HData");
+        assert_eq!(
+            *with,
+            without + 1,
+            "{blocks} blocks: flow control on adds the response capsule (off: {without} PDUs, on: {with})"
+        );
+    }
+    assert_eq!(
+        off[0].1, 1,
+        "a 512-byte read is one PDU without flow control: {off:?}"
+    );
+}
+
 /// A write whose R2T the host answers in many H2CData PDUs (MAXH2CDATA small against the write): the host
 /// gathers up to eight into one send, and sends a short one (below the direct-send size) through its send
 /// buffer after what it gathered. Every byte must land where it belongs, with data digests checked on the way.

@@ -195,6 +195,11 @@ struct Args {
     /// listener. Default: the system's (net.ipv4.tcp_congestion_control).
     #[arg(long, value_name = "NAME")]
     tcp_congestion: Option<String>,
+    /// NVMe/TCP: keep SQ flow control on the I/O queues. Default: each I/O queue's Connect asks the
+    /// controller to disable it, so that a read can complete with its last C2HData (one PDU instead of two)
+    /// where the controller agrees; a controller that refuses gets the queue connected again with it on.
+    #[arg(long)]
+    sq_flow_control: bool,
     /// Size of the embedded target's RAM namespace.
     #[arg(long, default_value = "256m", value_parser = loadgen::parse_size)]
     ram: u64,
@@ -650,6 +655,7 @@ fn run(args: Args) -> Result<(), String> {
             o.kato = args.kato;
             o.io_queues = args.io_queues;
             o.tcp_congestion.clone_from(&args.tcp_congestion);
+            o.sq_flow_control = args.sq_flow_control;
             o.header_digest = args.header_digest;
             o.data_digest = args.data_digest;
             o.reconnect_delay = args.reconnect_delay;

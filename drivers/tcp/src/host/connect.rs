@@ -57,7 +57,14 @@ pub(super) fn fabrics_connect_auth(
     } else {
         0
     };
-    let sqe = Sqe::fabrics_connect(q.qid(), sqsize, 0, kato_ms);
+    // The admin queue keeps SQ flow control: its commands are few, and discovery controllers need not know
+    // the bit.
+    let cattr = if q.qid() != 0 && !opts.sq_flow_control {
+        spec::fabrics::CATTR_DISABLE_SQFLOW
+    } else {
+        0
+    };
+    let sqe = Sqe::fabrics_connect(q.qid(), sqsize, cattr, kato_ms);
     let data = spec::ConnectData {
         hostid: opts.hostid,
         cntlid,
@@ -145,23 +152,95 @@ pub(super) struct QueueLink {
 }
 
 impl QueueLink {
-    /// Connects the queue (TCP, TLS, ICReq) and runs Fabrics Connect for controller `cntlid`.
+    /// Connects the queue (TCP, TLS, ICReq) and runs Fabrics Connect for controller `cntlid`; again with SQ
+    /// flow control kept if the controller refused to disable it.
     pub(super) fn connect(&self, cntlid: u16) -> Result<HostQueue, Error> {
-        let mut q = connect_queue(&self.opts, self.qid, self.depth, self.max_transfer)?;
+        match self.connect_with(&self.opts, cntlid) {
+            Err(Error::Refused(r)) if !self.opts.sq_flow_control && refused_sqflow_off(&r) => {
+                log::warn!(
+                    "controller {cntlid} refused I/O queue {}'s Connect with SQ flow control disabled ({}): \
+                     connecting it again with flow control on",
+                    self.qid,
+                    r.status
+                );
+                let kept = ConnectOptions {
+                    sq_flow_control: true,
+                    ..self.opts.clone()
+                };
+                self.connect_with(&kept, cntlid)
+            }
+            r => r,
+        }
+    }
+
+    fn connect_with(&self, opts: &ConnectOptions, cntlid: u16) -> Result<HostQueue, Error> {
+        let mut q = connect_queue(opts, self.qid, self.depth, self.max_transfer)?;
         // The controller's IOCCSZ holds for every command on the queue, the authentication's among them: a
         // DH-HMAC-CHAP Reply with ffdhe8192 (1104 bytes) goes in the capsule, as Linux sends it, since Linux
         // nvmet answers no R2T for it.
         q.set_incapsule_max(self.incapsule_max);
         // SQSIZE is 0's based and must be at least 1 (a queue of two entries); a depth-1 queue pair still
         // never has more than one command outstanding, since the host queue has one slot.
-        fabrics_connect(
-            &mut q,
-            &self.opts,
-            &self.pool,
-            self.depth.max(2) - 1,
-            cntlid,
-        )?;
-        q.set_keep_orphans(self.opts.recovery == Recovery::Retry);
+        fabrics_connect(&mut q, opts, &self.pool, self.depth.max(2) - 1, cntlid)?;
+        q.set_keep_orphans(opts.recovery == Recovery::Retry);
         Ok(q)
+    }
+}
+
+/// Whether a refused Connect is about the attributes we sent (SQ flow control disabled): Invalid Field, which
+/// names no parameter, or Connect Invalid Parameters naming CATTR.
+fn refused_sqflow_off(r: &crate::ConnectRefusal) -> bool {
+    r.status.is(spec::Status::INVALID_FIELD)
+        || (r.status.is(spec::Status::CONNECT_INVALID_PARAMETERS)
+            && r.invalid == Some(spec::fabrics::InvalidParameter::CATTR))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refused_sqflow_off;
+    use nvpoll::spec::fabrics::InvalidParameter;
+    use nvpoll::spec::Status;
+
+    fn refusal(status: Status, invalid: Option<InvalidParameter>) -> crate::ConnectRefusal {
+        crate::ConnectRefusal {
+            status,
+            invalid,
+            qid: 1,
+            sqsize: 127,
+            subnqn: "nqn.2024-01.io.example:sub".into(),
+            hostnqn: "nqn.2024-01.io.example:host".into(),
+            cntlid: 1,
+        }
+    }
+
+    #[test]
+    fn only_a_refusal_of_the_attributes_connects_again_with_flow_control() {
+        let params = Status::CONNECT_INVALID_PARAMETERS;
+        assert!(refused_sqflow_off(&refusal(Status::INVALID_FIELD, None)));
+        assert!(refused_sqflow_off(&refusal(
+            params,
+            Some(InvalidParameter::CATTR)
+        )));
+        for other in [
+            InvalidParameter::SUBNQN,
+            InvalidParameter::HOSTNQN,
+            InvalidParameter::CNTLID,
+            InvalidParameter::QID,
+            InvalidParameter::SQSIZE,
+        ] {
+            assert!(
+                !refused_sqflow_off(&refusal(params, Some(other))),
+                "{other}"
+            );
+        }
+        assert!(!refused_sqflow_off(&refusal(params, None)));
+        assert!(!refused_sqflow_off(&refusal(
+            Status::CONNECT_INVALID_HOST,
+            None
+        )));
+        assert!(!refused_sqflow_off(&refusal(
+            Status::CONNECT_CONTROLLER_BUSY,
+            None
+        )));
     }
 }

@@ -100,6 +100,15 @@ pub struct ConnectOptions {
     /// in Connect's response; see [`ConnectOptions::with_dhchap`]. Without it, a controller that requires
     /// authentication is refused with [`Error::Auth`].
     pub dhchap: Option<crate::dhchap::host::HostAuth>,
+    /// Keep SQ flow control on the I/O queues. `false` (the default): each I/O queue's Connect asks the
+    /// controller to disable it (CATTR bit 2, as Linux's host does with `disable_sqflow`). The host never has
+    /// more commands outstanding than the queue holds, so it needs no SQ head pointer, and a controller that
+    /// agrees may complete a successful read with its last C2HData (the SUCCESS flag) instead of a C2HData and
+    /// a response capsule: one PDU less to build, send, receive and parse per read (Linux nvmet and our
+    /// target do; SPDK's nvmf_tgt sends SUCCESS either way). A controller that refuses the Connect for it
+    /// (Invalid Field, or Connect Invalid Parameters naming CATTR) gets the queue connected again with flow
+    /// control on, and the log says so.
+    pub sq_flow_control: bool,
 }
 
 /// What happens to outstanding commands when their connection is lost.
@@ -173,7 +182,7 @@ impl ConnectOptions {
     /// Options with defaults: no digests, KATO 10 s, 5 s per step, admin depth 32, 1024 I/O queues asked for
     /// (the controller grants what it has), 1 MiB transfers, reconnect
     /// every 2 s for up to 60 s, 30 s command timeout, outstanding commands retried after a reconnect, the ANA
-    /// log read every second, the system's TCP congestion control. See [`ConnectOptions`]' example.
+    /// log read every second, the system's TCP congestion control, SQ flow control off on I/O queues. See [`ConnectOptions`]' example.
     pub fn new(addr: SocketAddr, subnqn: impl Into<String>, hostnqn: impl Into<String>) -> Self {
         ConnectOptions {
             addr,
@@ -196,6 +205,7 @@ impl ConnectOptions {
             ana_refresh: Duration::from_secs(1),
             tcp_congestion: None,
             dhchap: None,
+            sq_flow_control: false,
         }
     }
 
