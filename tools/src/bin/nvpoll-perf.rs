@@ -241,6 +241,7 @@ fn run_matrix<C>(
     suffix: &str,
     target: Option<&embedded_target::Embedded>,
     rows: &mut Vec<Row>,
+    late: &mut Vec<String>,
 ) -> Result<(), String>
 where
     C: Controller,
@@ -394,7 +395,8 @@ where
             Ok(()) => {}
             // Fault injection may leave the controller mid-recovery: report it, the I/O accounting stands.
             Err(e) if m.faults => eprintln!("nvpoll-perf: shutdown after fault injection: {e}"),
-            Err(e) => return Err(format!("shutdown: {e}")),
+            // The runs are measured: their rows are printed, and the failure after them ends perf non-zero.
+            Err(e) => late.push(format!("shutdown: {e}")),
         }
     }
     Ok(())
@@ -615,6 +617,8 @@ fn run(args: Args) -> Result<(), String> {
         faults: args.faults,
     };
     let mut rows = Vec::new();
+    // Failures after the measuring (a controller's shutdown): said after the results.
+    let mut late = Vec::new();
     if !pcie.is_empty() {
         let mut ctrls = Vec::new();
         for bdf in &pcie {
@@ -631,7 +635,9 @@ fn run(args: Args) -> Result<(), String> {
             };
             ctrls.push(common::open_pcie(*bdf, &pool, opts)?);
         }
-        run_matrix(ctrls, &reactors, &pool, &matrix, "", None, &mut rows)?;
+        run_matrix(
+            ctrls, &reactors, &pool, &matrix, "", None, &mut rows, &mut late,
+        )?;
     }
     if args.multipath && (embedded || !pcie.is_empty()) {
         return Err("--multipath: give the paths as NVMe/TCP --trid transport IDs".into());
@@ -690,13 +696,17 @@ fn run(args: Args) -> Result<(), String> {
                 eprintln!("nvpoll-perf: {nqn}: {n} path(s), policy {policy}");
                 ctrls.push(c);
             }
-            run_matrix(ctrls, &reactors, &pool, &matrix, suffix, target, &mut rows)?;
+            run_matrix(
+                ctrls, &reactors, &pool, &matrix, suffix, target, &mut rows, &mut late,
+            )?;
         } else {
             let mut ctrls = Vec::new();
             for o in opts {
                 ctrls.push(common::connect_tcp(o, &pool)?);
             }
-            run_matrix(ctrls, &reactors, &pool, &matrix, suffix, target, &mut rows)?;
+            run_matrix(
+                ctrls, &reactors, &pool, &matrix, suffix, target, &mut rows, &mut late,
+            )?;
         }
     }
     let stats = reactors.stop().map_err(|e| e.to_string())?;
@@ -737,6 +747,9 @@ fn run(args: Args) -> Result<(), String> {
         return Err(format!(
             "{total_errors} I/O errors and {failures} jobs that ended early"
         ));
+    }
+    if !late.is_empty() {
+        return Err(late.join("; "));
     }
     Ok(())
 }
