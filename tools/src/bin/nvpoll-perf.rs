@@ -233,6 +233,13 @@ struct Matrix<'a> {
 
 /// Runs the matrix on one set of controllers (their queue pairs kept across runs), appending a row per cell,
 /// then shuts the controllers down. `suffix` tags the workload label (" tls").
+/// What the runs measured, and the failures after them (a controller's shutdown): said after the results.
+#[derive(Default)]
+struct Outcome {
+    rows: Vec<Row>,
+    late: Vec<String>,
+}
+
 fn run_matrix<C>(
     ctrls: Vec<C>,
     reactors: &Reactors,
@@ -240,8 +247,7 @@ fn run_matrix<C>(
     m: &Matrix<'_>,
     suffix: &str,
     target: Option<&embedded_target::Embedded>,
-    rows: &mut Vec<Row>,
-    late: &mut Vec<String>,
+    out: &mut Outcome,
 ) -> Result<(), String>
 where
     C: Controller,
@@ -377,7 +383,7 @@ where
                 }
             }
             for (&mode, runs) in m.modes.iter().zip(by_mode) {
-                rows.push(Row {
+                out.rows.push(Row {
                     workload: label.clone(),
                     mode: mode.name(),
                     result: loadgen::median(runs.clone()),
@@ -396,7 +402,7 @@ where
             // Fault injection may leave the controller mid-recovery: report it, the I/O accounting stands.
             Err(e) if m.faults => eprintln!("nvpoll-perf: shutdown after fault injection: {e}"),
             // The runs are measured: their rows are printed, and the failure after them ends perf non-zero.
-            Err(e) => late.push(format!("shutdown: {e}")),
+            Err(e) => out.late.push(format!("shutdown: {e}")),
         }
     }
     Ok(())
@@ -616,9 +622,7 @@ fn run(args: Args) -> Result<(), String> {
         drain_timeout: args.drain_timeout,
         faults: args.faults,
     };
-    let mut rows = Vec::new();
-    // Failures after the measuring (a controller's shutdown): said after the results.
-    let mut late = Vec::new();
+    let mut out = Outcome::default();
     if !pcie.is_empty() {
         let mut ctrls = Vec::new();
         for bdf in &pcie {
@@ -635,9 +639,7 @@ fn run(args: Args) -> Result<(), String> {
             };
             ctrls.push(common::open_pcie(*bdf, &pool, opts)?);
         }
-        run_matrix(
-            ctrls, &reactors, &pool, &matrix, "", None, &mut rows, &mut late,
-        )?;
+        run_matrix(ctrls, &reactors, &pool, &matrix, "", None, &mut out)?;
     }
     if args.multipath && (embedded || !pcie.is_empty()) {
         return Err("--multipath: give the paths as NVMe/TCP --trid transport IDs".into());
@@ -696,20 +698,17 @@ fn run(args: Args) -> Result<(), String> {
                 eprintln!("nvpoll-perf: {nqn}: {n} path(s), policy {policy}");
                 ctrls.push(c);
             }
-            run_matrix(
-                ctrls, &reactors, &pool, &matrix, suffix, target, &mut rows, &mut late,
-            )?;
+            run_matrix(ctrls, &reactors, &pool, &matrix, suffix, target, &mut out)?;
         } else {
             let mut ctrls = Vec::new();
             for o in opts {
                 ctrls.push(common::connect_tcp(o, &pool)?);
             }
-            run_matrix(
-                ctrls, &reactors, &pool, &matrix, suffix, target, &mut rows, &mut late,
-            )?;
+            run_matrix(ctrls, &reactors, &pool, &matrix, suffix, target, &mut out)?;
         }
     }
     let stats = reactors.stop().map_err(|e| e.to_string())?;
+    let Outcome { rows, late } = out;
     let total_errors: u64 = rows
         .iter()
         .flat_map(|r| r.runs.iter())
