@@ -103,7 +103,10 @@ run_cg() {
         iops=$(awk -F: '/^[[:space:]]*Total[[:space:]]*:/ { split($2, a, " "); v = a[1] } END { print v }' "$WORK/run.out")
     else
         local args=()
-        [ "$sec" = tls ] && args=(--psk "$KEY" --psk-identity-version 0)
+        # Under callgrind a TLS handshake's key generation takes seconds, and valgrind runs one thread at a time,
+        # which can starve the thread that sends keep-alives: a minute per connect step, and no keep-alive.
+        args=(--connect-timeout 60s --kato 0)
+        [ "$sec" = tls ] && args+=(--psk "$KEY" --psk-identity-version 0)
         "${vg[@]}" "$BIN/nvpoll-perf" --trid "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$sub" \
             --hostnqn "$HOSTNQN" --workload "$w" --io-size "$b" --qd "$q" --jobs 1 --time "${t}s" --warmup 0s \
             --runs 1 --send-mode adaptive --cores "$ICORE" --json "${args[@]}" > "$WORK/run.out" 2> "$WORK/vg.log" || true

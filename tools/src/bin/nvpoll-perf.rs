@@ -161,6 +161,10 @@ struct Args {
     /// whole KATO means the target stopped answering). 0 turns keep-alive off.
     #[arg(long, default_value = "10s", value_parser = loadgen::parse_duration)]
     kato: Duration,
+    /// NVMe/TCP: time allowed for each step of connecting a queue (TCP connect, TLS handshake, ICResp, each
+    /// bring-up command); raise it for a slow path or a host running under a profiler.
+    #[arg(long, default_value = "5s", value_parser = loadgen::parse_duration)]
+    connect_timeout: Duration,
     /// Give a lost controller up after this long (nvme-cli's --ctrl-loss-tmo); then its I/O fails.
     #[arg(long, default_value = "60s", value_parser = loadgen::parse_duration)]
     ctrl_loss_tmo: Duration,
@@ -661,6 +665,7 @@ fn run(args: Args) -> Result<(), String> {
                 o.tls_key_renewal = KeyRenewal::after(n);
             }
             o.kato = args.kato;
+            o.timeout = args.connect_timeout;
             o.io_queues = args.io_queues;
             o.tcp_congestion.clone_from(&args.tcp_congestion);
             o.sq_flow_control = args.sq_flow_control;
