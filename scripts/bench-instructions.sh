@@ -5,17 +5,18 @@
 # usage: SPDK_DIR=/path/to/spdk scripts/bench-instructions.sh
 #
 # Where a VM gives no hardware counters (perf stat's instructions), callgrind counts every instruction an
-# initiator executes in user space. Each initiator runs twice under callgrind per cell, for INSN_SHORT and
-# INSN_LONG seconds, and the figure is (instructions of the long run - of the short one) / (I/Os of the long
-# run - of the short one): start-up, connect and teardown cancel. Under callgrind an initiator runs about
-# 50 times slower, so the target always has room: this is the initiator-bound case, where what an initiator
-# spends per I/O decides its IOPS. Kernel time is not in those instructions; where `perf stat` has the syscall
-# tracepoints, the same difference counts the initiator's socket and polling system calls per I/O (recvfrom,
-# sendto, recvmsg, sendmsg, readv, writev, read, write, epoll_wait, epoll_pwait, poll, ppoll, io_uring_enter)
-# in the same runs (those count the whole process). Instructions count only inside each initiator's measuring
-# loop (SPDK perf's work_fn, our perf's job poll and flush: the reactor's own loop around them, about a tenth
-# of ours, is left out; so is start-up). Both initiators run against SPDK's target, which
-# completes a read with its C2HData (SUCCESS flag) for both, so each receives the same PDUs.
+# initiator executes in user space. Only each initiator's measuring loop counts, with everything it calls:
+# SPDK perf's work_fn; our perf's job poll and flush (the reactor's own loop around them, about a tenth of
+# ours, is left out), so that start-up does not. Each initiator runs twice under callgrind per cell, for
+# INSN_SHORT and INSN_LONG seconds, and the figure is (the loop's instructions in the long run - in the short
+# one) / (I/Os of the long run - of the short one): what the loop does once per run cancels. Under callgrind
+# an initiator runs about 50 times slower, so the target always has room: this is the initiator-bound case,
+# where what an initiator spends per I/O decides its IOPS. Kernel time is not in those instructions; where
+# `perf stat` has the syscall tracepoints, the same difference counts the initiator's socket and polling
+# system calls per I/O (recvfrom, sendto, recvmsg, sendmsg, readv, writev, read, write, epoll_wait,
+# epoll_pwait, poll, ppoll, io_uring_enter; the whole process) in the same runs. Both initiators run against
+# SPDK's target, which completes a read with its C2HData (SUCCESS flag) for both, so each receives the same
+# PDUs. Our perf runs with a minute per connect step and no keep-alive (see run_cg).
 #
 # Knobs (environment): SPDK_DIR (required; without it the script says SKIPPED and exits 0), NVPOLL_BIN_DIR,
 # INSN_CELLS (sec:workload:size:qd list, default plain:randread:4k:128,plain:randwrite:4k:128,
@@ -86,14 +87,7 @@ run_cg() {
     [ "$sec" = tls ] && { port=$TLS_PORT; sub=$SUBNQN_TLS; }
     out=$WORK/cg.$who.$t
     rm -f "$WORK/syscalls"
-    # Only each initiator's measuring loop counts: SPDK perf's work_fn, our perf's job poll and flush (its
-    # queue pair's receive and completions, and the end-of-pass send with its TLS sealing), not start-up,
-    # where a reactor may spin while a queue connects on another thread that valgrind runs slowly.
-    local loops=(--toggle-collect=work_fn)
-    [ "$who" = ours ] && loops=("--toggle-collect=<nvpoll_tools::loadgen::Job<*> as nvpoll::reactor::Poller>::poll"
-        "--toggle-collect=<nvpoll_tools::loadgen::Job<*> as nvpoll::reactor::Poller>::flush")
-    local vg=("${COUNT[@]}" timeout -k 5 $((t * 3 + 120)) valgrind --tool=callgrind --callgrind-out-file="$out"
-        --collect-atstart=no "${loops[@]}")
+    local vg=("${COUNT[@]}" timeout -k 5 $((t * 3 + 120)) valgrind --tool=callgrind --callgrind-out-file="$out")
     if [ "$who" = spdk ]; then
         local args=()
         [ "$sec" = tls ] && args=(-S ssl --psk-path "$KEYFILE")
@@ -112,7 +106,14 @@ run_cg() {
             --runs 1 --send-mode adaptive --cores "$ICORE" --json "${args[@]}" > "$WORK/run.out" 2> "$WORK/vg.log" || true
         iops=$(grep -o '"iops":[0-9.]*' "$WORK/run.out" | head -n 1 | cut -d: -f2)
     fi
-    ir=$(awk '/Collected :/ { v = $NF } END { print v }' "$WORK/vg.log")
+    # Only each initiator's measuring loop counts, inclusive of what it calls: SPDK perf's work_fn, our
+    # perf's job poll and flush (the queue pair's receive and completions, and the end-of-pass send with its
+    # TLS sealing); not start-up, where a reactor may spin while a queue connects on another thread that
+    # valgrind runs slowly. (callgrind's --toggle-collect missed our job's flush: summed from the profile.)
+    local loop='app/spdk_nvme_perf/perf.c:work_fn \['
+    [ "$who" = ours ] && loop='loadgen::Job<Q> as nvpoll::reactor::Poller>::(poll|flush) \['
+    ir=$(callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
+        awk -v re="$loop" '$0 ~ re { v = $1; gsub(",", "", v); n += v; k++ } END { if (k) printf "%.0f\n", n }')
     [ -s "$WORK/syscalls" ] && sc=$(awk -F, '$3 ~ /^syscalls:/ { n += $1 } END { print n + 0 }' "$WORK/syscalls")
     if [ -z "$iops" ] || [ -z "$ir" ]; then
         echo "---- $who $sec $w $b qd$q ${t}s ----" >&2; tail -n 15 "$WORK/run.out" "$WORK/vg.log" >&2
