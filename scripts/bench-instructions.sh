@@ -56,17 +56,7 @@ make_work nvpoll-bench-instructions
 PLAIN_PORT=$PORT
 TLS_PORT=$((PORT + 1))
 SPDK_TGT_PID=
-# shellcheck disable=SC2317  # invoked by the traps
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    [ -z "$SPDK_TGT_PID" ] || stop_pid "$SPDK_TGT_PID"
-    [ -n "${INSN_KEEP:-}" ] && say "kept $WORK" || rm -rf "$WORK"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+on_exit_stop SPDK_TGT_PID
 
 spdk_tgt_launch
 spdk_tgt_configure "$PLAIN_PORT" "$TLS_PORT"

@@ -74,17 +74,7 @@ make_work nvpoll-bench-spdk
 PLAIN_PORT=$PORT
 TLS_PORT=$((PORT + 1))
 TGT_PID=
-# shellcheck disable=SC2317  # invoked by the traps
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    [ -z "$TGT_PID" ] || stop_pid "$TGT_PID"
-    rm -rf "$WORK"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+on_exit_stop TGT_PID
 
 start_spdk() {
     spdk_tgt_launch

@@ -71,6 +71,22 @@ make_work() {   # NAME: sets WORK (a fresh private folder), KEYFILE (KEY in it, 
     RPC_SOCK=$WORK/spdk.sock
 }
 
+on_exit_stop() {   # VAR: at exit (and on INT or TERM) stops the process whose PID the variable named VAR holds then, if any, and removes WORK
+    EXIT_PID_VAR=$1
+    trap exit_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+# shellcheck disable=SC2317  # invoked by the traps
+exit_cleanup() {
+    local rc=$? pid
+    trap - EXIT INT TERM
+    pid=${!EXIT_PID_VAR:-}
+    [ -z "$pid" ] || stop_pid "$pid"
+    rm -rf "$WORK"
+    exit "$rc"
+}
+
 stop_pid() {   # PID: SIGTERM, then SIGKILL after 5 s (SPDK's perf does not always exit on SIGTERM)
     local p=$1 i
     kill -TERM "$p" 2>/dev/null || true
