@@ -1,4 +1,4 @@
-# scripts/spdk-common.sh - what scripts/bench-spdk.sh and scripts/interop-spdk.sh share: finding the SPDK build
+# scripts/spdk-common.sh - what scripts/bench-spdk.sh, bench-instructions.sh and interop-spdk.sh share: finding the SPDK build
 # (or skipping without one), building our perf and target, the work folder with the test key, and starting and
 # configuring SPDK's nvmf_tgt. Sourced, not run:
 #
@@ -8,7 +8,7 @@
 # Sourcing it defines ROOT, die, say, KEY and HOSTNQN, and, when SPDK_DIR is set, NVMF_TGT, SPDK_PERF, RPC_PY and
 # RPC_PYTHON; when SPDK_DIR is not set it says SKIPPED and exits 0. The sourcing script sets SIZES_VAR (the knob
 # that bytes names in its error) before calling bytes, and TCORE, SUBNQN and SUBNQN_TLS before
-# spdk_tgt_launch and spdk_tgt_configure.
+# spdk_tgt_launch and spdk_tgt_configure. on_exit_stop VAR sets the exit cleanup (the PID in VAR, and WORK).
 # shellcheck shell=bash
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
@@ -71,7 +71,9 @@ make_work() {   # NAME: sets WORK (a fresh private folder), KEYFILE (KEY in it, 
     RPC_SOCK=$WORK/spdk.sock
 }
 
-on_exit_stop() {   # VAR: at exit (and on INT or TERM) stops the process whose PID the variable named VAR holds then, if any, and removes WORK
+# on_exit_stop VAR: at exit (and on INT or TERM), stops the process whose PID the variable named VAR holds
+# then, if any, and removes WORK.
+on_exit_stop() {
     EXIT_PID_VAR=$1
     trap exit_cleanup EXIT
     trap 'exit 130' INT

@@ -235,8 +235,6 @@ struct Matrix<'a> {
     faults: bool,
 }
 
-/// Runs the matrix on one set of controllers (their queue pairs kept across runs), appending a row per cell,
-/// then shuts the controllers down. `suffix` tags the workload label (" tls").
 /// What the runs measured, and the failures after them (a controller's shutdown): said after the results.
 #[derive(Default)]
 struct Outcome {
@@ -244,6 +242,9 @@ struct Outcome {
     late: Vec<String>,
 }
 
+/// Runs the matrix on one set of controllers (their queue pairs kept across runs), appending a row per cell
+/// to `out`, then shuts the controllers down (a failed shutdown goes to `out.late`). `suffix` tags the
+/// workload label (" tls").
 fn run_matrix<C>(
     ctrls: Vec<C>,
     reactors: &Reactors,
