@@ -224,7 +224,11 @@ with_target() {   # spdk|ours: start it (a fresh process)
 stop_target() { stop_pid "$TGT_PID"; TGT_PID=; }
 
 CPU_MODEL=$(awk -F: '/^model name/ { sub(/^[ \t]+/, "", $2); print $2; exit }' /proc/cpuinfo 2>/dev/null)
-say "machine: ${CPU_MODEL:-unknown CPU}, $(nproc) CPUs, Linux $(uname -r)"
+CC=$(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown)
+say "machine: ${CPU_MODEL:-unknown CPU}, $(nproc) CPUs, Linux $(uname -r), TCP congestion control $CC"
+if [ "$CC" = bbr ]; then
+    say "SPDK's sockets keep the system's bbr; ours move loopback connections to cubic (nvpoll's default: under bbr a loopback connection's speed depends on the round trip it measured first)"
+fi
 say "SPDK at $SPDK_DIR; ours from $BIN; target core $TCORE, initiator core $ICORE; ${RUNS} round(s) of ${TIME}s per initiator and cell; our target sends $TARGET_SEND_MODE"
 for round in $(seq "$RUNS"); do
     if [ "$ORDER" = cell ]; then

@@ -24,8 +24,9 @@
 //! - `listeners` (at least one): `address` (IP and port) and `tls` (`off`, the default, `optional` or
 //!   `required`). The first is [`TargetConfig::listen`].
 //! - `max_io_queues`, `queue_size`, `mdts`, `send_mode` (`inline`, `deferred` or `adaptive`): optional
-//!   target-wide defaults; `tcp_congestion`: the TCP congestion control of every listener (default: the
-//!   system's), see [`crate::TargetConfig::tcp_congestion`]; `tls_key_update`: with TLS, the records
+//!   target-wide defaults; `tcp_congestion`: the TCP congestion control of every listener (`system`: the
+//!   system's everywhere; default: the system's, cubic for loopback connections under BBR), see
+//!   [`crate::TargetConfig::tcp_congestion`]; `tls_key_update`: with TLS, the records
 //!   one key protects before the connection renews its keys (1 to 8388608, the default; see
 //!   [`crate::TargetConfig::tls_key_renewal`]).
 //! - `subsystems`: `nqn`; optional `serial` and `model`; `allow_any_host` (default `false`: only `hosts` may

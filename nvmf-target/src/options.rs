@@ -100,10 +100,12 @@ pub struct TargetConfig {
     /// that listener is plain. Subsystems carry their own host keys too ([`SubsystemConfig::host_keys`]).
     pub tls: Option<TargetTls>,
     /// The TCP congestion control of every listener and so of every connection accepted on it
-    /// (`setsockopt(TCP_CONGESTION)`, e.g. `cubic`); `None` (the default): the system's
-    /// (`net.ipv4.tcp_congestion_control`). The target sends the data of reads, so this decides how they are
-    /// paced: under BBR on loopback, where the minimum RTT is about a microsecond, BBR's window holds a few
-    /// segments and 128 KiB reads ran at half the speed they reach under cubic.
+    /// (`setsockopt(TCP_CONGESTION)`, e.g. `cubic`; `system` keeps the system's on every connection). `None`
+    /// (the default): the system's (`net.ipv4.tcp_congestion_control`), except that a connection from this
+    /// machine under BBR gets cubic ([`nvpoll_wire::conn::loopback_congestion`]). The target sends the data of
+    /// reads, so this decides how they are paced: under BBR on loopback, where the minimum RTT is about a
+    /// microsecond, BBR's window holds a few segments and 128 KiB reads ran at half the speed they reach under
+    /// cubic.
     pub tcp_congestion: Option<String>,
     /// With TLS: when each connection renews its keys (default: a KeyUpdate asking the host too after 2^23
     /// records under one key, or an hour). A host that ends a connection at our KeyUpdate (kernel TLS without

@@ -688,6 +688,10 @@ impl Poller for Acceptor {
                 };
                 self.told = false;
                 status = PollStatus::Busy;
+                if self.shared.tcp_congestion.is_none() {
+                    // Nothing configured: a loopback connection under BBR moves to cubic (said once).
+                    nvpoll_wire::conn::apply_loopback_congestion(&stream);
+                }
                 self.shared.stats.accepted.fetch_add(1, Ordering::Relaxed);
                 let reactor = self.next % ctx.reactor_count();
                 self.next = self.next.wrapping_add(1);

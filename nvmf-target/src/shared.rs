@@ -272,7 +272,8 @@ pub(crate) struct TargetShared {
     pub(crate) events: Option<EventHook>,
     /// The send mode every session applies, switchable while the target runs.
     pub(crate) send_mode: AtomicU8,
-    /// The congestion control set on every listener (accepted connections inherit it); `None`: the system's.
+    /// The congestion control set on every listener (accepted connections inherit it); `None`: the system's,
+    /// except that a loopback connection under BBR moves to cubic (`nvpoll_wire::conn::loopback_congestion`).
     pub(crate) tcp_congestion: Option<String>,
     /// The TLS server settings (the PSK lookup reads the registry).
     pub tls_server: nvpoll_tls::ServerConfig,

@@ -1,4 +1,5 @@
-//! The machine under a benchmark: how long two cores take to pass a cache line back and forth.
+//! The machine under a benchmark: how long two cores take to pass a cache line back and forth, and the
+//! system's TCP congestion control.
 //!
 //! On loopback, every I/O moves its data and the PDUs around it from the target's core to the initiator's,
 //! so what one line costs to cross decides the result as much as either program does. On a VM it is not a
@@ -46,6 +47,21 @@ pub enum RoundTripError {
     /// A measuring thread panicked.
     #[error("the {0} thread panicked")]
     Panicked(&'static str),
+}
+
+/// The system's default TCP congestion control (`net.ipv4.tcp_congestion_control`), or `None` where it cannot
+/// be read. Our connections keep it, but a loopback connection under BBR gets cubic
+/// (`nvpoll_wire::conn::loopback_congestion`), which the binaries say at start.
+///
+/// ```
+/// if let Some(cc) = nvpoll_tools::machine::system_congestion() {
+///     assert!(!cc.is_empty() && !cc.contains(char::is_whitespace));
+/// }
+/// ```
+pub fn system_congestion() -> Option<String> {
+    let cc = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").ok()?;
+    let cc = cc.trim();
+    (!cc.is_empty()).then(|| cc.to_string())
 }
 
 /// The round trip of a cache line between cores `a` and `b`: one thread pinned to each, passing a flag back

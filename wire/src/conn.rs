@@ -113,10 +113,20 @@ pub struct Conn {
     pub stats: ConnStats,
 }
 
+/// The congestion control a connection over loopback gets when none is configured, where the system's is
+/// BBR (see [`loopback_congestion`]).
+pub const LOOPBACK_CONGESTION: &str = "cubic";
+
+/// The configured name that keeps the system's congestion control on every connection, loopback included.
+pub const SYSTEM_CONGESTION: &str = "system";
+
 /// Sets the TCP congestion control of a socket (`setsockopt(TCP_CONGESTION)`), e.g. `cubic`; a listening
-/// socket hands it to the connections it accepts. Fails with a message naming the algorithm and where the
-/// system lists those it has.
+/// socket hands it to the connections it accepts. [`SYSTEM_CONGESTION`] changes nothing. Fails with a message
+/// naming the algorithm and where the system lists those it has.
 pub fn set_congestion(sock: &impl std::os::fd::AsFd, name: &str) -> Result<(), Error> {
+    if name == SYSTEM_CONGESTION {
+        return Ok(());
+    }
     socket2::SockRef::from(sock)
         .set_tcp_congestion(name.as_bytes())
         .map_err(|e| {
@@ -130,6 +140,95 @@ pub fn set_congestion(sock: &impl std::os::fd::AsFd, name: &str) -> Result<(), E
         })
 }
 
+/// What [`loopback_congestion`] did to a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoopbackCongestion {
+    /// Nothing: the peer is another machine, or the connection is not under BBR.
+    Kept,
+    /// The connection moved from BBR to [`LOOPBACK_CONGESTION`].
+    Switched,
+    /// The system refused [`LOOPBACK_CONGESTION`] (an unprivileged process, and
+    /// `net.ipv4.tcp_allowed_congestion_control` lacks it): the connection stays on BBR.
+    Refused,
+}
+
+/// For a connection whose two ends are this machine (a loopback address, or the same address at both ends)
+/// and which runs under BBR, chooses [`LOOPBACK_CONGESTION`] instead; the congestion control of every other
+/// connection stays the system's. Call it where nothing is configured (an explicit choice, including
+/// [`SYSTEM_CONGESTION`], goes through [`set_congestion`]).
+///
+/// Why: on loopback the round trip is about a microsecond, so BBR's window (twice its bandwidth estimate times
+/// its minimum RTT, plus a few segments) holds 14-30 segments of 64 KiB, and whether a connection runs fast or
+/// at half speed depends on the minimum RTT it measured at its start: the same pair gave 0.8M or 1.5M 4 KiB
+/// reads a second at qd128 from one run to the next, and 128 KiB reads at half the speed cubic gives
+/// (docs/performance.md, "Large I/O"). Best effort: a refusal is returned, not an error, and the connection
+/// carries on under BBR.
+pub fn loopback_congestion(stream: &TcpStream) -> LoopbackCongestion {
+    let (Ok(peer), Ok(local)) = (stream.peer_addr(), stream.local_addr()) else {
+        return LoopbackCongestion::Kept;
+    };
+    let peer = peer.ip().to_canonical();
+    if !(peer.is_loopback() || peer == local.ip().to_canonical()) {
+        return LoopbackCongestion::Kept;
+    }
+    let sock = socket2::SockRef::from(stream);
+    let Ok(current) = sock.tcp_congestion() else {
+        return LoopbackCongestion::Kept;
+    };
+    if current.split(|&b| b == 0).next() != Some(b"bbr".as_slice()) {
+        return LoopbackCongestion::Kept;
+    }
+    match sock.set_tcp_congestion(LOOPBACK_CONGESTION.as_bytes()) {
+        Ok(()) => LoopbackCongestion::Switched,
+        Err(_) => LoopbackCongestion::Refused,
+    }
+}
+
+/// Applies the congestion control policy to a connected socket: `configured` when given ([`set_congestion`]),
+/// else [`apply_loopback_congestion`].
+pub fn apply_congestion(stream: &TcpStream, configured: Option<&str>) -> Result<(), Error> {
+    match configured {
+        Some(name) => set_congestion(stream, name),
+        None => {
+            apply_loopback_congestion(stream);
+            Ok(())
+        }
+    }
+}
+
+/// [`loopback_congestion`], with its outcome logged once per process: info when it switched a connection, a
+/// warning when the system refused.
+pub fn apply_loopback_congestion(stream: &TcpStream) -> LoopbackCongestion {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static SAID_SWITCHED: AtomicBool = AtomicBool::new(false);
+    static SAID_REFUSED: AtomicBool = AtomicBool::new(false);
+    let outcome = loopback_congestion(stream);
+    match outcome {
+        LoopbackCongestion::Kept => {}
+        LoopbackCongestion::Switched => {
+            if !SAID_SWITCHED.swap(true, Ordering::Relaxed) {
+                log::info!(
+                    "TCP congestion control: loopback connections use {LOOPBACK_CONGESTION} instead of the \
+                     system's bbr (on loopback BBR's window holds a few segments, and its speed depends on the \
+                     round trip it measured first); other paths keep the system's; configure \
+                     '{SYSTEM_CONGESTION}' to keep bbr"
+                );
+            }
+        }
+        LoopbackCongestion::Refused => {
+            if !SAID_REFUSED.swap(true, Ordering::Relaxed) {
+                log::warn!(
+                    "TCP congestion control: loopback connections stay on the system's bbr: the system refused \
+                     {LOOPBACK_CONGESTION} (unprivileged processes may use only \
+                     net.ipv4.tcp_allowed_congestion_control); their speed may vary from one connection to \
+                     the next"
+                );
+            }
+        }
+    }
+    outcome
+}
+
 /// Initial size of the send buffer.
 const TX_INITIAL: usize = 256 * 1024;
 
@@ -137,6 +236,12 @@ impl Conn {
     /// Sets this connection's TCP congestion control (see [`set_congestion`]).
     pub fn set_congestion(&self, name: &str) -> Result<(), Error> {
         set_congestion(&self.stream, name)
+    }
+
+    /// Applies the congestion control policy to this connection (see [`apply_congestion`]): `configured`, or
+    /// for a loopback connection under BBR, [`LOOPBACK_CONGESTION`].
+    pub fn apply_congestion(&self, configured: Option<&str>) -> Result<(), Error> {
+        apply_congestion(&self.stream, configured)
     }
 
     /// Moves the buffers into new allocations of the calling thread, for a connection that has moved to the
@@ -975,6 +1080,38 @@ mod tests {
         let c = Conn::connect(l.local_addr().unwrap(), Duration::from_secs(5), 4096).unwrap();
         let (peer, _) = l.accept().unwrap();
         (c, peer)
+    }
+
+    fn congestion_of(s: &TcpStream) -> Vec<u8> {
+        let mut cc = socket2::SockRef::from(s).tcp_congestion().unwrap();
+        cc.retain(|&b| b != 0);
+        cc
+    }
+
+    #[test]
+    fn loopback_connections_under_bbr_move_to_cubic_and_others_keep_theirs() {
+        let (_c, peer) = pair();
+        // The accepted end, from 127.0.0.1: under BBR it moves, under anything else it stays.
+        if let Err(e) = set_congestion(&peer, "bbr") {
+            // BBR is a module; a kernel without it has nothing for this rule to do.
+            eprintln!("SKIPPED: this kernel does not offer bbr: {e}");
+            return;
+        }
+        assert_eq!(loopback_congestion(&peer), LoopbackCongestion::Switched);
+        assert_eq!(congestion_of(&peer), LOOPBACK_CONGESTION.as_bytes());
+        set_congestion(&peer, "reno").unwrap();
+        assert_eq!(loopback_congestion(&peer), LoopbackCongestion::Kept);
+        assert_eq!(congestion_of(&peer), b"reno");
+        // An explicit choice wins, and "system" changes nothing.
+        set_congestion(&peer, "bbr").unwrap();
+        apply_congestion(&peer, Some(SYSTEM_CONGESTION)).unwrap();
+        assert_eq!(congestion_of(&peer), b"bbr");
+        apply_congestion(&peer, Some("reno")).unwrap();
+        assert_eq!(congestion_of(&peer), b"reno");
+        assert!(apply_congestion(&peer, Some("no-such-algorithm")).is_err());
+        set_congestion(&peer, "bbr").unwrap();
+        apply_congestion(&peer, None).unwrap();
+        assert_eq!(congestion_of(&peer), LOOPBACK_CONGESTION.as_bytes());
     }
 
     /// Reads from `peer` until `want` bytes arrived, flushing `c` meanwhile (both non-blocking; bounded).

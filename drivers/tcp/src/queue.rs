@@ -50,7 +50,8 @@ pub struct QueueParams {
     pub tls: Option<crate::tls::ClientConfig>,
     /// With TLS: when the connection renews its keys.
     pub key_renewal: crate::KeyRenewal,
-    /// The TCP congestion control of the connection; `None`: the system's.
+    /// The TCP congestion control of the connection; `None`: the system's, or cubic for a loopback connection
+    /// under BBR (see [`crate::conn::apply_congestion`]).
     pub tcp_congestion: Option<String>,
 }
 
@@ -412,9 +413,7 @@ impl HostQueue {
         }
         let rx_cap = p.max_transfer as usize + 8192;
         let mut conn = Conn::connect(p.addr, p.connect_timeout, rx_cap)?;
-        if let Some(cc) = &p.tcp_congestion {
-            conn.set_congestion(cc)?;
-        }
+        conn.apply_congestion(p.tcp_congestion.as_deref())?;
         if let Some(cfg) = &p.tls {
             conn.set_key_renewal(p.key_renewal);
             conn.tls_client_handshake(cfg.clone(), p.connect_timeout)?;

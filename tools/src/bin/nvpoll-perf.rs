@@ -195,8 +195,10 @@ struct Args {
     /// (round-robin: a slow path collects the commands).
     #[arg(long, default_value = "queue-depth", value_parser = ["queue-depth", "round-robin"])]
     path_policy: String,
-    /// NVMe/TCP: the TCP congestion control of our connections (e.g. cubic), and of the embedded target's
-    /// listener. Default: the system's (net.ipv4.tcp_congestion_control).
+    /// NVMe/TCP: the TCP congestion control of our connections (e.g. cubic; 'system' keeps the system's), and
+    /// of the embedded target's listener. Default: the system's (net.ipv4.tcp_congestion_control), except
+    /// that a loopback connection under BBR gets cubic (said at start): there BBR keeps a window of a few
+    /// segments, and a connection's speed depends on the round trip it measured first.
     #[arg(long, value_name = "NAME")]
     tcp_congestion: Option<String>,
     /// NVMe/TCP: keep SQ flow control on the I/O queues. Default: each I/O queue's Connect asks the
@@ -590,6 +592,19 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(note) = &machine_note {
         eprintln!("nvpoll-perf: machine: {note} (measured before the reactors started)");
         machine.push_str(&format!("; {note}"));
+    }
+    if args.tcp_congestion.is_none()
+        && targets
+            .iter()
+            .any(|o| o.addr.ip().to_canonical().is_loopback())
+        && nvpoll_tools::machine::system_congestion().as_deref() == Some("bbr")
+    {
+        eprintln!(
+            "nvpoll-perf: machine: the system's TCP congestion control is bbr: loopback connections use cubic \
+             instead (under bbr their speed depends on the round trip they measured first); --tcp-congestion \
+             system keeps bbr"
+        );
+        machine.push_str("; loopback TCP under cubic (the system's: bbr)");
     }
     let workloads: Vec<loadgen::Workload> = if !args.workloads.is_empty() {
         args.workloads.clone()

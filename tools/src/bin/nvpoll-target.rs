@@ -54,10 +54,11 @@ struct Args {
     #[arg(long)]
     send_mode: Option<nvpoll::send::SendMode>,
 
-    /// The TCP congestion control of every listener and so of every connection (e.g. cubic); the target sends
-    /// the data of reads, so this paces them. Default: the system's (net.ipv4.tcp_congestion_control), or the
-    /// configuration file's tcp_congestion. Under BBR on loopback (a minimum RTT of about a microsecond) BBR
-    /// keeps a window of a few segments and large reads run at about half the speed they reach under cubic.
+    /// The TCP congestion control of every listener and so of every connection (e.g. cubic; 'system' keeps
+    /// the system's everywhere); the target sends the data of reads, so this paces them. Default: the
+    /// configuration file's tcp_congestion, else the system's (net.ipv4.tcp_congestion_control) except that a
+    /// loopback connection under BBR gets cubic: on loopback (a minimum RTT of about a microsecond) BBR keeps
+    /// a window of a few segments, and a connection's speed depends on the round trip it measured first.
     #[arg(long, value_name = "NAME")]
     tcp_congestion: Option<String>,
 
@@ -451,19 +452,16 @@ fn redact(arg: &str) -> String {
     }
 }
 
-/// Says, once at start, when the system's TCP congestion control is BBR: on paths of microseconds (loopback,
-/// one rack) its window holds a few segments, and this target's reads measured at half speed or less (see
-/// docs/performance.md, Large I/O). The choice stays the system's unless --tcp-congestion is given.
+/// Says, once at start, when the system's TCP congestion control is BBR: loopback connections get cubic, and
+/// on other paths of microseconds (one rack) BBR's window holds a few segments (see docs/performance.md, Large
+/// I/O).
 fn congestion_notice() {
-    let path = "/proc/sys/net/ipv4/tcp_congestion_control";
-    if let Ok(cc) = std::fs::read_to_string(path) {
-        if cc.trim() == "bbr" {
-            println!(
-                "nvpoll-target: the system's TCP congestion control is bbr: on loopback and other microsecond paths it \
-                 keeps a window of a few segments, and reads ran at half speed or less in our measurements; \
-                 --tcp-congestion cubic (or tcp_congestion in the configuration) chooses another for this \
-                 target's connections alone"
-            );
-        }
+    if nvpoll_tools::machine::system_congestion().as_deref() == Some("bbr") {
+        println!(
+            "nvpoll-target: the system's TCP congestion control is bbr: loopback connections use cubic instead \
+             (under bbr their speed depends on the round trip they measured first); other connections keep bbr, \
+             which on microsecond paths keeps a window of a few segments; --tcp-congestion NAME (or \
+             tcp_congestion in the configuration) chooses one for every connection, 'system' keeps bbr everywhere"
+        );
     }
 }

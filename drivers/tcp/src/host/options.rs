@@ -93,8 +93,10 @@ pub struct ConnectOptions {
     /// With a controller that reports ANA: how often its ANA log is read again (also at once after a
     /// command failed with a path status). Zero: only then.
     pub ana_refresh: Duration,
-    /// The TCP congestion control of every queue's connection (`setsockopt(TCP_CONGESTION)`, e.g. `cubic`);
-    /// `None`: the system's. The host sends the data of writes, so this paces them.
+    /// The TCP congestion control of every queue's connection (`setsockopt(TCP_CONGESTION)`, e.g. `cubic`;
+    /// `system` keeps the system's). `None`: the system's, except that a connection to this machine under BBR
+    /// gets cubic ([`crate::conn::loopback_congestion`]). The host sends the data of writes, so this paces
+    /// them.
     pub tcp_congestion: Option<String>,
     /// In-band authentication (DH-HMAC-CHAP) of every queue, admin and I/O, when the controller asks for it
     /// in Connect's response; see [`ConnectOptions::with_dhchap`]. Without it, a controller that requires
