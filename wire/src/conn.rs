@@ -370,6 +370,14 @@ impl Conn {
         self.tls.is_some()
     }
 
+    /// TLS records received and opened so far (0 without TLS): with [`ConnStats::pdus_rx`], how the peer
+    /// packs its PDUs into records.
+    pub fn records_opened(&self) -> u64 {
+        self.tls
+            .as_ref()
+            .map_or(0, |t| t.session.stats().records_opened)
+    }
+
     /// The TLS session, once the handshake is done.
     pub fn tls_session(&self) -> Option<&Session> {
         self.tls.as_ref().map(|t| &t.session)

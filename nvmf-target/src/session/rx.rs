@@ -71,10 +71,11 @@ impl Session {
                 return Ok(());
             }
             // Send mode: inline writes each PDU's responses at once when nothing was waiting; adaptive does so
-            // only when nothing else was received either (an idle connection); deferred leaves everything to
-            // the end-of-iteration flush.
+            // only when nothing else was received either (an idle connection), or when the host seals each
+            // PDU in its own TLS record (it does not batch: see `note_packing`); deferred leaves everything
+            // to the end-of-iteration flush.
             if self.conn.tx_pending() > waiting {
-                let more = if self.conn.rx_data().is_empty() {
+                let more = if self.conn.rx_data().is_empty() || self.host_unbatched {
                     0
                 } else {
                     usize::MAX
