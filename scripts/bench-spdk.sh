@@ -36,6 +36,14 @@
 #   BENCH_PORT=4560          first TCP port on 127.0.0.1 (four are used)
 #   BENCH_TARGET_CORE=0      the target's core; BENCH_INITIATOR_CORE=1 the initiator's
 #   BENCH_TARGET_SEND_MODE   our target's send mode: adaptive (default), inline or deferred
+#   BENCH_CONGESTION=cubic   the TCP congestion control of every socket in the run, SPDK's and ours: the run
+#                            goes into a network namespace of its own (unshare -n, root) whose default is
+#                            this algorithm, and the machine's default stays as it is. Under BBR, this
+#                            VM's default, a loopback connection runs fast or slow by the round trip it
+#                            measured first (docs/performance.md): nvpoll moves its own loopback connections
+#                            to cubic, SPDK cannot, and a ratio against a target that drew a slow
+#                            connection says nothing of either. 'system' runs in the machine's namespace
+#                            with its default (SPDK's sockets keep it, ours move to cubic).
 set -euo pipefail
 
 PROG=bench-spdk
@@ -67,6 +75,41 @@ done
 for s in "${SECURITY[@]}"; do case "$s" in plain|tls) ;; *) die "unknown security '$s'" ;; esac; done
 
 our_binaries
+
+CONGESTION=${BENCH_CONGESTION:-cubic}
+[[ "$CONGESTION" =~ ^[a-z0-9_]+$ ]] || die "BENCH_CONGESTION must be an algorithm's name or 'system', not '$CONGESTION'"
+if [ "$CONGESTION" != system ] && [ -z "${BENCH_SPDK_NETNS:-}" ]; then
+    # Into a namespace of our own, whose loopback and default congestion control serve this run alone.
+    [ "$(id -u)" = 0 ] || die "BENCH_CONGESTION=$CONGESTION needs root (a network namespace of its own); BENCH_CONGESTION=system runs without one"
+    command -v unshare >/dev/null || die "unshare (util-linux) is missing; BENCH_CONGESTION=system runs without it"
+    command -v ip >/dev/null || die "ip (iproute2) is missing; BENCH_CONGESTION=system runs without it"
+    grep -qw -- "$CONGESTION" /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null ||
+        modprobe -q "tcp_$CONGESTION" 2>/dev/null || true
+    grep -qw -- "$CONGESTION" /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null ||
+        die "the kernel has no TCP congestion control '$CONGESTION' (available: $(cat /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null))"
+    # A namespace may only default to an algorithm the machine allows to all: add it for the run, then put
+    # the list back as it was.
+    ALLOWED=/proc/sys/net/ipv4/tcp_allowed_congestion_control
+    allowed_before=$(cat "$ALLOWED")
+    restore_allowed() {
+        if [ "$(cat "$ALLOWED")" != "$allowed_before" ]; then
+            echo "$allowed_before" > "$ALLOWED" || say "WARNING: could not put $ALLOWED back to: $allowed_before"
+        fi
+    }
+    trap restore_allowed EXIT
+    if ! grep -qw -- "$CONGESTION" "$ALLOWED"; then
+        say "allowing $CONGESTION in $ALLOWED for this run (it was: $allowed_before)"
+        echo "$allowed_before $CONGESTION" > "$ALLOWED" || die "could not add $CONGESTION to $ALLOWED"
+    fi
+    rc=0
+    BENCH_SPDK_NETNS=1 NVPOLL_BIN_DIR=$BIN unshare -n -- bash "${BASH_SOURCE[0]}" "$@" || rc=$?
+    exit "$rc"
+fi
+if [ -n "${BENCH_SPDK_NETNS:-}" ]; then
+    ip link set lo up || die "could not bring up the namespace's loopback"
+    echo "$CONGESTION" > /proc/sys/net/ipv4/tcp_congestion_control ||
+        die "could not make $CONGESTION the namespace's TCP congestion control"
+fi
 
 SUBNQN=nqn.2016-06.io.spdk:bench
 SUBNQN_TLS=nqn.2016-06.io.spdk:bench-tls
@@ -225,9 +268,13 @@ stop_target() { stop_pid "$TGT_PID"; TGT_PID=; }
 
 CPU_MODEL=$(awk -F: '/^model name/ { sub(/^[ \t]+/, "", $2); print $2; exit }' /proc/cpuinfo 2>/dev/null)
 CC=$(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown)
-say "machine: ${CPU_MODEL:-unknown CPU}, $(nproc) CPUs, Linux $(uname -r), TCP congestion control $CC"
-if [ "$CC" = bbr ]; then
-    say "SPDK's sockets keep the system's bbr; ours move loopback connections to cubic (nvpoll's default: under bbr a loopback connection's speed depends on the round trip it measured first)"
+if [ -n "${BENCH_SPDK_NETNS:-}" ]; then
+    say "machine: ${CPU_MODEL:-unknown CPU}, $(nproc) CPUs, Linux $(uname -r); this run in a network namespace of its own, every socket (SPDK's and ours) on TCP congestion control $CC (BENCH_CONGESTION; the machine's default is not changed)"
+else
+    say "machine: ${CPU_MODEL:-unknown CPU}, $(nproc) CPUs, Linux $(uname -r), TCP congestion control $CC (the system's: BENCH_CONGESTION=system)"
+    if [ "$CC" = bbr ]; then
+        say "SPDK's sockets keep the system's bbr; ours move loopback connections to cubic (nvpoll's default: under bbr a loopback connection's speed depends on the round trip it measured first)"
+    fi
 fi
 say "SPDK at $SPDK_DIR; ours from $BIN; target core $TCORE, initiator core $ICORE; ${RUNS} round(s) of ${TIME}s per initiator and cell; our target sends $TARGET_SEND_MODE"
 for round in $(seq "$RUNS"); do
