@@ -155,8 +155,6 @@ pub(crate) enum Progress {
     Finished,
 }
 
-/// One connection.
-///
 /// PDUs a verdict on the host's packing waits for ([`packing_verdict`]).
 const PACKING_SAMPLE: u64 = 4;
 
@@ -168,6 +166,8 @@ fn packing_verdict(records: u64, pdus: u64) -> Option<bool> {
     (pdus >= PACKING_SAMPLE).then_some(records >= pdus)
 }
 
+/// One connection.
+///
 /// The fields every PDU of a connected session reads or writes come first: the connection (its buffers), the
 /// phase state (the queue), the slot table and its counts, the counters and the decode and send settings. The
 /// order is for the reader (Rust lays fields out itself): what the asserts on [`State`] and the slots pin is
