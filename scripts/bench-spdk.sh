@@ -44,6 +44,10 @@
 #                            to cubic, SPDK cannot, and a ratio against a target that drew a slow
 #                            connection says nothing of either. 'system' runs in the machine's namespace
 #                            with its default (SPDK's sockets keep it, ours move to cubic).
+#   BENCH_CONTROL=0          1: in each round and cell, after C and D, SPDK's pair runs once more (A', a fresh
+#                            nvmf_tgt), and a table gives A'/A: SPDK against itself over the same seconds
+#                            as the ratios, the machine's own noise, which no ratio can be trusted beyond
+#                            (BENCH_ORDER=cell only; one run more per cell and round)
 set -euo pipefail
 
 PROG=bench-spdk
@@ -59,6 +63,9 @@ IFS=, read -r -a SECURITY <<< "${BENCH_SECURITY:-plain,tls}"
 PORT=${BENCH_PORT:-4560}
 ORDER=${BENCH_ORDER:-cell}
 case "$ORDER" in cell|round) ;; *) die "BENCH_ORDER must be cell or round, not '$ORDER'" ;; esac
+CONTROL=${BENCH_CONTROL:-0}
+case "$CONTROL" in 0|1) ;; *) die "BENCH_CONTROL must be 0 or 1, not '$CONTROL'" ;; esac
+[ "$CONTROL" = 0 ] || [ "$ORDER" = cell ] || die "BENCH_CONTROL=1 needs BENCH_ORDER=cell (the control runs within each cell's seconds)"
 TCORE=${BENCH_TARGET_CORE:-0}
 ICORE=${BENCH_INITIATOR_CORE:-1}
 TARGET_SEND_MODE=${BENCH_TARGET_SEND_MODE:-adaptive}
@@ -233,6 +240,15 @@ measure_cell() {   # spdk|ours round sec cell
     CPU_OF[$tgt/ours/$sec/$cell]+="$oc "
     say "round $round/$RUNS, $tgt target, $sec $w $s qd$q: spdk_nvme_perf $a (CPU $ac us/IO), our perf $o (CPU $oc us/IO)"
 }
+# BENCH_CONTROL: SPDK's pair once more (A'), on a fresh nvmf_tgt, after the cell's other runs.
+measure_control() {   # round sec cell
+    local round=$1 sec=$2 cell=$3 w s q b a ac
+    IFS=: read -r w s q <<< "$cell"
+    b=$(bytes "$s")
+    read -r a ac <<< "$(spdk_run "$sec" "$w" "$b" "$q")"
+    RUNS_OF[control/spdk/$sec/$cell]+="$a "
+    say "round $round/$RUNS, control, $sec $w $s qd$q: spdk_nvme_perf -> nvmf_tgt again $a (CPU $ac us/IO)"
+}
 # The cache-line round trip between the target's core and the initiator's (nvpoll-core-rtt), measured
 # while nothing runs there: on a VM the hypervisor moves the virtual CPUs, and this round trip (70, 110 or
 # 500 ns on the development VM) moved our pair's 4 KiB qd128 reads between 1M and 0.5M IOPS (issue 47). It
@@ -277,6 +293,11 @@ else
     fi
 fi
 say "SPDK at $SPDK_DIR; ours from $BIN; target core $TCORE, initiator core $ICORE; ${RUNS} round(s) of ${TIME}s per initiator and cell; our target sends $TARGET_SEND_MODE"
+CONTROL_RTT=
+if [ "$CONTROL" = 1 ]; then
+    say "control: SPDK's pair runs again after C and D in every cell and round (A')"
+    CONTROL_RTT=", after the control"
+fi
 for round in $(seq "$RUNS"); do
     if [ "$ORDER" = cell ]; then
         for sec in "${SECURITY[@]}"; do
@@ -288,8 +309,14 @@ for round in $(seq "$RUNS"); do
                     stop_target
                     rtts+=" $(rtt)"
                 done
+                if [ "$CONTROL" = 1 ]; then
+                    with_target spdk
+                    measure_control "$round" "$sec" "$cell"
+                    stop_target
+                    rtts+=" $(rtt)"
+                fi
                 note_rtt "$round" "$sec" "$cell" "$rtts"
-                say "round $round/$RUNS, $sec $cell: core $TCORE <-> core $ICORE cache-line round trip ${rtts// //} ns (before, between, after the targets)"
+                say "round $round/$RUNS, $sec $cell: core $TCORE <-> core $ICORE cache-line round trip ${rtts// //} ns (before, between, after the targets${CONTROL_RTT})"
             done
         done
     else
@@ -359,7 +386,7 @@ if [ "$ORDER" = cell ]; then
         done
     done
     if [ "${#RTT_CHANGED[@]}" -gt 0 ]; then
-        echo "WARNING: the machine changed during these cells (the round trip moved by more than half): their four"
+        echo "WARNING: the machine changed during these cells (the round trip moved by more than half): their"
         echo "runs did not all run on the same machine, and their ratios mix two machines:"
         printf '  %s\n' "${RTT_CHANGED[@]}"
     fi
@@ -368,6 +395,22 @@ echo "A: spdk_nvme_perf against SPDK's nvmf_tgt, B: our perf against nvmf_tgt, C
 echo "target, D: our perf against our target. Each ratio is the median over the rounds of the ratio within a"
 echo "round, with its lowest and highest; the IOPS columns are medians over the rounds; hi/lo is a pairing's"
 echo "highest IOPS over its lowest."
+if [ "$CONTROL" = 1 ]; then
+    echo
+    echo "$PROG: control, SPDK's pair against itself: A' (spdk_nvme_perf -> a fresh nvmf_tgt, after C and D) over A"
+    printf '| %-5s | %-18s | %11s | %11s | %-17s | %8s |\n' sec cell "A" "A'" "A'/A" "A' hi/lo"
+    echo "|-------|--------------------|-------------|-------------|-------------------|----------|"
+    for sec in "${SECURITY[@]}"; do
+        for cell in "${CELLS[@]}"; do
+            printf '| %-5s | %-18s | %11s | %11s | %-17s | %8s |\n' "$sec" "$cell" \
+                "${RESULT[spdk/spdk/$sec/$cell]}" "${RESULT[control/spdk/$sec/$cell]}" \
+                "$(paired_ratio "${RUNS_OF[control/spdk/$sec/$cell]}" "${RUNS_OF[spdk/spdk/$sec/$cell]}")" \
+                "$(spread "${RUNS_OF[control/spdk/$sec/$cell]}")"
+        done
+    done
+    echo "The same binaries, the same pairing, seconds apart: how far a ratio moves on this machine with no change"
+    echo "in either stack. A ratio above (or a round of one below) this range says something; one within it does not."
+fi
 if [ "$CPU_SPAN" -gt 0 ]; then
     echo
     echo "$PROG: initiator CPU per I/O against SPDK's target, microseconds (user+system), median over the rounds"
