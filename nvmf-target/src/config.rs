@@ -68,8 +68,8 @@ use crate::subsystem::{
 use nvpoll_tls::{ConfiguredKey, KeyError};
 
 /// Opens the namespace of a local NVMe controller given by its PCI address (`pcie` in a namespace object).
-/// The target cannot open one itself: the program supplies this (examples/target.rs uses nvpoll-pcie), or
-/// [`no_pcie`]. Its error is best [`Error::pcie`] (the PCI address and the driver's error).
+/// The target cannot open one itself: the program supplies this (the `nvpoll-target` tool uses nvpoll-pcie),
+/// or [`no_pcie`]. Its error is best [`Error::pcie`] (the PCI address and the driver's error).
 pub type PcieResolver<'a> = dyn Fn(&str) -> Result<Backing, Error> + Send + Sync + 'a;
 
 /// A [`PcieResolver`] for programs without a PCIe driver: every `pcie` namespace is refused.

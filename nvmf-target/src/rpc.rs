@@ -913,7 +913,7 @@ impl Shared {
     }
 }
 
-/// A client of the control socket (what examples/rpc.rs is).
+/// A client of the control socket (what the `nvpoll-rpc` tool is).
 #[derive(Debug)]
 pub struct RpcClient {
     stream: UnixStream,

@@ -1,7 +1,8 @@
 //! `perf`: an I/O load generator in the spirit of fio and spdk_nvme_perf.
 //!
 //! With no `--trid`, it starts our NVMe/TCP target in-process on 127.0.0.1 with a RAM namespace and runs the
-//! seed matrix in miniature: `qd1 x jobs` and `qd128 x jobs`, 4 KiB random writes, printed as one table.
+//! seed matrix in miniature: 4 KiB random writes and reads at `qd1 x jobs` and `qd128 x jobs`, in each send
+//! mode, without and with TLS 1.3, printed as one table.
 //! With `--trid`, it drives the given controllers with the given workload.
 
 use std::net::SocketAddr;
@@ -22,11 +23,11 @@ use nvpoll_tools::loadgen::{self, LoadGen, Phase, Row, RunSpec};
 
 use nvpoll_tools::cli as common;
 
-/// The access pattern (fio's names).
 /// I/O load generator for NVMe over TCP and PCIe (VFIO).
 ///
 /// Without --trid it starts the embedded NVMe/TCP target on 127.0.0.1 (RAM namespace) and runs the default
-/// matrix: qd1 x jobs and qd128 x jobs, 4 KiB random writes.
+/// matrix: 4 KiB random writes and reads at qd1 x jobs and qd128 x jobs, in each send mode, without and with
+/// TLS 1.3.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {

@@ -28,7 +28,7 @@ use nvpoll_target::{
 /// or more namespaces (a RAM namespace and/or one per --file or --pcie), plus the discovery subsystem
 /// (nqn.2014-08.org.nvmexpress.discovery) for `nvme discover`. Namespace IDs are given in order: the RAM
 /// namespace first (if any), then the files, then the PCIe namespaces. With --rpc-socket, subsystems,
-/// namespaces, hosts, keys and listeners can be changed while it runs (the `rpc` example). Runs until Ctrl-C
+/// namespaces, hosts, keys and listeners can be changed while it runs (with nvpoll-rpc). Runs until Ctrl-C
 /// or SIGTERM, then prints the target's counters.
 #[derive(Parser, Debug)]
 #[command(version)]
