@@ -389,6 +389,10 @@ impl Session {
                 Ok(_) => busy = true,
                 Err(e) => return self.close_on(e),
             }
+        } else {
+            // Not readable when the reactor looked: as good as a read that found nothing (see
+            // `Conn::ack_partial`).
+            self.conn.note_empty();
         }
         let before = self.stats.commands;
         if let Err(f) = self.handle_received() {
