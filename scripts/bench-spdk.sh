@@ -46,8 +46,10 @@
 #                            with its default (SPDK's sockets keep it, ours move to cubic).
 #   BENCH_CONTROL=0          1: in each round and cell, after C and D, SPDK's pair runs once more (A', a fresh
 #                            nvmf_tgt), and a table gives A'/A: SPDK against itself over the same seconds
-#                            as the ratios, the machine's own noise, which no ratio can be trusted beyond
-#                            (BENCH_ORDER=cell only; one run more per cell and round)
+#                            as the ratios, the machine's own noise, which no ratio can be trusted beyond,
+#                            and B, C and D over the geometric mean of A and A' (a drift across the cell's
+#                            runs then weighs on the reference too) (BENCH_ORDER=cell only; one run more
+#                            per cell and round)
 set -euo pipefail
 
 PROG=bench-spdk
@@ -346,6 +348,22 @@ paired_ratio() {
     done
     printf '%s\n' "${r[@]}" | sort -g | awk '{ v[NR] = $1 } END { printf "%.2f (%.2f-%.2f)", v[int((NR + 1) / 2)], v[1], v[NR] }'
 }
+# The ratio x / sqrt(a * a2) within each round, over the rounds (a: the cell's first run, a2: its last, the
+# control): bracket_ratio "x1 x2 ..." "a1 ..." "a2_1 ..." -> "median (min-max)"
+bracket_ratio() {
+    local -a x a c r=()
+    local i v
+    read -r -a x <<< "$1"
+    read -r -a a <<< "$2"
+    read -r -a c <<< "$3"
+    for i in "${!x[@]}"; do
+        for v in "${x[$i]}" "${a[$i]:-fail}" "${c[$i]:-fail}"; do
+            if [ "$v" = fail ] || [ "$v" = 0 ]; then echo -; return; fi
+        done
+        r+=("$(awk -v x="${x[$i]}" -v y="${a[$i]}" -v z="${c[$i]}" 'BEGIN { printf "%.4f", x / sqrt(y * z) }')")
+    done
+    printf '%s\n' "${r[@]}" | sort -g | awk '{ v[NR] = $1 } END { printf "%.2f (%.2f-%.2f)", v[int((NR + 1) / 2)], v[1], v[NR] }'
+}
 # The spread of one pairing's IOPS over the rounds: highest / lowest.
 spread() {
     local v
@@ -398,18 +416,25 @@ echo "highest IOPS over its lowest."
 if [ "$CONTROL" = 1 ]; then
     echo
     echo "$PROG: control, SPDK's pair against itself: A' (spdk_nvme_perf -> a fresh nvmf_tgt, after C and D) over A"
-    printf '| %-5s | %-18s | %11s | %11s | %-17s | %8s |\n' sec cell "A" "A'" "A'/A" "A' hi/lo"
-    echo "|-------|--------------------|-------------|-------------|-------------------|----------|"
+    printf '| %-5s | %-18s | %11s | %11s | %-17s | %8s | %-17s | %-17s | %-17s |\n' sec cell "A" "A'" "A'/A" "A' hi/lo" \
+        "B/bracket" "C/bracket" "D/bracket"
+    echo "|-------|--------------------|-------------|-------------|-------------------|----------|-------------------|-------------------|-------------------|"
     for sec in "${SECURITY[@]}"; do
         for cell in "${CELLS[@]}"; do
-            printf '| %-5s | %-18s | %11s | %11s | %-17s | %8s |\n' "$sec" "$cell" \
+            base=${RUNS_OF[spdk/spdk/$sec/$cell]}
+            ctl=${RUNS_OF[control/spdk/$sec/$cell]}
+            printf '| %-5s | %-18s | %11s | %11s | %-17s | %8s | %-17s | %-17s | %-17s |\n' "$sec" "$cell" \
                 "${RESULT[spdk/spdk/$sec/$cell]}" "${RESULT[control/spdk/$sec/$cell]}" \
-                "$(paired_ratio "${RUNS_OF[control/spdk/$sec/$cell]}" "${RUNS_OF[spdk/spdk/$sec/$cell]}")" \
-                "$(spread "${RUNS_OF[control/spdk/$sec/$cell]}")"
+                "$(paired_ratio "$ctl" "$base")" "$(spread "$ctl")" \
+                "$(bracket_ratio "${RUNS_OF[spdk/ours/$sec/$cell]}" "$base" "$ctl")" \
+                "$(bracket_ratio "${RUNS_OF[ours/spdk/$sec/$cell]}" "$base" "$ctl")" \
+                "$(bracket_ratio "${RUNS_OF[ours/ours/$sec/$cell]}" "$base" "$ctl")"
         done
     done
     echo "The same binaries, the same pairing, seconds apart: how far a ratio moves on this machine with no change"
     echo "in either stack. A ratio above (or a round of one below) this range says something; one within it does not."
+    echo "X/bracket: each pairing over the geometric mean of A (the cell's first run) and A' (its last) in the same"
+    echo "round, so that a drift of the machine across the cell's runs weighs on the reference as on them."
 fi
 if [ "$CPU_SPAN" -gt 0 ]; then
     echo
