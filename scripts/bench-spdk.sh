@@ -336,34 +336,24 @@ for k in "${!RUNS_OF[@]}"; do
     RESULT[$k]=$(median ${RUNS_OF[$k]})
 done
 
-# The ratio a/b within each round, over the rounds: paired_ratio "a1 a2 ..." "b1 b2 ..." -> "median (min-max)"
-paired_ratio() {
-    local -a a b r=()
-    local i
-    read -r -a a <<< "$1"
-    read -r -a b <<< "$2"
-    for i in "${!a[@]}"; do
-        if [ "${a[$i]}" = fail ] || [ "${b[$i]:-fail}" = fail ] || [ "${b[$i]}" = 0 ]; then echo -; return; fi
-        r+=("$(awk -v x="${a[$i]}" -v y="${b[$i]}" 'BEGIN { printf "%.4f", x / y }')")
-    done
-    printf '%s\n' "${r[@]}" | sort -g | awk '{ v[NR] = $1 } END { printf "%.2f (%.2f-%.2f)", v[int((NR + 1) / 2)], v[1], v[NR] }'
-}
-# The ratio x / sqrt(a * a2) within each round, over the rounds (a: the cell's first run, a2: its last, the
-# control): bracket_ratio "x1 x2 ..." "a1 ..." "a2_1 ..." -> "median (min-max)"
+# The ratio x / sqrt(a * c) within each round, over the rounds: bracket_ratio "x1 x2 ..." "a1 ..." "c1 ..." ->
+# "median (min-max)". With BENCH_CONTROL, a is the cell's first run (A) and c its last (A'); a plain ratio x/a
+# is paired_ratio.
 bracket_ratio() {
     local -a x a c r=()
-    local i v
+    local i
     read -r -a x <<< "$1"
     read -r -a a <<< "$2"
     read -r -a c <<< "$3"
     for i in "${!x[@]}"; do
-        for v in "${x[$i]}" "${a[$i]:-fail}" "${c[$i]:-fail}"; do
-            if [ "$v" = fail ] || [ "$v" = 0 ]; then echo -; return; fi
-        done
+        if [ "${x[$i]}" = fail ] || [ "${a[$i]:-fail}" = fail ] || [ "${a[$i]}" = 0 ] ||
+            [ "${c[$i]:-fail}" = fail ] || [ "${c[$i]}" = 0 ]; then echo -; return; fi
         r+=("$(awk -v x="${x[$i]}" -v y="${a[$i]}" -v z="${c[$i]}" 'BEGIN { printf "%.4f", x / sqrt(y * z) }')")
     done
     printf '%s\n' "${r[@]}" | sort -g | awk '{ v[NR] = $1 } END { printf "%.2f (%.2f-%.2f)", v[int((NR + 1) / 2)], v[1], v[NR] }'
 }
+# The ratio a/b within each round, over the rounds: paired_ratio "a1 a2 ..." "b1 b2 ..." -> "median (min-max)"
+paired_ratio() { bracket_ratio "$1" "$2" "$2"; }
 # The spread of one pairing's IOPS over the rounds: highest / lowest.
 spread() {
     local v

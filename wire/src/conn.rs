@@ -610,7 +610,7 @@ impl Conn {
     /// asks only once the socket runs dry before the PDU is whole, the moment a held-back peer waits for us:
     /// while its data keeps coming, the kernel acknowledges as we read (a full segment's worth at a time), and
     /// a `setsockopt` per read bought nothing but extra ACK packets (spdk_nvme_perf's 1 MiB writes into our
-    /// target: 9.5 a command).
+    /// target: 10-14 a command).
     pub fn ack_partial(&mut self, need: usize) {
         if !self.unacked_rx || !self.rx_dry {
             return;
